@@ -1,0 +1,169 @@
+"""Chat API (API Gateway HTTP API -> this Lambda). Transport only: each route calls one use-case or store.
+
+The user is the verified JWT's ``sub`` (checked by the HTTP API's JWT authorizer in AWS, and by the
+local dev server the same way); no route takes a user id from the request.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Literal
+from uuid import UUID
+
+from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
+from aws_lambda_powertools.event_handler.exceptions import NotFoundError, UnauthorizedError
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.params import Query
+from aws_lambda_powertools.logging import correlation_paths
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from eros import chat, health as health_check
+from eros.config import CATEGORIES, settings
+from eros.observability import logger, metrics, tracer
+from eros.store import chat as chat_store
+from eros.store import memories as memory_store
+
+app = APIGatewayHttpResolver(enable_validation=True)
+app.enable_swagger(path="/v1/docs", openapi_version="3.1.0", title="eros companion memory API")
+
+MAX_CONTENT = settings().max_content_chars
+Content = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_CONTENT)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NewSession(Strict):
+    persona_id: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+
+
+class NewTurn(Strict):
+    content: Content
+    client_turn_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:-]{1,128}$")] | None = None
+
+
+def current_user() -> str:
+    sub = app.current_event.request_context.authorizer.jwt_claim.get("sub")
+    if not isinstance(sub, str) or not sub or len(sub) > 255:
+        raise UnauthorizedError("a verified token with a subject is required")
+    return sub
+
+
+def _session_of(user: str, session_id: UUID) -> dict:
+    session = chat_store.get_session(user, session_id)
+    if session is None:
+        raise NotFoundError("session not found")
+    return session
+
+
+def _error(status: int, message: str, **extra) -> Response:
+    return Response(status_code=status, content_type=content_types.APPLICATION_JSON,
+                    body=json.dumps({"statusCode": status, "message": message, **extra}))
+
+
+@app.get("/v1/health")
+def health():
+    report = health_check.report()
+    return Response(200 if report["database"] == "ok" else 503, content_types.APPLICATION_JSON, json.dumps(report))
+
+
+@app.get("/v1/openapi.json")
+def openapi():
+    return Response(200, content_types.APPLICATION_JSON,
+                    app.get_openapi_json_schema(title="eros companion memory API", version="1.0.0"))
+
+
+@app.get("/v1/personas")
+def personas():
+    current_user()
+    return {"personas": chat_store.list_personas()}
+
+
+@app.post("/v1/sessions")
+def create_session(body: NewSession):
+    session = chat_store.create_session(current_user(), body.persona_id)
+    if session is None:
+        raise NotFoundError(f"persona {body.persona_id!r} not found")
+    return Response(201, content_types.APPLICATION_JSON, session)
+
+
+@app.get("/v1/sessions")
+def sessions():
+    return {"sessions": chat_store.list_sessions(current_user())}
+
+
+@app.post("/v1/sessions/<session_id>/turns")
+def take_turn(session_id: UUID, body: NewTurn):
+    return chat.take_turn(current_user(), session_id, body.content, body.client_turn_id).as_dict()
+
+
+@app.get("/v1/sessions/<session_id>/messages")
+def messages(session_id: UUID, limit: Annotated[int, Query(ge=1, le=200)] = 50,
+             before: Annotated[int | None, Query(ge=1)] = None):
+    _session_of(current_user(), session_id)
+    page = chat_store.list_messages(session_id, limit, before)
+    return {"messages": page, "next_before": page[-1]["id"] if len(page) == limit else None}
+
+
+@app.get("/v1/memories")
+def memories(layer: Annotated[Literal["profile", "relationship"] | None, Query()] = None,
+             category: Annotated[Literal[CATEGORIES] | None, Query()] = None,  # type: ignore[valid-type]
+             limit: Annotated[int, Query(ge=1, le=500)] = 100, before: Annotated[UUID | None, Query()] = None):
+    rows = memory_store.list_memories(current_user(), layer, category, limit, before)
+    return {"memories": rows, "next_before": str(rows[-1]["id"]) if len(rows) == limit else None}
+
+
+@app.delete("/v1/memories/<memory_id>")
+def delete_memory(memory_id: UUID):
+    if not memory_store.delete_memory(current_user(), memory_id):
+        raise NotFoundError("memory not found")
+    return Response(204, None, "")
+
+
+@app.exception_handler(RequestValidationError)
+def invalid_request(error: RequestValidationError):
+    problems = [{"field": ".".join(str(p) for p in e.get("loc", ())), "problem": e.get("msg", "invalid"),
+                 **({"detail": e["ctx"]["error"]} if isinstance(e.get("ctx", {}).get("error"), str) else {})}
+                for e in error.errors()]
+    summary = "; ".join(f"{p['field']}: {p['problem']}" for p in problems)
+    malformed = any(e.get("type") == "json_invalid" for e in error.errors())
+    return _error(400 if malformed else 422, f"invalid request: {summary}", errors=problems)
+
+
+@app.exception_handler(chat.NotFound)
+def not_found(error: chat.NotFound):
+    return _error(404, str(error))
+
+
+@app.exception_handler(chat.TurnConflict)
+def turn_conflict(error: chat.TurnConflict):
+    return _error(409, str(error))
+
+
+@app.exception_handler(chat.TurnFailed)
+def turn_failed(error: chat.TurnFailed):
+    return _error(error.status, f"the model is unavailable, your message was kept; retry with the same "
+                                f"client_turn_id: {error}", client_turn_id=error.client_turn_id, retryable=True)
+
+
+@app.not_found
+def not_found_error(error: NotFoundError):
+    # Powertools sends both unknown routes (no message) and NotFoundError raised by routes here.
+    event = app.current_event
+    return _error(404, error.msg if getattr(error, "msg", "") else f"no route {event.http_method} {event.path}")
+
+
+@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def lambda_handler(event: dict, context) -> dict:
+    limit = settings().max_body_bytes
+    if len(event.get("body") or "") > limit * (4 / 3 if event.get("isBase64Encoded") else 1):
+        message = f"request body is larger than {limit} bytes"
+        return {"statusCode": 413, "headers": {"Content-Type": content_types.APPLICATION_JSON},
+                "body": json.dumps({"statusCode": 413, "message": message})}
+    # The API speaks JSON only: a body is read as JSON whatever Content-Type a client sent (curl's -d
+    # says form-urlencoded), so a wrong header cannot route it to another parser.
+    event.setdefault("headers", {})["content-type"] = content_types.APPLICATION_JSON
+    return app.resolve(event, context)

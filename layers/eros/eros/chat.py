@@ -1,0 +1,105 @@
+"""The chat turn use-case: recall -> prompt -> chat model -> persist -> reply."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from uuid import UUID
+
+from . import prompt
+from .config import settings
+from .observability import logger, metrics, tracer
+from .providers import Deadline, ProviderError, ProviderUnavailable, chat_client, embedder
+from .store import chat as chat_store
+from .store import memories as memory_store
+
+
+class NotFound(Exception):
+    pass
+
+
+class TurnConflict(Exception):
+    """A client_turn_id reused for different content."""
+
+
+class TurnFailed(Exception):
+    """The model (or embedder) failed; the user's message is kept and the turn can be retried."""
+
+    def __init__(self, status: int, message: str, client_turn_id: str):
+        super().__init__(message)
+        self.status = status
+        self.client_turn_id = client_turn_id
+
+
+@dataclass
+class TurnResult:
+    reply: str
+    client_turn_id: str
+    user_message_id: int
+    assistant_message_id: int
+    recalled: list[dict]
+    model: str
+    replayed: bool = False
+
+    def as_dict(self) -> dict:
+        return {"reply": self.reply, "client_turn_id": self.client_turn_id, "user_message_id": self.user_message_id,
+                "assistant_message_id": self.assistant_message_id, "recalled": self.recalled, "model": self.model,
+                "replayed": self.replayed}
+
+
+def _replay(turn: dict[str, dict], client_turn_id: str) -> TurnResult:
+    meta = turn["assistant"]["metadata"]
+    return TurnResult(reply=turn["assistant"]["content"], client_turn_id=client_turn_id,
+                      user_message_id=turn["user"]["id"], assistant_message_id=turn["assistant"]["id"],
+                      recalled=meta.get("recalled", []), model=meta.get("model", ""), replayed=True)
+
+
+@tracer.capture_method
+def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str | None) -> TurnResult:
+    cfg = settings()
+    session = chat_store.get_session(user_id, session_id)
+    if session is None:
+        raise NotFound("session not found")
+    turn_id = client_turn_id or str(uuid.uuid4())
+    earlier = chat_store.find_turn(session_id, turn_id) if client_turn_id else {}
+    if "user" in earlier and earlier["user"]["content"] != content:
+        raise TurnConflict("client_turn_id was already used in this session for a different message")
+    if "assistant" in earlier:
+        return _replay(earlier, turn_id)
+
+    deadline = Deadline.after(cfg.turn_budget_secs)
+    try:
+        query = embedder().embed([content], "query", deadline=deadline)
+        profile = memory_store.recall_profile(user_id, query.vectors[0], cfg.recall_per_category)
+        relationship = memory_store.recall_relationship(user_id, session["instance_id"], query.vectors[0],
+                                                        cfg.relationship_top_k)
+        history = chat_store.recent_messages(session_id, cfg.history_messages, exclude_turn=turn_id)
+        profile, relationship = prompt.without_repeats(profile, relationship, history)
+        messages = prompt.build_messages(session["system_prompt"], profile, relationship, history, content)
+        completion = chat_client().complete(cfg.chat_model, messages, max_tokens=cfg.chat_max_tokens,
+                                            deadline=deadline)
+    except ProviderError as exc:
+        chat_store.keep_user_message(session_id, content, turn_id)
+        metrics.add_metric(name="TurnProviderFailures", unit="Count", value=1)
+        logger.warning("chat turn failed at a provider", extra={"error": str(exc), "session_id": str(session_id)})
+        if isinstance(exc, ProviderUnavailable):
+            status = 504 if "time" in str(exc) else 503
+        else:
+            status = 502
+        raise TurnFailed(status, str(exc), turn_id) from exc
+
+    recalled = ([{"id": str(m["id"]), "layer": "profile", "category": m["category"]} for m in profile]
+                + [{"id": str(m["id"]), "layer": "relationship", "category": m["category"]} for m in relationship])
+    stored = chat_store.record_turn(
+        session, user_id, content, turn_id, completion.text,
+        {"recalled": recalled, "model": completion.model, "usage": completion.usage, "offline": completion.offline},
+        query.vectors[0], query.model,
+    )
+    if stored["replayed"]:  # a concurrent duplicate of this turn finished first
+        return _replay(chat_store.find_turn(session_id, turn_id), turn_id)
+    metrics.add_metric(name="Turns", unit="Count", value=1)
+    logger.info("chat turn", extra={"session_id": str(session_id), "recalled": len(recalled),
+                                    "model": completion.model, "usage": completion.usage})
+    return TurnResult(reply=completion.text, client_turn_id=turn_id, user_message_id=stored["user_message_id"],
+                      assistant_message_id=stored["assistant_message_id"], recalled=recalled,
+                      model=completion.model)

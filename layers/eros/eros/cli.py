@@ -1,0 +1,158 @@
+"""The ``eros`` command: serve (the local stack), migrate, token, chat, sweep."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _database_url(args) -> str:
+    """DATABASE_URL if set, else the embedded Postgres in .data/pg (started on demand)."""
+    if os.environ.get("DATABASE_URL"):
+        return os.environ["DATABASE_URL"]
+    from .local import embedded_postgres
+
+    url = embedded_postgres()
+    os.environ["DATABASE_URL"] = url
+    return url
+
+
+def cmd_migrate(args) -> int:
+    from .migrate import migrate
+    from .secrets import database_dsn
+    from .config import settings
+
+    if not os.environ.get("DATABASE_SECRET_ARN"):
+        _database_url(args)
+    applied = migrate(database_dsn(settings()))
+    print(f"migrations applied: {', '.join(applied) if applied else 'none (up to date)'}")
+    return 0
+
+
+def cmd_token(args) -> int:
+    from .config import settings
+    from .local import issue_token, local_jwt_key
+
+    print(issue_token(args.user, settings(), local_jwt_key(), ttl_secs=args.ttl))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from . import providers
+    from .config import settings
+    from .local import make_server
+    from .migrate import migrate
+
+    url = _database_url(args)
+    migrate(url)
+    cfg = settings()
+    server = make_server(cfg, args.host, args.port)
+    base = f"http://{args.host}:{args.port}"
+    described = providers.describe()
+    sweeper = _start_sweeper(cfg) if args.sweep else None
+    print(f"""
+eros local stack
+  database : {'embedded Postgres in .data/pg' if 'DATABASE_URL' not in os.environ or url == os.environ.get('DATABASE_URL') else url}
+  chat LLM : {described['llm']}
+  embedder : {described['embedder']}
+  dreaming : {'every %ss, sessions idle for %ss' % (cfg.dreaming_tick_secs, cfg.dreaming_idle_secs) if sweeper else 'off'}
+  API      : {base}
+
+Try it:
+  TOKEN=$(.venv/bin/eros token alice)
+  curl -s -X POST {base}/v1/sessions -H "Authorization: Bearer $TOKEN" -d '{{"persona_id":"luna"}}'
+  curl -s -X POST {base}/v1/sessions/SESSION_ID/turns -H "Authorization: Bearer $TOKEN" \\
+       -d '{{"content":"I moved to Tokyo last week"}}'
+  .venv/bin/eros chat alice          # or chat in the terminal
+""", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+def _start_sweeper(cfg):
+    """Run the sweeper every DREAMING_TICK_SECS in a background thread (the local EventBridge)."""
+    try:
+        from .dreaming import run_local_sweeper
+    except ImportError:  # dreaming arrives with its own issue
+        return None
+    return run_local_sweeper(cfg)
+
+
+def cmd_sweep(args) -> int:
+    from .config import settings
+    from .dreaming import sweep_locally
+
+    _database_url(args)
+    result = sweep_locally(settings())
+    print(result)
+    return 0
+
+
+def cmd_chat(args) -> int:
+    import httpx
+
+    from .config import settings
+    from .local import issue_token, local_jwt_key
+
+    token = issue_token(args.user, settings(), local_jwt_key())
+    client = httpx.Client(base_url=args.url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    try:
+        personas = client.get("/v1/personas").raise_for_status().json()["personas"]
+    except httpx.HTTPError as exc:
+        print(f"cannot reach the local stack at {args.url} ({exc}); start it with `make run`", file=sys.stderr)
+        return 1
+    persona = args.persona or personas[0]["id"]
+    session = client.post("/v1/sessions", json={"persona_id": persona}).raise_for_status().json()
+    print(f"session {session['id']} with {persona} — type a message, Ctrl-D to quit")
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        response = client.post(f"/v1/sessions/{session['id']}/turns", json={"content": line.strip()})
+        body = response.json()
+        if response.status_code != 200:
+            print(f"[{response.status_code}] {body.get('message')}")
+            continue
+        recalled = ", ".join(f"{r['layer']}/{r['category'] or '-'}" for r in body["recalled"]) or "nothing"
+        print(f"{persona}> {body['reply']}\n   (recalled: {recalled})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="eros", description="Dreaming memory for companion chat")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the local stack: embedded Postgres, HTTP API, sweeper")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=int(os.environ.get("PORT", "3000")))
+    p.add_argument("--no-sweep", dest="sweep", action="store_false", help="do not run the dreaming sweeper")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("migrate", help="apply migrations and seed personas")
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("token", help="print a local bearer token for USER")
+    p.add_argument("user")
+    p.add_argument("--ttl", type=int, default=86400)
+    p.set_defaults(func=cmd_token)
+
+    p = sub.add_parser("chat", help="chat in the terminal against the running local stack")
+    p.add_argument("user", nargs="?", default="local-user")
+    p.add_argument("--persona")
+    p.add_argument("--url", default="http://127.0.0.1:3000")
+    p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("sweep", help="run one dreaming sweep now (claims idle sessions and extracts them)")
+    p.set_defaults(func=cmd_sweep)
+
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

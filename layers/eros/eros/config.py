@@ -1,0 +1,95 @@
+"""Configuration, read once from the environment into one validated model.
+
+Every knob of the engine is here with its default; nothing else reads ``os.environ``.
+Secrets are not fields of this model's environment in AWS: there the *ARNs* are, and
+``eros.secrets`` resolves them (cached) into the values below.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+CATEGORIES = ("fact", "preference", "event", "emotion", "relation")
+EMBED_DIM = 512
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    # --- database -------------------------------------------------------------------
+    database_url: SecretStr | None = None  # local runs and tests
+    database_secret_arn: str | None = None  # AWS: an RDS-style JSON secret
+    database_host: str | None = None  # AWS: overrides the secret's host (the RDS Proxy endpoint)
+
+    # --- providers ------------------------------------------------------------------
+    provider_secret_arn: str | None = None  # AWS: {"OPENROUTER_API_KEY": ..., "VOYAGE_API_KEY": ...}
+    openrouter_api_key: SecretStr | None = None
+    llm_base_url: str | None = None  # any OpenAI-compatible server; default OpenRouter
+    chat_model: str = "anthropic/claude-haiku-4.5"
+    extract_model: str = "anthropic/claude-haiku-4.5"
+    voyage_api_key: SecretStr | None = None
+    embed_base_url: str | None = None  # default Voyage
+    embed_model: str = "voyage-3.5-lite"
+    provider_max_retries: int = Field(3, ge=0, le=10)
+    llm_timeout_secs: float = Field(20.0, gt=0)
+    embed_timeout_secs: float = Field(5.0, gt=0)
+
+    # --- chat turn ------------------------------------------------------------------
+    turn_budget_secs: float = Field(25.0, gt=0)  # API Gateway gives a request about 30 s
+    max_content_chars: int = Field(4000, ge=1)
+    max_body_bytes: int = Field(64 * 1024, ge=1024)
+    history_messages: int = Field(12, ge=0, le=200)
+    chat_max_tokens: int = Field(600, ge=16)
+
+    # --- recall ---------------------------------------------------------------------
+    recall_strategy: Literal["grouped", "recency", "composite"] = "grouped"
+    recall_per_category: int = Field(2, ge=1, le=20)
+    relationship_top_k: int = Field(5, ge=0, le=50)
+
+    # --- dreaming -------------------------------------------------------------------
+    dreaming_idle_secs: int = Field(1800, ge=1)
+    dreaming_tick_secs: int = Field(300, ge=1)
+    dreaming_claim_stale_secs: int = Field(600, ge=1)
+    dreaming_batch_size: int = Field(200, ge=1, le=10000)
+    dreaming_tick_cap: int = Field(5000, ge=1)
+    dreaming_max_attempts: int = Field(5, ge=1)
+    extract_function_name: str | None = None
+
+    # --- local stack ----------------------------------------------------------------
+    jwt_issuer: str = "http://127.0.0.1:3000/local"
+    jwt_audience: str = "eros-local"
+
+    @property
+    def llm_url(self) -> str:
+        return (self.llm_base_url or "https://openrouter.ai/api/v1").rstrip("/")
+
+    @property
+    def embed_url(self) -> str:
+        return (self.embed_base_url or "https://api.voyageai.com/v1").rstrip("/")
+
+    @property
+    def llm_online(self) -> bool:
+        """A real chat server is configured: a key, or an explicit base URL (Ollama, vLLM need no key)."""
+        return self.openrouter_api_key is not None or self.llm_base_url is not None
+
+    @property
+    def embed_online(self) -> bool:
+        return self.voyage_api_key is not None or self.embed_base_url is not None
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides) -> "Settings":
+        env = os.environ if env is None else env
+        names = cls.model_fields.keys()
+        values = {name: env[name.upper()] for name in names if env.get(name.upper(), "") != ""}
+        values.update(overrides)
+        return cls.model_validate(values)
+
+
+@lru_cache(maxsize=1)
+def settings() -> Settings:
+    """The process's settings (cached: a Lambda container reads its environment once)."""
+    return Settings.from_env()

@@ -1,0 +1,52 @@
+"""Model providers: the chat/extraction LLM and the embedder, real or offline.
+
+``chat_client()`` and ``embedder()`` pick real HTTP clients when keys (or explicit base URLs)
+are configured and the offline, deterministic ones otherwise. They are built once per
+container, so warm invocations reuse HTTP connections.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ..config import settings
+from ..observability import logger
+from ..secrets import with_provider_keys
+from .base import Deadline, ProviderError, ProviderResponseError, ProviderUnavailable
+from .embed import VoyageEmbedder
+from .llm import ChatClient
+from .offline import HashingEmbedder, OfflineChat
+
+__all__ = ["Deadline", "ProviderError", "ProviderResponseError", "ProviderUnavailable",
+           "chat_client", "embedder", "describe"]
+
+
+@lru_cache(maxsize=1)
+def chat_client() -> ChatClient | OfflineChat:
+    s = with_provider_keys(settings())
+    if s.llm_online:
+        key = s.openrouter_api_key.get_secret_value() if s.openrouter_api_key else None
+        return ChatClient(s.llm_url, key, timeout=s.llm_timeout_secs, max_retries=s.provider_max_retries)
+    logger.warning("no LLM key or base URL configured: using the OFFLINE chat and extraction model")
+    return OfflineChat()
+
+
+@lru_cache(maxsize=1)
+def embedder() -> VoyageEmbedder | HashingEmbedder:
+    s = with_provider_keys(settings())
+    if s.embed_online:
+        key = s.voyage_api_key.get_secret_value() if s.voyage_api_key else None
+        return VoyageEmbedder(s.embed_url, key, model=s.embed_model, timeout=s.embed_timeout_secs,
+                              max_retries=s.provider_max_retries)
+    logger.warning("no Voyage key or base URL configured: using the OFFLINE lexical hashing embedder")
+    return HashingEmbedder()
+
+
+def describe() -> dict[str, str]:
+    """What the process runs on, for start-up banners and /v1/health."""
+    return {"llm": chat_client().describe(), "embedder": embedder().describe()}
+
+
+def reset() -> None:
+    chat_client.cache_clear()
+    embedder.cache_clear()

@@ -1,0 +1,91 @@
+"""What the provider clients share: errors, a time budget, and one retrying POST."""
+
+from __future__ import annotations
+
+import email.utils
+import random
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from ..observability import logger
+
+
+class ProviderError(Exception):
+    """Base of provider failures."""
+
+
+class ProviderUnavailable(ProviderError):
+    """Timeouts, connection failures, 5xx and 429: worth retrying later (the dreaming failure policy)."""
+
+
+class ProviderResponseError(ProviderError):
+    """The provider answered, but not with something usable (4xx other than 429, a malformed body)."""
+
+
+@dataclass
+class Deadline:
+    """An absolute time budget shared by every call of one unit of work (a chat turn, an extraction)."""
+
+    expires_at: float
+
+    @classmethod
+    def after(cls, seconds: float) -> "Deadline":
+        return cls(time.monotonic() + seconds)
+
+    def remaining(self) -> float:
+        return self.expires_at - time.monotonic()
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value) if value else None
+        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
+
+
+def post_json(client: httpx.Client, url: str, payload: dict, *, headers: dict, timeout: float,
+              max_retries: int, deadline: Deadline | None, what: str) -> dict:
+    """POST with retries on 429/5xx/timeouts (exponential backoff with jitter, Retry-After honoured),
+    never past the deadline. Returns the decoded JSON object or raises a ProviderError."""
+    deadline = deadline or Deadline.after(timeout * (max_retries + 1) + 10)
+    attempt = 0
+    while True:
+        budget = deadline.remaining()
+        if budget <= 0.05:
+            raise ProviderUnavailable(f"{what}: time budget exhausted")
+        try:
+            response = client.post(url, json=payload, headers=headers, timeout=min(timeout, budget))
+        except httpx.TimeoutException as exc:
+            failure, wait = ProviderUnavailable(f"{what}: timed out ({type(exc).__name__})"), None
+        except httpx.TransportError as exc:
+            failure, wait = ProviderUnavailable(f"{what}: connection failed ({type(exc).__name__})"), None
+        else:
+            if response.status_code == 429 or response.status_code >= 500:
+                failure = ProviderUnavailable(f"{what}: HTTP {response.status_code}")
+                wait = _retry_after(response)
+            elif response.status_code >= 400:
+                raise ProviderResponseError(f"{what}: HTTP {response.status_code}: {response.text[:300]}")
+            else:
+                try:
+                    body = response.json()
+                except ValueError:
+                    raise ProviderResponseError(f"{what}: response is not JSON") from None
+                if not isinstance(body, dict):
+                    raise ProviderResponseError(f"{what}: response is not a JSON object")
+                return body
+        if attempt >= max_retries:
+            raise failure
+        if wait is None:
+            wait = min(4.0, 0.25 * 2**attempt) * (0.5 + random.random() / 2)
+        if wait >= deadline.remaining() - 0.05:
+            raise failure  # waiting would blow the budget: fail now and let the caller decide
+        logger.info("provider retry", extra={"what": what, "attempt": attempt + 1, "wait_s": round(wait, 3),
+                                             "reason": str(failure)})
+        time.sleep(wait)
+        attempt += 1
