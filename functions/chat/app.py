@@ -6,6 +6,8 @@ local dev server the same way); no route takes a user id from the request.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from typing import Annotated, Literal
 from uuid import UUID
@@ -15,6 +17,7 @@ from aws_lambda_powertools.event_handler.exceptions import NotFoundError, Unauth
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.logging import correlation_paths
+import psycopg
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from eros import chat, health as health_check
@@ -147,6 +150,12 @@ def turn_failed(error: chat.TurnFailed):
                                 f"client_turn_id: {error}", client_turn_id=error.client_turn_id, retryable=True)
 
 
+@app.exception_handler(psycopg.OperationalError)
+def database_unavailable(error: psycopg.OperationalError):
+    logger.warning("database unavailable", extra={"error": type(error).__name__})
+    return _error(503, "the database is unavailable; retry later")
+
+
 @app.not_found
 def not_found_error(error: NotFoundError):
     # Powertools sends both unknown routes (no message) and NotFoundError raised by routes here.
@@ -154,16 +163,32 @@ def not_found_error(error: NotFoundError):
     return _error(404, error.msg if getattr(error, "msg", "") else f"no route {event.http_method} {event.path}")
 
 
+def _refuse(status: int, message: str) -> dict:
+    """An error answered before routing (API Gateway-shaped result)."""
+    return {"statusCode": status, "headers": {"Content-Type": content_types.APPLICATION_JSON},
+            "body": json.dumps({"statusCode": status, "message": message})}
+
+
+def _as_json_request(event: dict) -> dict | None:
+    """Size-check and normalise the body; returns a refusal, or None when the event may be routed."""
+    limit = settings().max_body_bytes
+    body = event.get("body") or ""
+    if len(body) > limit * (4 / 3 if event.get("isBase64Encoded") else 1):
+        return _refuse(413, f"request body is larger than {limit} bytes")
+    if event.get("isBase64Encoded") and body:
+        try:
+            event["body"] = base64.b64decode(body, validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            return _refuse(400, "invalid request: the body is not UTF-8 JSON")
+        event["isBase64Encoded"] = False
+    # The API speaks JSON only: a body is read as JSON whatever Content-Type a client sent (curl's -d
+    # says form-urlencoded), so a wrong header cannot route it to another parser.
+    event.setdefault("headers", {})["content-type"] = content_types.APPLICATION_JSON
+    return None
+
+
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def lambda_handler(event: dict, context) -> dict:
-    limit = settings().max_body_bytes
-    if len(event.get("body") or "") > limit * (4 / 3 if event.get("isBase64Encoded") else 1):
-        message = f"request body is larger than {limit} bytes"
-        return {"statusCode": 413, "headers": {"Content-Type": content_types.APPLICATION_JSON},
-                "body": json.dumps({"statusCode": 413, "message": message})}
-    # The API speaks JSON only: a body is read as JSON whatever Content-Type a client sent (curl's -d
-    # says form-urlencoded), so a wrong header cannot route it to another parser.
-    event.setdefault("headers", {})["content-type"] = content_types.APPLICATION_JSON
-    return app.resolve(event, context)
+    return _as_json_request(event) or app.resolve(event, context)

@@ -1,0 +1,218 @@
+"""The chat API through its real handler: routes, auth, isolation, and the bad inputs a careless or
+hostile client sends. Offline providers (no keys), embedded Postgres."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from apiclient import Api
+
+
+@pytest.fixture
+def api(db):
+    return Api()
+
+
+def count(db, table: str) -> int:
+    return db.execute(f"SELECT count(*) AS n FROM engine.{table}").fetchone()["n"]
+
+
+def test_health_is_public_and_reports_database_and_offline_providers(api):
+    status, body = api.call("GET", "/v1/health", user=None)
+    assert status == 200
+    assert body["database"] == "ok"
+    assert "OFFLINE" in body["providers"]["llm"] and "OFFLINE" in body["providers"]["embedder"]
+
+
+def test_openapi_document_lists_the_routes(api):
+    status, body = api.call("GET", "/v1/openapi.json", user=None)
+    assert status == 200
+    assert body["openapi"].startswith("3.")
+    for path in ("/v1/sessions", "/v1/sessions/{session_id}/turns", "/v1/memories/{memory_id}", "/v1/personas"):
+        assert path in body["paths"], path
+
+
+def test_personas_are_seeded(api):
+    status, body = api.call("GET", "/v1/personas")
+    assert status == 200
+    assert {p["id"] for p in body["personas"]} >= {"luna", "kai", "mei"}
+
+
+def test_session_turns_history_and_relationship_memory(api, db):
+    sid = api.session()
+    status, first = api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "I adopted a cat named Miso"})
+    assert status == 200, first
+    assert first["reply"] and first["model"].startswith("offline/")
+    status, second = api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "Miso the cat knocked my plant over"})
+    assert status == 200
+    assert second["user_message_id"] > first["assistant_message_id"]
+
+    status, page = api.call("GET", f"/v1/sessions/{sid}/messages?limit=3")
+    assert status == 200
+    assert [m["role"] for m in page["messages"]] == ["assistant", "user", "assistant"]
+    status, rest = api.call("GET", f"/v1/sessions/{sid}/messages?limit=3&before={page['next_before']}")
+    assert [m["content"] for m in rest["messages"]] == ["I adopted a cat named Miso"]
+    assert rest["next_before"] is None
+
+    status, mems = api.call("GET", "/v1/memories?layer=relationship")
+    assert status == 200
+    assert sorted(m["content"] for m in mems["memories"]) == sorted(
+        ["I adopted a cat named Miso", "Miso the cat knocked my plant over"])
+    assert all("embedding" not in m for m in mems["memories"])
+    # The raw utterance never lands in the profile layer.
+    assert api.call("GET", "/v1/memories?layer=profile")[1]["memories"] == []
+    status, sessions = api.call("GET", "/v1/sessions")
+    assert [s["id"] for s in sessions["sessions"]] == [sid]
+
+
+def test_same_client_turn_id_replays_without_a_second_model_call(api, db, monkeypatch):
+    from eros.providers import offline
+
+    calls = []
+    original = offline.OfflineChat.complete
+    monkeypatch.setattr(offline.OfflineChat, "complete", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    sid = api.session()
+    body = {"content": "hello there", "client_turn_id": "turn-1"}
+    s1, r1 = api.call("POST", f"/v1/sessions/{sid}/turns", body)
+    s2, r2 = api.call("POST", f"/v1/sessions/{sid}/turns", body)
+    assert s1 == s2 == 200
+    assert r2["replayed"] is True and r1["replayed"] is False
+    assert (r1["reply"], r1["assistant_message_id"]) == (r2["reply"], r2["assistant_message_id"])
+    assert len(calls) == 1
+    assert count(db, "chat_messages") == 2
+    # The same turn id with different content is a client bug, not a replay.
+    s3, r3 = api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "something else", "client_turn_id": "turn-1"})
+    assert s3 == 409 and "client_turn_id" in r3["message"]
+
+
+def test_delete_memory(api, db):
+    sid = api.session()
+    api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "remember this"})
+    memory = api.call("GET", "/v1/memories")[1]["memories"][0]
+    assert api.call("DELETE", f"/v1/memories/{memory['id']}") == (204, None)
+    assert api.call("DELETE", f"/v1/memories/{memory['id']}")[0] == 404
+    assert api.call("GET", "/v1/memories")[1]["memories"] == []
+
+
+def test_memories_filter_by_category_and_paginate(api, db):
+    from eros.providers.offline import hash_embed
+    from pgvector import Vector
+
+    for i, category in enumerate(["fact", "fact", "emotion"]):
+        db.execute("INSERT INTO engine.companion_memories (user_id, content, embedding, category, created_at)"
+                   " VALUES ('alice', %s, %s, %s, now() - make_interval(mins => %s))",
+                   (f"memory {i}", Vector(hash_embed(f"memory {i}")), category, i))
+    status, facts = api.call("GET", "/v1/memories?layer=profile&category=fact&limit=1")
+    assert status == 200 and [m["content"] for m in facts["memories"]] == ["memory 0"]
+    status, more = api.call("GET", f"/v1/memories?layer=profile&category=fact&limit=1&before={facts['next_before']}")
+    assert [m["content"] for m in more["memories"]] == ["memory 1"]
+    assert api.call("GET", "/v1/memories?category=emotion")[1]["memories"][0]["content"] == "memory 2"
+
+
+# --- auth and isolation -----------------------------------------------------------------------
+def test_no_verified_subject_is_401(api):
+    for method, path in [("GET", "/v1/personas"), ("GET", "/v1/sessions"), ("POST", "/v1/sessions"),
+                         ("GET", "/v1/memories")]:
+        status, body = api.call(method, path, {"persona_id": "luna"} if method == "POST" else None, user=None)
+        assert status == 401, (method, path)
+        assert "token" in body["message"]
+
+
+def test_a_user_field_in_the_body_is_rejected_not_trusted(api, db):
+    status, body = api.call("POST", "/v1/sessions", {"persona_id": "luna", "user_id": "mallory"})
+    assert status == 422 and "user_id" in body["message"]
+    assert count(db, "chat_sessions") == 0
+
+
+def test_other_users_cannot_see_or_touch_a_session_or_memories(api, db):
+    sid = api.session("alice")
+    api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "my secret diary entry"}, user="alice")
+    memory_id = api.call("GET", "/v1/memories", user="alice")[1]["memories"][0]["id"]
+    before = (count(db, "chat_messages"), count(db, "companion_memories"))
+
+    assert api.call("GET", f"/v1/sessions/{sid}/messages", user="bob")[0] == 404
+    status, body = api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "hijack"}, user="bob")
+    assert status == 404 and body["message"] == "session not found"
+    assert api.call("DELETE", f"/v1/memories/{memory_id}", user="bob")[0] == 404
+    assert api.call("GET", "/v1/memories", user="bob")[1]["memories"] == []
+    assert api.call("GET", "/v1/sessions", user="bob")[1]["sessions"] == []
+    assert (count(db, "chat_messages"), count(db, "companion_memories")) == before
+
+
+# --- bad input: a clear 4xx, nothing written --------------------------------------------------
+BAD_TURNS = [
+    (b'{"content": "unterminated', 400, "JSON"),
+    (b"not json at all", 400, "JSON"),
+    (b"[]", 422, "body"),
+    (b'"just a string"', 422, "body"),
+    (b"{}", 422, "content"),
+    (b'{"content": ""}', 422, "content"),
+    (b'{"content": "   "}', 422, "content"),
+    (b'{"content": 42}', 422, "content"),
+    (b'{"content": null}', 422, "content"),
+    (b'{"content": ["a"]}', 422, "content"),
+    (b'{"content": "hi", "role": "system"}', 422, "role"),
+    (b'{"content": "hi", "client_turn_id": "has spaces and / slashes"}', 422, "client_turn_id"),
+    (b'{"content": "hi", "client_turn_id": 7}', 422, "client_turn_id"),
+    (json.dumps({"content": "x" * 4001}).encode(), 422, "content"),
+    (b"\xff\xfe\x00garbage", 400, "JSON"),
+]
+
+
+@pytest.mark.parametrize("raw,status,names", BAD_TURNS)
+def test_bad_turn_bodies_are_4xx_and_write_nothing(api, db, raw, status, names):
+    sid = api.session()
+    got, body = api.call("POST", f"/v1/sessions/{sid}/turns", raw=raw)
+    assert got == status, body
+    assert names in body["message"]
+    assert count(db, "chat_messages") == 0 and count(db, "companion_memories") == 0
+
+
+def test_huge_body_is_413(api, db):
+    sid = api.session()
+    status, body = api.call("POST", f"/v1/sessions/{sid}/turns", raw=b'{"content": "' + b"a" * 200_000 + b'"}')
+    assert status == 413 and "larger than" in body["message"]
+    assert count(db, "chat_messages") == 0
+
+
+@pytest.mark.parametrize("path,status", [
+    ("/v1/sessions/not-a-uuid/turns", 422),
+    (f"/v1/sessions/{uuid.uuid4()}/turns", 404),
+    ("/v1/sessions/'; DROP TABLE engine.chat_sessions; --/turns", 422),
+])
+def test_bad_session_ids(api, db, path, status):
+    got, body = api.call("POST", path, {"content": "hi"})
+    assert got == status and body["message"]
+    assert count(db, "chat_messages") == 0
+
+
+@pytest.mark.parametrize("body,status", [
+    ({"persona_id": "nobody"}, 404), ({}, 422), ({"persona_id": 5}, 422), ({"persona_id": ""}, 422),
+    ({"persona_id": "x" * 1000}, 422),
+])
+def test_bad_new_sessions(api, db, body, status):
+    got, answer = api.call("POST", "/v1/sessions", body)
+    assert got == status and answer["message"]
+    assert count(db, "chat_sessions") == 0 and count(db, "persona_instances") == 0
+
+
+@pytest.mark.parametrize("query", ["limit=0", "limit=201", "limit=abc", "before=-1", "before=x"])
+def test_bad_message_paging(api, db, query):
+    sid = api.session()
+    status, body = api.call("GET", f"/v1/sessions/{sid}/messages?{query}")
+    assert status == 422 and body["message"].startswith("invalid request")
+
+
+@pytest.mark.parametrize("query", ["layer=everything", "category=gossip", "limit=100000", "before=nope"])
+def test_bad_memory_queries(api, query):
+    status, body = api.call("GET", f"/v1/memories?{query}")
+    assert status == 422 and body["message"]
+
+
+def test_unknown_route_and_bad_memory_ids(api):
+    assert api.call("GET", "/v1/nothing-here")[0] == 404
+    assert api.call("DELETE", "/v1/memories/123")[0] == 422
+    assert api.call("DELETE", f"/v1/memories/{uuid.uuid4()}")[0] == 404
