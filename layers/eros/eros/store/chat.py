@@ -126,6 +126,7 @@ def _insert_message(conn, session_id, role, content, client_turn_id, metadata) -
 
 
 def _touch(conn, session_id) -> None:
-    """New messages: the session is active again, and (if it was classified) eligible for dreaming again."""
-    conn.execute("UPDATE engine.chat_sessions SET last_active_at = now(), classified_at = NULL WHERE id = %s",
-                 (session_id,))
+    """New messages: the session is active again and, if it was classified (or given up on), eligible for
+    dreaming again with a fresh attempts budget; extraction resumes after its watermark."""
+    conn.execute("UPDATE engine.chat_sessions SET last_active_at = now(), classified_at = NULL,"
+                 " classification_attempts = 0 WHERE id = %s", (session_id,))

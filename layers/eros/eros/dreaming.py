@@ -1,0 +1,233 @@
+"""Dreaming-lite: sweep idle sessions (claim, fan out) and extract one session into profile memories.
+
+sweep()            -- the sweeper Lambda's use-case: claim batches until nothing is eligible or the
+                      tick's cap/time budget is reached; hand each claim to an invoker.
+extract_session()  -- the extract Lambda's use-case: transcript -> one LLM call (per window) ->
+                      one embedding batch -> one guarded transaction.
+
+The invoke seam: boto3's Lambda client (InvocationType=Event) in AWS, an in-process call locally.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Callable, Protocol
+from uuid import UUID
+
+from .config import Settings
+from .extraction import SYSTEM_PROMPT, Unparsable, parse_candidates, render_transcript, windows
+from .observability import logger, metrics
+from .providers import Deadline, ProviderError, chat_client, embedder
+from .store import dreaming as store
+
+CONTEXT_MESSAGES = 6  # earlier turns shown (marked) to a resumed session's extraction
+WINDOW_CHARS = 24_000  # transcript characters per extraction call (~6k tokens)
+MAX_WINDOWS = 4  # per invocation; the rest is taken by the next sweep from the new watermark
+MESSAGES_PER_INVOCATION = 2_000
+
+
+# --- the sweeper ------------------------------------------------------------------------------
+class Invoker(Protocol):
+    def __call__(self, payload: dict) -> None: ...
+
+
+@dataclass
+class SweepResult:
+    claimed: int = 0
+    invoked: int = 0
+    invoke_failures: int = 0
+    batches: int = 0
+    stopped_by: str = "drained"
+
+
+def extract_payload(row: dict) -> dict:
+    return {"session_id": str(row["id"]), "user_id": row["user_id"], "instance_id": str(row["instance_id"]),
+            "claim_token": row["claim_token"].isoformat()}
+
+
+def sweep(cfg: Settings, invoke: Invoker, *, now: Callable[[], datetime] | None = None,
+          time_budget_secs: float = 60.0) -> SweepResult:
+    """Claim idle sessions batch after batch and invoke one extraction per session."""
+    now = now or (lambda: datetime.now(timezone.utc))
+    started = time.monotonic()
+    result = SweepResult()
+    while True:
+        if result.claimed >= cfg.dreaming_tick_cap:
+            result.stopped_by = "tick cap"
+            break
+        if time.monotonic() - started > time_budget_secs:
+            result.stopped_by = "time budget"
+            break
+        moment = now()
+        batch = store.claim(idle_before=moment - timedelta(seconds=cfg.dreaming_idle_secs),
+                            stale_before=moment - timedelta(seconds=cfg.dreaming_claim_stale_secs),
+                            limit=min(cfg.dreaming_batch_size, cfg.dreaming_tick_cap - result.claimed))
+        if not batch:
+            break
+        result.batches += 1
+        result.claimed += len(batch)
+        failed_before = result.invoke_failures
+        for row in batch:
+            try:
+                invoke(extract_payload(row))
+                result.invoked += 1
+            except Exception as exc:  # any invoke failure: give the claim back for the next tick
+                result.invoke_failures += 1
+                store.release(row["id"], row["claim_token"])
+                logger.warning("extract invoke failed; claim released",
+                               extra={"session_id": str(row["id"]), "error": repr(exc)[:300]})
+        if result.invoke_failures > failed_before:
+            result.stopped_by = "invoke failures"  # don't re-claim the released sessions in a hot loop
+            break
+    metrics.add_metric(name="SessionsClaimed", unit="Count", value=result.claimed)
+    metrics.add_metric(name="ExtractInvoked", unit="Count", value=result.invoked)
+    metrics.add_metric(name="ExtractInvokeFailures", unit="Count", value=result.invoke_failures)
+    logger.info("sweep done", extra=asdict(result))
+    return result
+
+
+class LambdaInvoker:
+    """Fan-out in AWS: an asynchronous Lambda invocation per session (at-least-once delivery)."""
+
+    def __init__(self, function_name: str, client=None):
+        import boto3
+
+        self.function_name = function_name
+        self.client = client or boto3.client("lambda")
+
+    def __call__(self, payload: dict) -> None:
+        response = self.client.invoke(FunctionName=self.function_name, InvocationType="Event",
+                                      Payload=json.dumps(payload).encode())
+        if response.get("StatusCode") != 202:
+            raise RuntimeError(f"async invoke answered {response.get('StatusCode')}")
+
+
+class InProcessInvoker:
+    """Fan-out locally: the extract handler itself, on a small thread pool (like concurrent Lambdas)."""
+
+    def __init__(self, handler: Callable[[dict, object], dict], workers: int = 4):
+        self.handler = handler
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="extract")
+
+    def __call__(self, payload: dict) -> None:
+        from .local import LambdaContext
+
+        def run():
+            try:
+                self.handler(payload, LambdaContext("extract", timeout_secs=120))
+            except Exception as exc:  # Lambda would retry; locally the claim goes stale and a later sweep retries
+                logger.warning("local extract failed", extra={"error": repr(exc)[:300]})
+
+        self.pool.submit(run)
+
+    def wait(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+def sweep_locally(cfg: Settings) -> dict:
+    """`eros sweep`: one sweep now, extractions in-process, waiting for them to finish."""
+    from .local import load_function
+
+    invoker = InProcessInvoker(load_function("extract").lambda_handler)
+    result = sweep(cfg, invoker)
+    invoker.wait()
+    return asdict(result)
+
+
+def run_local_sweeper(cfg: Settings) -> threading.Thread:
+    """The local EventBridge schedule: a sweep every DREAMING_TICK_SECS, in a daemon thread."""
+    from .local import load_function
+
+    invoker = InProcessInvoker(load_function("extract").lambda_handler)
+
+    def loop():
+        while True:
+            time.sleep(cfg.dreaming_tick_secs)
+            try:
+                result = sweep(cfg, invoker)
+                if result.claimed:
+                    print(f"[dreaming] claimed {result.claimed} idle session(s), extracting", flush=True)
+            except Exception as exc:
+                logger.exception("local sweep failed", extra={"error": repr(exc)[:300]})
+
+    thread = threading.Thread(target=loop, name="sweeper", daemon=True)
+    thread.start()
+    return thread
+
+
+# --- extract ----------------------------------------------------------------------------------
+@dataclass
+class ExtractResult:
+    session_id: str
+    outcome: str  # extracted | nothing | unparsable | not-claimed | gave-up
+    memories: int = 0
+    llm_calls: int = 0
+    more_pending: bool = False
+
+
+def extract_session(cfg: Settings, session_id: UUID, claim_token: datetime) -> ExtractResult:
+    """Extract one claimed session. Provider-availability errors propagate (no stamp: retried later)."""
+    sid = str(session_id)
+    session = store.claimed_session(session_id, claim_token)
+    if session is None:  # a duplicate delivery, a retry after success, or a claim taken over by another
+        logger.info("claim no longer held; nothing to do", extra={"session_id": sid})
+        return ExtractResult(sid, "not-claimed")
+    if session["classification_attempts"] > cfg.dreaming_max_attempts:
+        store.give_up(session, claim_token, f"gave up after {cfg.dreaming_max_attempts} attempts")
+        metrics.add_metric(name="ExtractGaveUp", unit="Count", value=1)
+        return ExtractResult(sid, "gave-up")
+
+    earlier, new = store.transcript(session_id, session["watermark"], CONTEXT_MESSAGES, MESSAGES_PER_INVOCATION)
+    if not new:
+        store.finish(session, claim_token, [], None, None)
+        return ExtractResult(sid, "nothing")
+    parts = windows(new, WINDOW_CHARS)[:MAX_WINDOWS]
+    through = parts[-1][-1]["id"]
+    deadline = Deadline.after(100)  # below the extract Lambda's timeout, far below the claim-stale threshold
+    llm = chat_client()
+    candidates, problems, calls = [], [], 0
+    try:
+        for part in parts:
+            completion = llm.complete(cfg.extract_model, [
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": render_transcript(earlier, part)},
+            ], max_tokens=1200, temperature=0.0, deadline=deadline, json_mode=True)
+            calls += 1
+            try:
+                candidates.extend(parse_candidates(completion.text))
+            except Unparsable as exc:
+                problems.append(f"unparsable model output: {exc}")
+            earlier = part[-CONTEXT_MESSAGES:]
+        rows = []
+        if candidates:
+            vectors = embedder().embed([c.content for c in candidates], "document", deadline=deadline)
+            rows = [{"content": c.content, "category": c.category, "importance": c.importance, "embedding": v,
+                     "metadata": {"source": "dreaming", "model": completion.model, "embed_model": vectors.model,
+                                  "through_message_id": through}}
+                    for c, v in zip(candidates, vectors.vectors)]
+    except ProviderError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        if session["classification_attempts"] >= cfg.dreaming_max_attempts:
+            store.give_up(session, claim_token, f"gave up after {session['classification_attempts']} attempts: {error}")
+            metrics.add_metric(name="ExtractGaveUp", unit="Count", value=1)
+            return ExtractResult(sid, "gave-up", llm_calls=calls)
+        store.record_failure(session_id, claim_token, error)
+        metrics.add_metric(name="ExtractProviderFailures", unit="Count", value=1)
+        raise
+
+    # Zero candidates or unparsable output still stamp: a poison pill must not loop.
+    error = "; ".join(problems) or (None if rows else "no memories in this session")
+    if not store.finish(session, claim_token, rows, through, error):
+        logger.info("claim lost before writing; another worker owns the session", extra={"session_id": sid})
+        return ExtractResult(sid, "not-claimed", llm_calls=calls)
+    more = len(new) > sum(len(p) for p in parts) or len(new) == MESSAGES_PER_INVOCATION
+    metrics.add_metric(name="MemoriesExtracted", unit="Count", value=len(rows))
+    outcome = "extracted" if rows else ("unparsable" if problems else "nothing")
+    logger.info("session extracted", extra={"session_id": sid, "memories": len(rows), "llm_calls": calls,
+                                            "outcome": outcome})
+    return ExtractResult(sid, outcome, memories=len(rows), llm_calls=calls, more_pending=more)

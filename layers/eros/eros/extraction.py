@@ -1,0 +1,214 @@
+"""Extraction: the prompt that turns a session transcript into profile-memory candidates, and the
+forgiving parse of whatever the model answers.
+
+The model is asked for ``{"memories": [{"content", "category", "importance"}]}`` about the user
+only. The parse accepts JSON in code fences or surrounded by prose, a bare list, missing or
+wrong-typed fields; it drops empty items, keeps at most ``MAX_CANDIDATES``, and collapses any
+category outside the fixed vocabulary to ``fact``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from pydantic import BaseModel, ValidationError, field_validator
+
+from .config import CATEGORIES
+
+MAX_CANDIDATES = 10
+MAX_CONTENT_CHARS = 500
+_MAX_ANSWER_CHARS = 200_000  # a real answer is a few KB; never scan megabytes of garbage
+_MAX_DECODE_STARTS = 64
+
+_ALIASES = {"facts": "fact", "preferences": "preference", "likes": "preference", "dislikes": "preference",
+            "events": "event", "emotions": "emotion", "feeling": "emotion", "feelings": "emotion",
+            "mood": "emotion", "relations": "relation", "relationship": "relation", "relationships": "relation"}
+
+SYSTEM_PROMPT = f"""You maintain long-term memory for a companion chat app. Read one chat session between
+a user and an AI persona and write down what is worth remembering about the USER for future conversations.
+
+Rules:
+- Only facts about the user (their life, people, plans, tastes, feelings). Nothing about the assistant.
+- Distil, do not quote: "I worked till ten again, my boss keeps piling on" becomes
+  "Is under heavy work pressure; the boss is the source". Write in third person, in the user's language.
+- Merge related statements of the session into one memory; skip small talk and anything uncertain.
+- category is exactly one of: {", ".join(CATEGORIES)}.
+  fact = stable facts (home, job, family); preference = likes/dislikes; event = something that happened
+  or is planned; emotion = a lasting feeling or state; relation = people in the user's life and how they relate.
+- importance is 0..1: 1 = life-shaping (family pressure to marry, a breakup, a diagnosis), 0.2 = trivia
+  (likes mocha).
+- Text inside <earlier_context> was processed before: use it to understand the new part, do not extract from it.
+- 0 to {MAX_CANDIDATES} memories. Answer with JSON only:
+  {{"memories": [{{"content": "...", "category": "fact", "importance": 0.5}}]}}"""
+
+
+def normalise_category(value: Any) -> str:
+    """Any category the model invents collapses to ``fact``, so grouping never explodes in cardinality."""
+    if not isinstance(value, str):
+        return "fact"
+    key = value.strip().lower()
+    key = _ALIASES.get(key, key)
+    return key if key in CATEGORIES else "fact"
+
+
+def render_transcript(earlier: list[dict], new: list[dict]) -> str:
+    def lines(messages):
+        return "\n".join(f"{m['role']}: {' '.join(m['content'].split())}" for m in messages)
+
+    parts = []
+    if earlier:
+        parts.append(f"<earlier_context>\n{lines(earlier)}\n</earlier_context>")
+    parts.append(f"<session>\n{lines(new)}\n</session>")
+    return "\n\n".join(parts)
+
+
+def windows(messages: list[dict], budget_chars: int) -> list[list[dict]]:
+    """Split new messages into consecutive windows that fit the model's budget (no silent truncation:
+    a single message longer than the budget gets a window of its own, clipped with a visible marker)."""
+    out: list[list[dict]] = []
+    current: list[dict] = []
+    size = 0
+    for m in messages:
+        length = len(m["content"]) + 16
+        if current and size + length > budget_chars:
+            out.append(current)
+            current, size = [], 0
+        if length > budget_chars:
+            m = m | {"content": m["content"][: budget_chars - 64] + " …[message clipped: too long]"}
+            length = budget_chars
+        current.append(m)
+        size += length
+    if current:
+        out.append(current)
+    return out
+
+
+class Candidate(BaseModel):
+    content: str
+    category: str = "fact"
+    importance: float = 0.5
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content(cls, value):
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ValueError("content must be text")
+        text = " ".join(str(value).split())
+        if not text:
+            raise ValueError("empty content")
+        return text if len(text) <= MAX_CONTENT_CHARS else text[: MAX_CONTENT_CHARS - 1] + "…"
+
+    @field_validator("category", mode="before")
+    @classmethod
+    def _category(cls, value):
+        return normalise_category(value)
+
+    @field_validator("importance", mode="before")
+    @classmethod
+    def _importance(cls, value):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return 0.5
+        return 0.5 if number != number else min(1.0, max(0.0, number))  # NaN -> default
+
+
+class Unparsable(ValueError):
+    """The answer holds no JSON we can read as a list of memories."""
+
+
+def _json_values(text: str):
+    """JSON values found in the text: the whole text, fenced blocks, then objects/arrays within prose."""
+    try:
+        yield json.loads(text)
+    except ValueError:
+        pass
+    for block in re.findall(r"```(?:json|JSON)?\s*(.*?)```", text, flags=re.S):
+        try:
+            yield json.loads(block)
+        except ValueError:
+            pass
+    decoder = json.JSONDecoder()
+    starts = [m.start() for m in re.finditer(r"[\[{]", text)][:_MAX_DECODE_STARTS]
+    for start in starts:
+        try:
+            yield decoder.raw_decode(text, start)[0]
+        except ValueError:
+            continue
+
+
+def _items(value) -> list | None:
+    if isinstance(value, list):
+        return value
+    if isinstance(value, dict):
+        for key in ("memories", "candidates", "items", "facts", "results"):
+            if isinstance(value.get(key), list):
+                return value[key]
+        if "content" in value:  # a single memory object
+            return [value]
+        lists = [v for v in value.values() if isinstance(v, list)]
+        if len(lists) == 1:
+            return lists[0]
+    return None
+
+
+def parse_candidates(answer: str) -> list[Candidate]:
+    """The model's answer as at most MAX_CANDIDATES candidates. Raises Unparsable if no list is found."""
+    text = answer[:_MAX_ANSWER_CHARS]
+    for value in _json_values(text):
+        items = _items(value)
+        if items is None:
+            continue
+        candidates: list[Candidate] = []
+        seen: set[str] = set()
+        for item in items:
+            if isinstance(item, str):
+                item = {"content": item}
+            if not isinstance(item, dict):
+                continue
+            try:
+                candidate = Candidate.model_validate(item)
+            except ValidationError:
+                continue
+            key = candidate.content.casefold()
+            if key not in seen:
+                seen.add(key)
+                candidates.append(candidate)
+        # More than the cap: keep the most important ones (stable for ties).
+        return sorted(candidates, key=lambda c: -c.importance)[:MAX_CANDIDATES] if len(candidates) > MAX_CANDIDATES \
+            else candidates
+    raise Unparsable("no JSON list of memories in the answer")
+
+
+# --- the offline extractor (no keys configured) --------------------------------------------------
+_RULES = [
+    ("relation", r"\b(mother|mom|mum|father|dad|sister|brother|wife|husband|girlfriend|boyfriend|partner|friend|"
+                 r"boss|daughter|son|family)\b|妈妈|母亲|爸爸|父亲|男朋友|女朋友|老板|朋友|女儿|儿子"),
+    ("emotion", r"\b(feel|feeling|felt|sad|happy|angry|anxious|stressed|lonely|tired|excited|worried|scared)\b|"
+                r"难过|开心|焦虑|压力|孤独|累"),
+    ("preference", r"\b(like|love|hate|prefer|favou?rite|enjoy|can't stand)\b|喜欢|讨厌|爱吃"),
+    ("event", r"\b(yesterday|today|tomorrow|last|next|tonight|went|going to|will|moved|started|quit|met)\b|"
+              r"昨天|今天|明天|下周|搬"),
+]
+_FIRST_PERSON = re.compile(r"\b(i|i'm|im|my|me|i've|i'll|mine)\b|我", re.I)
+_SENTENCE = re.compile(r"(?<=[.!?。！？])\s*")
+
+
+def offline_candidates(transcript: str) -> list[dict]:
+    """A deterministic stand-in for the extraction model: first-person sentences of the user's new
+    turns, classified by keyword. Rough, but it lets the whole pipeline run with no keys."""
+    session = transcript.split("<session>", 1)[-1]
+    found: list[dict] = []
+    for line in session.splitlines():
+        if not line.startswith("user: "):
+            continue
+        for sentence in _SENTENCE.split(line[6:]):
+            sentence = sentence.strip()
+            if len(sentence) < 8 or not _FIRST_PERSON.search(sentence):
+                continue
+            category = next((c for c, rule in _RULES if re.search(rule, sentence, re.I)), "fact")
+            importance = 0.8 if category in ("relation", "emotion") else 0.5
+            found.append({"content": f"The user said: {sentence}", "category": category, "importance": importance})
+    return found[:MAX_CANDIDATES]
