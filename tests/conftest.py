@@ -74,3 +74,37 @@ def env(monkeypatch):
         reset_process_state()
     yield set_env
     reset_process_state()
+
+
+class LocalServer:
+    """The local dev server (the same code `make run` serves) on an ephemeral loopback port."""
+
+    def __init__(self):
+        import threading
+
+        from eros.config import settings
+        from eros.local import make_server
+
+        self.settings = settings()
+        self.server = make_server(self.settings, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def client(self, user: str | None):
+        import httpx
+
+        from eros.local import issue_token, local_jwt_key
+
+        headers = {"Authorization": f"Bearer {issue_token(user, self.settings, local_jwt_key())}"} if user else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def local_server(db):
+    server = LocalServer()
+    yield server
+    server.close()

@@ -1,0 +1,354 @@
+"""Dreaming-lite end to end: the SPEC's "trying it" scenario over HTTP, the failure policy (poison pills,
+provider outages, the attempts cap), resumed sessions, windowing, and the forgiving parse."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from apiclient import Api
+from fakes import Delay, Reply, Status, fake_llm, fake_voyage  # noqa: F401 (fixtures)
+
+from eros import dreaming
+from eros.config import settings
+from eros.extraction import Unparsable, normalise_category, parse_candidates, windows
+
+
+EXTRACTED = json.dumps({"memories": [
+    {"content": "Lives in Shanghai", "category": "fact", "importance": 0.6},
+    {"content": "Her mother pushes her to marry", "category": "relation", "importance": 0.95},
+    {"content": "Likes mocha", "category": "preference", "importance": 0.2},
+]})
+
+
+def extraction_requests(fake) -> list[dict]:
+    return [r["json"] for r in fake.requests if r["json"].get("response_format")]
+
+
+def chat_requests(fake) -> list[dict]:
+    return [r["json"] for r in fake.requests if not r["json"].get("response_format")]
+
+
+@pytest.fixture
+def online(db, env, fake_llm, fake_voyage):
+    """Real HTTP providers (the fakes), extraction answers EXTRACTED unless a test says otherwise."""
+    fake_llm.responder = lambda body: EXTRACTED if body.get("response_format") else "fake reply"
+    env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="test-key", EMBED_BASE_URL=fake_voyage.url,
+        VOYAGE_API_KEY="test-key", DREAMING_IDLE_SECS=1800, PROVIDER_MAX_RETRIES=0)
+    return fake_llm, fake_voyage
+
+
+def go_idle(db, seconds: int = 3600) -> None:
+    """Pretend the last activity was long ago (instead of sleeping for DREAMING_IDLE_SECS)."""
+    db.execute("UPDATE engine.chat_sessions SET last_active_at = last_active_at - make_interval(secs => %s)",
+               (seconds,))
+
+
+def sweep_now() -> dict:
+    return dreaming.sweep_locally(settings())
+
+
+def session_row(db, sid) -> dict:
+    return db.execute("SELECT * FROM engine.chat_sessions WHERE id = %s", (sid,)).fetchone()
+
+
+def profile_rows(db) -> list[dict]:
+    return db.execute("SELECT content, category, importance, session_id FROM engine.companion_memories"
+                      " WHERE instance_id IS NULL ORDER BY content").fetchall()
+
+
+# --- the SPEC's "trying it" scenario, through the local HTTP server --------------------------------
+def test_two_turns_silence_then_categorised_profile_rows_recalled_next_turn(online, db, local_server):
+    fake_llm, fake_voyage = online
+    client = local_server.client("alice")
+    sid = client.post("/v1/sessions", json={"persona_id": "luna"}).json()["id"]
+    for text in ("I live in Shanghai and my mother keeps pushing me to marry", "I had a mocha today, love it"):
+        assert client.post(f"/v1/sessions/{sid}/turns", json={"content": text}).status_code == 200
+    assert sweep_now()["claimed"] == 0  # not idle yet: nothing happens
+    go_idle(db)
+
+    result = sweep_now()
+    assert (result["claimed"], result["invoked"], result["invoke_failures"]) == (1, 1, 0)
+    extraction = extraction_requests(fake_llm)
+    assert len(extraction) == 1
+    transcript = extraction[0]["messages"][-1]["content"]
+    assert "user: I live in Shanghai" in transcript and "assistant: fake reply" in transcript
+    assert extraction[0]["model"] == "anthropic/claude-haiku-4.5"
+
+    memories = client.get("/v1/memories?layer=profile").json()["memories"]
+    assert sorted((m["category"], m["content"]) for m in memories) == [
+        ("fact", "Lives in Shanghai"), ("preference", "Likes mocha"), ("relation", "Her mother pushes her to marry")]
+    assert session_row(db, sid)["classified_at"] is not None
+    # The document embeddings came in one batch.
+    batches = [r["json"] for r in fake_voyage.requests if r["json"]["input_type"] == "document"]
+    assert len(batches) == 1 and len(batches[0]["input"]) == 3
+
+    # The next turn (a new session, another persona) recalls them under their categories.
+    other = client.post("/v1/sessions", json={"persona_id": "kai"}).json()["id"]
+    reply = client.post(f"/v1/sessions/{other}/turns", json={"content": "Should I visit my mother in Shanghai?"})
+    assert reply.status_code == 200
+    recalled = reply.json()["recalled"]
+    assert {(r["layer"], r["category"]) for r in recalled} >= {("profile", "fact"), ("profile", "relation")}
+    system = chat_requests(fake_llm)[-1]["messages"][0]["content"]
+    assert "[fact]\n- Lives in Shanghai" in system
+    assert "[relation]\n- Her mother pushes her to marry" in system
+    assert sweep_now()["claimed"] == 0  # classified: not claimed again
+
+
+def test_offline_extractor_makes_categorised_rows_with_no_keys(db):
+    api = Api()
+    sid = api.session()
+    api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "My boss keeps piling on new demands. I love hiking."})
+    go_idle(db)
+    assert sweep_now()["invoked"] == 1
+    rows = profile_rows(db)
+    assert {r["category"] for r in rows} == {"relation", "preference"}
+    assert all(r["session_id"] == session_row(db, sid)["id"] for r in rows)
+    status, body = api.call("GET", "/v1/memories?layer=profile")
+    assert status == 200 and len(body["memories"]) == 2
+
+
+# --- failure policy -------------------------------------------------------------------------------
+POISON = {
+    "garbage": "I'm sorry, I can't help with that.",
+    "empty array": "[]",
+    "empty object": '{"memories": []}',
+    "one megabyte": "{" + "x" * 1_000_000,
+    "wrong shape": '{"memories": "none"}',
+}
+
+
+@pytest.mark.parametrize("answer", POISON.values(), ids=POISON.keys())
+def test_poison_pills_are_stamped_with_a_reason_and_never_loop(online, db, answer):
+    fake_llm, _ = online
+    fake_llm.responder = lambda body: answer if body.get("response_format") else "fake reply"
+    api = Api()
+    sid = api.session()
+    api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "hello"})
+    go_idle(db)
+    assert sweep_now()["invoked"] == 1
+    row = session_row(db, sid)
+    assert row["classified_at"] is not None and row["classification_claimed_at"] is None
+    assert row["classification_error"]  # why it produced nothing
+    assert profile_rows(db) == []
+    assert sweep_now()["claimed"] == 0  # no loop
+    assert len(extraction_requests(fake_llm)) == 1
+
+
+def test_fifty_candidates_keep_the_ten_most_important(online, db):
+    fake_llm, _ = online
+    answer = json.dumps([{"content": f"memory number {i}", "category": "fact", "importance": i / 50}
+                         for i in range(50)])
+    fake_llm.responder = lambda body: answer if body.get("response_format") else "fake reply"
+    api = Api()
+    sid = api.session()
+    api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "lots to say"})
+    go_idle(db)
+    sweep_now()
+    rows = profile_rows(db)
+    assert sorted(r["content"] for r in rows) == sorted(f"memory number {i}" for i in range(40, 50))
+    assert session_row(db, sid)["classified_at"] is not None and sweep_now()["claimed"] == 0
+
+
+def test_categories_in_other_languages_collapse_to_fact(online, db):
+    fake_llm, _ = online
+    answer = json.dumps({"memories": [
+        {"content": "住在上海", "category": "事实", "importance": 0.5},
+        {"content": "Aime le café", "category": "préférence", "importance": 0.3},
+        {"content": "Is sad lately", "category": "Emotion", "importance": 0.7},
+    ]}, ensure_ascii=False)
+    fake_llm.responder = lambda body: answer if body.get("response_format") else "fake reply"
+    api = Api()
+    sid = api.session()
+    api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "我住在上海"})
+    go_idle(db)
+    sweep_now()
+    assert {(r["content"], r["category"]) for r in profile_rows(db)} == {
+        ("住在上海", "fact"), ("Aime le café", "fact"), ("Is sad lately", "emotion")}
+
+
+def _claimed_session(api, db):
+    sid = api.session()
+    api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "I started a new job at a bakery"})
+    go_idle(db)
+    from eros.store import dreaming as store
+
+    now = datetime.now(timezone.utc)
+    [row] = store.claim(now, now - timedelta(seconds=600), 10)
+    return sid, dreaming.extract_payload(row)
+
+
+@pytest.mark.parametrize("failure", [Status(500), Status(429, retry_after=0), Delay(3)], ids=["500", "429", "timeout"])
+def test_provider_outage_is_raised_and_not_stamped(online, db, env, failure):
+    fake_llm, _ = online
+    env(LLM_TIMEOUT_SECS=1)
+    api = Api()
+    sid, payload = _claimed_session(api, db)
+    fake_llm.push(failure)
+    from eros.local import LambdaContext, load_function
+
+    with pytest.raises(Exception) as raised:
+        load_function("extract").lambda_handler(payload, LambdaContext("extract"))
+    assert "ProviderUnavailable" in type(raised.value).__name__
+    row = session_row(db, sid)
+    assert row["classified_at"] is None and row["classification_error"]
+    assert row["classification_claimed_at"] is not None  # Lambda's retry reuses the claim
+    assert profile_rows(db) == []
+    # Lambda's async retry of the same event succeeds once the provider is back.
+    result = load_function("extract").lambda_handler(payload, LambdaContext("extract"))
+    assert result["outcome"] == "extracted" and len(profile_rows(db)) == 3
+    assert session_row(db, sid)["classification_error"] is None
+
+
+def test_embedding_outage_writes_nothing(online, db):
+    _, fake_voyage = online
+    api = Api()
+    sid, payload = _claimed_session(api, db)
+    fake_voyage.push(Status(503))
+    from eros.providers import ProviderUnavailable
+
+    with pytest.raises(ProviderUnavailable):
+        dreaming.extract_session(settings(), session_row(db, sid)["id"], datetime.fromisoformat(payload["claim_token"]))
+    assert profile_rows(db) == [] and session_row(db, sid)["classified_at"] is None
+
+
+def test_attempts_cap_stamps_the_session_with_the_error(online, db, env):
+    fake_llm, _ = online
+    env(DREAMING_MAX_ATTEMPTS=2, DREAMING_CLAIM_STALE_SECS=1)
+    fake_llm.responder = lambda body: "unused"
+    api = Api()
+    sid = api.session()
+    api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "I have a sister in Berlin"})
+    go_idle(db)
+    for attempt in (1, 2):
+        fake_llm.push(Status(500))
+        result = sweep_now()  # the in-process invoker logs the raised error, like a failed async invoke
+        assert result["invoked"] == 1
+        row = session_row(db, sid)
+        assert row["classification_attempts"] == attempt
+        if attempt == 1:
+            assert row["classified_at"] is None and "500" in row["classification_error"]
+            db.execute("UPDATE engine.chat_sessions SET classification_claimed_at = now() - interval '1 hour'")
+    row = session_row(db, sid)
+    assert row["classified_at"] is not None and "gave up after 2 attempts" in row["classification_error"]
+    assert sweep_now()["claimed"] == 0
+    assert profile_rows(db) == []
+
+
+# --- resumed sessions and long transcripts --------------------------------------------------------
+def test_resumed_session_extracts_only_new_turns_with_marked_context(online, db):
+    fake_llm, _ = online
+    api = Api()
+    sid = api.session()
+    api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "I live in Shanghai"})
+    go_idle(db)
+    sweep_now()
+    assert len(profile_rows(db)) == 3
+
+    fake_llm.responder = lambda body: (json.dumps([{"content": "Moved to Tokyo", "category": "event",
+                                                     "importance": 0.8}]) if body.get("response_format")
+                                       else "fake reply")
+    status, _ = api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "Big news: I moved to Tokyo"})
+    assert status == 200 and session_row(db, sid)["classified_at"] is None  # eligible again
+    go_idle(db)
+    assert sweep_now()["invoked"] == 1
+    second = extraction_requests(fake_llm)[-1]["messages"][-1]["content"]
+    context, new = second.split("<session>")
+    assert "I live in Shanghai" in context and "<earlier_context>" in context
+    assert "I moved to Tokyo" in new and "Shanghai" not in new
+    rows = profile_rows(db)
+    assert len(rows) == 4 and [r["content"] for r in rows].count("Lives in Shanghai") == 1
+    assert sweep_now()["claimed"] == 0
+
+
+def test_turn_arriving_during_extraction_keeps_the_session_eligible(online, db):
+    fake_llm, _ = online
+    api = Api()
+    sid, payload = _claimed_session(api, db)
+
+    def answer(body):
+        if body.get("response_format"):  # a new turn lands while the model is thinking
+            api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "oh and I adopted a dog"})
+            return EXTRACTED
+        return "fake reply"
+
+    fake_llm.responder = answer
+    token = datetime.fromisoformat(payload["claim_token"])
+    assert dreaming.extract_session(settings(), session_row(db, sid)["id"], token).outcome == "extracted"
+    row = session_row(db, sid)
+    assert row["classified_at"] is None  # the new turn is not lost: next sweep takes it
+    assert row["classification_claimed_at"] is None
+
+
+def test_long_transcript_is_windowed_not_truncated(online, db, monkeypatch):
+    fake_llm, _ = online
+    monkeypatch.setattr(dreaming, "WINDOW_CHARS", 400)
+    monkeypatch.setattr(dreaming, "MAX_WINDOWS", 2)
+    api = Api()
+    sid = api.session()
+    for i in range(6):
+        api.call("POST", f"/v1/sessions/{sid}/turns", {"content": f"turn {i}: " + "words " * 20})
+    go_idle(db)
+    sweep_now()
+    first = extraction_requests(fake_llm)
+    assert len(first) == 2  # two windows in this invocation
+    assert session_row(db, sid)["classified_at"] is None  # more to read: still eligible
+    while sweep_now()["claimed"]:
+        pass
+    seen = "".join(r["messages"][-1]["content"].split("<session>")[-1] for r in extraction_requests(fake_llm))
+    for i in range(6):
+        assert f"turn {i}:" in seen
+    assert session_row(db, sid)["classified_at"] is not None
+
+
+# --- the parse ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("answer", [
+    '{"memories": [{"content": "Lives in Paris", "category": "fact", "importance": 0.5}]}',
+    'Sure! Here you go:\n```json\n[{"content": "Lives in Paris", "category": "fact"}]\n```\nAnything else?',
+    'The memories are [{"content": "Lives in Paris"}] as requested.',
+    '```\n{"memories": [{"content": "  Lives   in Paris ", "importance": "high"}]}\n```',
+    '{"content": "Lives in Paris", "category": "FACT"}',
+    '["Lives in Paris"]',
+])
+def test_parse_finds_memories_wherever_the_model_puts_them(answer):
+    [candidate] = parse_candidates(answer)
+    assert (candidate.content, candidate.category) == ("Lives in Paris", "fact")
+    assert 0 <= candidate.importance <= 1
+
+
+def test_parse_drops_bad_items_and_clamps_fields():
+    got = parse_candidates(json.dumps([
+        {"content": ""}, {"content": "   "}, {"category": "fact"}, {"content": None}, {"content": ["x"]}, 7, None,
+        {"content": "Keeps a cat", "category": 3, "importance": 7},
+        {"content": "keeps a cat"},  # duplicate, case-folded
+        {"content": "Dislikes rain", "category": "dislikes", "importance": -2},
+        {"content": "x" * 5000, "category": "event", "importance": "nan"},
+    ]))
+    assert [(c.content[:13], c.category, c.importance) for c in got] == [
+        ("Keeps a cat", "fact", 1.0), ("Dislikes rain", "preference", 0.0), ("x" * 13, "event", 0.5)]
+    assert len(got[2].content) == 500
+
+
+@pytest.mark.parametrize("answer", ["", "no json here", "{broken", "42", '"text"', "{" * 100_000])
+def test_parse_rejects_answers_without_a_list(answer):
+    with pytest.raises(Unparsable):
+        parse_candidates(answer)
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("fact", "fact"), ("Preference", "preference"), (" EVENT ", "event"), ("emotions", "emotion"),
+    ("relationship", "relation"), ("hobby", "fact"), ("情绪", "fact"), (None, "fact"), (3, "fact"), ("", "fact"),
+])
+def test_normalise_category(value, expected):
+    assert normalise_category(value) == expected
+
+
+def test_windows_keep_order_and_clip_only_a_single_oversized_message():
+    messages = [{"id": i, "role": "user", "content": "a" * 100} for i in range(5)] + \
+               [{"id": 5, "role": "user", "content": "b" * 1000}]
+    parts = windows(messages, 250)
+    assert [m["id"] for p in parts for m in p] == list(range(6))
+    assert all(sum(len(m["content"]) + 16 for m in p) <= 250 for p in parts)
+    assert parts[-1][0]["content"].endswith("[message clipped: too long]")
