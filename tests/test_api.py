@@ -216,3 +216,11 @@ def test_unknown_route_and_bad_memory_ids(api):
     assert api.call("GET", "/v1/nothing-here")[0] == 404
     assert api.call("DELETE", "/v1/memories/123")[0] == 422
     assert api.call("DELETE", f"/v1/memories/{uuid.uuid4()}")[0] == 404
+
+
+def test_database_down_is_503_not_500(api, env):
+    env(DATABASE_URL="postgresql://postgres@127.0.0.1:9/postgres?connect_timeout=1")
+    status, body = api.call("GET", "/v1/health", user=None)
+    assert status == 503 and body["database"] == "unreachable"
+    status, body = api.call("GET", "/v1/sessions")
+    assert status == 503 and "database" in body["message"]
