@@ -6,12 +6,11 @@ import uuid
 from dataclasses import dataclass
 from uuid import UUID
 
-from . import prompt
+from . import prompt, recall
 from .config import settings
 from .observability import logger, metrics, tracer
 from .providers import Deadline, ProviderError, ProviderUnavailable, chat_client, embedder
 from .store import chat as chat_store
-from .store import memories as memory_store
 
 
 class NotFound(Exception):
@@ -70,11 +69,10 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
     deadline = Deadline.after(cfg.turn_budget_secs)
     try:
         query = embedder().embed([content], "query", deadline=deadline)
-        profile = memory_store.recall_profile(user_id, query.vectors[0], cfg.recall_per_category)
-        relationship = memory_store.recall_relationship(user_id, session["instance_id"], query.vectors[0],
-                                                        cfg.relationship_top_k)
         history = chat_store.recent_messages(session_id, cfg.history_messages, exclude_turn=turn_id)
-        profile, relationship = prompt.without_repeats(profile, relationship, history)
+        memories = recall.recall(user_id, session["instance_id"], query.vectors[0], history=history,
+                                 message=content)
+        profile, relationship = memories.profile, memories.relationship
         messages = prompt.build_messages(session["system_prompt"], profile, relationship, history, content)
         completion = chat_client().complete(cfg.chat_model, messages, max_tokens=cfg.chat_max_tokens,
                                             deadline=deadline)

@@ -45,10 +45,16 @@ class Settings(BaseModel):
     history_messages: int = Field(12, ge=0, le=200)
     chat_max_tokens: int = Field(600, ge=16)
 
-    # --- recall ---------------------------------------------------------------------
+    # --- recall (eros.recall; the defaults won bench/recall_eval.py) ---------------------
     recall_strategy: Literal["grouped", "recency", "composite"] = "grouped"
-    recall_per_category: int = Field(2, ge=1, le=20)
+    recall_per_category: int = Field(2, ge=1, le=20)  # grouped: profile rows per category
+    recall_top_k: int = Field(8, ge=1, le=50)  # recency/composite: profile rows across categories
+    recall_category_cap: int = Field(0, ge=0, le=50)  # recency/composite: at most this many per category; 0 = no cap
     relationship_top_k: int = Field(5, ge=0, le=50)
+    recall_decay_lambda: float = Field(0.1, ge=0, le=10)  # recency: weight of the decay term
+    recall_decay_tau_days: float = Field(30.0, gt=0, le=36500)  # decay = exp(-age_days / tau)
+    recall_decay_floor: float = Field(0.5, ge=0, le=1)  # composite: what a very old row keeps of its score
+    recall_dedupe_similarity: float = Field(0.95, gt=0, le=1)  # two recalled rows this close: one is dropped
 
     # --- dreaming -------------------------------------------------------------------
     dreaming_idle_secs: int = Field(1800, ge=1)

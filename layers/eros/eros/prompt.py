@@ -46,21 +46,3 @@ def build_messages(persona_prompt: str, profile: list[dict], relationship: list[
     messages.extend({"role": m["role"], "content": m["content"]} for m in history)
     messages.append({"role": "user", "content": user_message})
     return messages
-
-
-def normalised(text: str) -> str:
-    """The comparison key for "the same text": case, punctuation and spacing folded."""
-    return _SPACE.sub(" ", re.sub(r"[^\w\s]", " ", text.casefold())).strip()
-
-
-def without_repeats(profile: list[dict], relationship: list[dict], history: list[dict]) -> tuple[list, list]:
-    """Cross-layer hygiene: a text already in the history, or already shown, is not injected again."""
-    seen = {normalised(m["content"]) for m in history}
-    kept: tuple[list, list] = ([], [])
-    for layer, out in ((profile, kept[0]), (relationship, kept[1])):
-        for m in layer:
-            key = normalised(m["content"])
-            if key and key not in seen:
-                seen.add(key)
-                out.append(m)
-    return kept

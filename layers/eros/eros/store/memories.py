@@ -1,44 +1,10 @@
-"""The two memory layers: recall, listing, deletion (and, for dreaming, the profile writes)."""
+"""The two memory layers: listing and deletion. Recall ranking lives in ``eros.store.recall``."""
 
 from __future__ import annotations
 
 from uuid import UUID
 
-from pgvector import Vector
-
 from ..db import connection
-
-# Profile recall, "grouped": the nearest rows per category, categorised profile rows only.
-_PROFILE_GROUPED = """
-SELECT id, content, category, importance, created_at, distance FROM (
-    SELECT id, content, category, importance, created_at, embedding <=> %(q)s AS distance,
-           row_number() OVER (PARTITION BY category ORDER BY embedding <=> %(q)s, id) AS rank
-    FROM engine.companion_memories
-    WHERE user_id = %(user)s AND instance_id IS NULL AND category IS NOT NULL
-) ranked
-WHERE rank <= %(per_category)s
-ORDER BY category, distance, id
-"""
-
-_RELATIONSHIP = """
-SELECT id, content, category, importance, created_at, embedding <=> %(q)s AS distance
-FROM engine.companion_memories
-WHERE user_id = %(user)s AND instance_id = %(instance)s
-ORDER BY distance, id
-LIMIT %(k)s
-"""
-
-
-def recall_profile(user_id: str, query: list[float], per_category: int) -> list[dict]:
-    return connection().execute(_PROFILE_GROUPED, {"q": Vector(query), "user": user_id,
-                                                    "per_category": per_category}).fetchall()
-
-
-def recall_relationship(user_id: str, instance_id: UUID, query: list[float], k: int) -> list[dict]:
-    if k <= 0:
-        return []
-    return connection().execute(_RELATIONSHIP, {"q": Vector(query), "user": user_id, "instance": instance_id,
-                                                "k": k}).fetchall()
 
 
 def list_memories(user_id: str, layer: str | None, category: str | None, limit: int,

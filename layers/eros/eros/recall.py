@@ -1,0 +1,181 @@
+"""The recall use-case: what the persona is reminded of before it answers.
+
+For one user message: the profile layer (who the user is) and the relationship layer (what
+happened between the user and this persona instance), each ranked by the configured strategy in
+one SQL round trip (``eros.store.recall``), then cross-layer hygiene so that the prompt never
+carries the same thing twice.
+
+Strategies (``RECALL_STRATEGY``), with ``s`` the cosine similarity to the message, ``d =
+exp(-age_days / tau)`` and importance 0.5 where a row has none:
+
+* ``grouped``   -- the original behaviour: the ``RECALL_PER_CATEGORY`` nearest profile rows of
+  each category; the ``RELATIONSHIP_TOP_K`` nearest relationship rows.
+* ``recency``   -- ``s + lambda * d``; a global top ``RECALL_TOP_K`` across categories.
+* ``composite`` -- ``s * (floor + (1 - floor) * d) * importance``; likewise. ``floor`` is what
+  a very old row keeps of its score: an old but still-true fact ("has a daughter") fades to the
+  floor, never to nothing.
+
+``RECALL_CATEGORY_CAP`` (0: none) optionally caps any one category in the global strategies. The
+defaults are the winners of ``bench/recall_eval.py`` (see ``bench/results/recall_eval.md``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Iterable
+from uuid import UUID
+
+from .config import CATEGORIES, Settings, settings
+from .store import recall as recall_store
+
+_SPACE = re.compile(r"\s+")
+_PUNCT = re.compile(r"[^\w\s]")
+_MAX_EXPONENT = 700.0  # the SQL clamps exp()'s argument the same way (Postgres raises on underflow)
+
+
+@dataclass(frozen=True)
+class RecallParams:
+    strategy: str = "grouped"
+    per_category: int = 2
+    top_k: int = 8
+    category_cap: int = 0  # 0: no cap
+    relationship_top_k: int = 5
+    lam: float = 0.1
+    tau_days: float = 30.0
+    floor: float = 0.5
+    dedupe_similarity: float = 0.95  # >= this cosine between two recalled rows: the same thing
+
+    @classmethod
+    def from_settings(cls, cfg: Settings) -> "RecallParams":
+        return cls(strategy=cfg.recall_strategy, per_category=cfg.recall_per_category, top_k=cfg.recall_top_k,
+                   category_cap=cfg.recall_category_cap, relationship_top_k=cfg.relationship_top_k,
+                   lam=cfg.recall_decay_lambda, tau_days=cfg.recall_decay_tau_days, floor=cfg.recall_decay_floor,
+                   dedupe_similarity=cfg.recall_dedupe_similarity)
+
+
+@dataclass
+class Recalled:
+    profile: list[dict] = field(default_factory=list)
+    relationship: list[dict] = field(default_factory=list)
+
+    def ranked(self) -> list[dict]:
+        """Both layers in one list, best score first (the evaluation's ranking; ties by id)."""
+        return sorted(self.profile + self.relationship, key=lambda m: (-m["score"], m["id"]))
+
+
+# --- the ranking math, in Python: the twin of the SQL in eros.store.recall ------------------------
+
+def decay(age_days: float, tau_days: float) -> float:
+    return math.exp(-min(max(age_days, 0.0) / tau_days, _MAX_EXPONENT))
+
+
+def score(strategy: str, similarity: float, age_days: float, importance: float | None,
+          params: RecallParams) -> float:
+    if strategy == "grouped":
+        return similarity
+    d = decay(age_days, params.tau_days)
+    if strategy == "recency":
+        return similarity + params.lam * d
+    if strategy == "composite":
+        weight = 0.5 if importance is None else importance
+        return similarity * (params.floor + (1 - params.floor) * d) * weight
+    raise ValueError(f"unknown recall strategy {strategy!r}")
+
+
+# --- hygiene ------------------------------------------------------------------------------------
+
+def normalised(text: str) -> str:
+    """The comparison key for "the same text": case, punctuation and spacing folded."""
+    return _SPACE.sub(" ", _PUNCT.sub(" ", text.casefold())).strip()
+
+
+def _with_norm(vector) -> tuple[list[float], float] | None:
+    """The vector as Python floats (math.sumprod is fast on those) and its norm; None when zero."""
+    values = vector.to_list() if hasattr(vector, "to_list") else [float(v) for v in vector]
+    norm = math.sqrt(math.sumprod(values, values))
+    return (values, norm) if norm > 0 else None
+
+
+class Hygiene:
+    """Cross-layer hygiene: nothing is said twice in one prompt.
+
+    ``take`` walks ranked rows and keeps one unless its normalised text is already in the prompt
+    (``seen_texts``: the history and the message being answered) or was kept before, or its
+    embedding is within ``similarity`` cosine of a row kept before (near-identical text). Only the
+    rows actually kept count as "said": a row dropped by a quota cannot shadow a later one. Take
+    the profile before the relationship layer, so the distilled fact wins over the raw utterance;
+    inside a layer the better-ranked row wins. Rows without an ``embedding`` compare by text only.
+    """
+
+    def __init__(self, seen_texts: Iterable[str] = (), similarity: float = 0.95):
+        self.similarity = similarity
+        self._texts = {normalised(t) for t in seen_texts}
+        self._vectors: list[tuple[list[float], float]] = []
+
+    def repeats(self, row: dict) -> bool:
+        return self._check(row)[0]
+
+    def _check(self, row: dict) -> tuple[bool, str, tuple[list[float], float] | None]:
+        key = normalised(row["content"])
+        if not key or key in self._texts:
+            return True, key, None
+        vector = _with_norm(row["embedding"]) if row.get("embedding") is not None else None
+        if vector is not None:
+            values, norm = vector
+            if any(math.sumprod(values, other) >= self.similarity * norm * other_norm
+                   for other, other_norm in self._vectors if len(other) == len(values)):
+                return True, key, vector
+        return False, key, vector
+
+    def take(self, rows: Iterable[dict], k: int, cap: int | None = None) -> list[dict]:
+        """The first ``k`` non-repeating rows in order, at most ``cap`` per category."""
+        out: list[dict] = []
+        per_category: dict[str | None, int] = {}
+        for row in rows:
+            if len(out) >= k:
+                break
+            n = per_category.get(row["category"], 0)
+            if cap and n >= cap:
+                continue
+            repeated, key, vector = self._check(row)
+            if repeated:
+                continue
+            per_category[row["category"]] = n + 1
+            self._texts.add(key)
+            if vector is not None:
+                self._vectors.append(vector)
+            out.append(row)
+        return out
+
+
+# --- the use-case -------------------------------------------------------------------------------
+
+def recall(user_id: str, instance_id: UUID | None, query: list[float], *, history: Iterable[dict] = (),
+           message: str | None = None, now: datetime | None = None,
+           params: RecallParams | None = None) -> Recalled:
+    """The memories to put in front of the persona for this message.
+
+    ``history`` are the prompt's history messages and ``message`` the one being answered: recalled
+    text that repeats any of them is not injected again. ``now`` defaults to the database's time;
+    rows created after it are not recalled.
+    """
+    p = params or RecallParams.from_settings(settings())
+    if p.strategy not in ("grouped", "recency", "composite"):
+        raise ValueError(f"unknown recall strategy {p.strategy!r}")
+    if p.strategy == "grouped":
+        k, cap = p.per_category * len(CATEGORIES), p.per_category
+    else:
+        k, cap = p.top_k, (p.category_cap or None)
+    rel_k = p.relationship_top_k if instance_id is not None else 0
+    # Over-fetch: hygiene may drop a few rows, and the prompt should still get its full quota.
+    # The SQL's cost is the scan of the user's rows, not the length of the answer.
+    common = {"now": now, "lam": p.lam, "tau_days": p.tau_days, "floor": p.floor}
+    profile = recall_store.ranked("profile", p.strategy, user_id, query, k=2 * k,
+                                  cap=2 * cap if cap else None, **common)
+    relationship = recall_store.ranked("relationship", p.strategy, user_id, query, k=2 * rel_k,
+                                       instance_id=instance_id, **common) if rel_k > 0 else []
+    hygiene = Hygiene([m["content"] for m in history] + ([message] if message else []), p.dedupe_similarity)
+    return Recalled(profile=hygiene.take(profile, k, cap), relationship=hygiene.take(relationship, rel_k))
