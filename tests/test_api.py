@@ -224,3 +224,14 @@ def test_database_down_is_503_not_500(api, env):
     assert status == 503 and body["database"] == "unreachable"
     status, body = api.call("GET", "/v1/sessions")
     assert status == 503 and "database" in body["message"]
+
+
+def test_an_unexpected_error_is_a_json_500_without_internals(api, monkeypatch):
+    from eros.store import chat as chat_store
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(chat_store, "list_personas", broken)
+    status, body = api.call("GET", "/v1/personas")
+    assert status == 500 and body["message"] == "internal error" and "secret" not in json.dumps(body)

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from uuid import UUID
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
-from aws_lambda_powertools.event_handler.exceptions import NotFoundError, UnauthorizedError
+from aws_lambda_powertools.event_handler.exceptions import NotFoundError, ServiceError, UnauthorizedError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.logging import correlation_paths
@@ -154,6 +154,17 @@ def turn_failed(error: chat.TurnFailed):
 def database_unavailable(error: psycopg.OperationalError):
     logger.warning("database unavailable", extra={"error": type(error).__name__})
     return _error(503, "the database is unavailable; retry later")
+
+
+@app.exception_handler(ServiceError)
+def service_error(error: ServiceError):
+    return _error(error.status_code, str(error.msg))
+
+
+@app.exception_handler(Exception)
+def unexpected(error: Exception):
+    logger.exception("unhandled error")
+    return _error(500, "internal error", request_id=app.lambda_context.aws_request_id)
 
 
 @app.not_found

@@ -11,10 +11,11 @@ def _database_url(args) -> str:
     """DATABASE_URL if set, else the embedded Postgres in .data/pg (started on demand)."""
     if os.environ.get("DATABASE_URL"):
         return os.environ["DATABASE_URL"]
-    from .local import embedded_postgres
+    from .local import DATA, embedded_postgres
 
     url = embedded_postgres()
     os.environ["DATABASE_URL"] = url
+    os.environ["EROS_EMBEDDED_PG"] = str(DATA / "pg")
     return url
 
 
@@ -53,7 +54,7 @@ def cmd_serve(args) -> int:
     sweeper = _start_sweeper(cfg) if args.sweep else None
     print(f"""
 eros local stack
-  database : {'embedded Postgres in .data/pg' if 'DATABASE_URL' not in os.environ or url == os.environ.get('DATABASE_URL') else url}
+  database : {('embedded Postgres 16 + pgvector in ' + os.environ['EROS_EMBEDDED_PG']) if os.environ.get('EROS_EMBEDDED_PG') else 'DATABASE_URL'}
   chat LLM : {described['llm']}
   embedder : {described['embedder']}
   dreaming : {'every %ss, sessions idle for %ss' % (cfg.dreaming_tick_secs, cfg.dreaming_idle_secs) if sweeper else 'off'}

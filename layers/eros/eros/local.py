@@ -154,7 +154,10 @@ def make_server(settings: Settings, host: str = "127.0.0.1", port: int = 3000) -
             if claims is None and (self.command, path) not in PUBLIC_ROUTES:
                 return self._send(401, {"content-type": "application/json"}, '{"message":"Unauthorized"}')
             event = http_api_event(self.command, self.path, dict(self.headers), body, claims)
-            result = chat_function.lambda_handler(event, LambdaContext("chat"))
+            try:
+                result = chat_function.lambda_handler(event, LambdaContext("chat"))
+            except Exception:  # what API Gateway answers when the function itself fails
+                return self._send(500, {"content-type": "application/json"}, '{"message":"Internal Server Error"}')
             payload = result.get("body") or ""
             if result.get("isBase64Encoded"):
                 payload = base64.b64decode(payload)
