@@ -1,0 +1,361 @@
+"""template.yaml agrees with the code: runtimes, tracing, routes and their auth, least-privilege IAM,
+dreaming timings, the dead-letter queue, the migration custom resource, and that every environment
+variable it sets is one the code reads (eros.config.Settings) or a Powertools one."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eros.config import Settings
+from eros.local import PUBLIC_ROUTES
+
+ROOT = Path(__file__).resolve().parents[1]
+FUNCTIONS = ("ChatFunction", "SweeperFunction", "ExtractFunction", "MigrateFunction")
+SAM_MANAGED_POLICIES = {  # what SAM attaches for a function with tracing and a VPC; nothing else
+    "arn:aws:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole",
+    "arn:aws:iam::aws:policy/AWSXrayWriteOnlyAccess",
+    "arn:aws:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole",
+}
+
+
+class CfnLoader(yaml.SafeLoader):
+    """A SafeLoader that turns CloudFormation short tags (!Ref, !GetAtt, !Sub, ...) into their long form."""
+
+
+def _intrinsic(loader: CfnLoader, suffix: str, node: yaml.Node):
+    if isinstance(node, yaml.ScalarNode):
+        value = loader.construct_scalar(node)
+    elif isinstance(node, yaml.SequenceNode):
+        value = loader.construct_sequence(node, deep=True)
+    else:
+        value = loader.construct_mapping(node, deep=True)
+    if suffix == "Ref":
+        return {"Ref": value}
+    if suffix == "GetAtt" and isinstance(value, str):
+        value = value.split(".", 1)
+    return {f"Fn::{suffix}": value}
+
+
+CfnLoader.add_multi_constructor("!", _intrinsic)
+
+
+@pytest.fixture(scope="module")
+def template() -> dict:
+    return yaml.load((ROOT / "template.yaml").read_text(), Loader=CfnLoader)
+
+
+def resource(template: dict, name: str) -> dict:
+    return template["Resources"][name]
+
+
+def props(template: dict, name: str) -> dict:
+    return resource(template, name).get("Properties", {})
+
+
+def function_setting(template: dict, name: str, key: str):
+    """A function property as deployed: the function's own value, else the Globals one."""
+    return props(template, name).get(key, template["Globals"]["Function"].get(key))
+
+
+def statements(template: dict, name: str) -> list[dict]:
+    policies = props(template, name).get("Policies", [])
+    assert isinstance(policies, list)
+    out = []
+    for policy in policies:
+        # Inline statements only: no SAM policy templates or managed policy names, which hide wildcards.
+        assert isinstance(policy, dict) and set(policy) == {"Statement"}, f"{name}: non-inline policy {policy}"
+        out.extend(policy["Statement"])
+    return out
+
+
+def as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def http_events(template: dict) -> dict[str, dict]:
+    events = props(template, "ChatFunction")["Events"]
+    return {name: e["Properties"] for name, e in events.items() if e["Type"] == "HttpApi"}
+
+
+# --- runtime and observability ----------------------------------------------------------------
+def test_every_function_is_python312_x86_64_with_active_tracing(template):
+    functions = [n for n, r in template["Resources"].items() if r["Type"] == "AWS::Serverless::Function"]
+    assert sorted(functions) == sorted(FUNCTIONS)
+    for name in functions:
+        assert function_setting(template, name, "Runtime") == "python3.12", name
+        assert function_setting(template, name, "Architectures") == ["x86_64"], name
+        assert function_setting(template, name, "Tracing") == "Active", name
+        assert function_setting(template, name, "Handler") == "app.lambda_handler", name
+        assert function_setting(template, name, "Layers") == [{"Ref": "ErosLayer"}], name
+        vpc = function_setting(template, name, "VpcConfig")
+        assert vpc == {"SubnetIds": {"Ref": "SubnetIds"}, "SecurityGroupIds": {"Ref": "SecurityGroupIds"}}, name
+        code = ROOT / props(template, name)["CodeUri"]
+        assert (code / "app.py").is_file() and (code / "requirements.txt").is_file(), name
+
+
+def test_the_layer_is_built_for_python312_from_the_eros_package(template):
+    layer = resource(template, "ErosLayer")
+    assert layer["Type"] == "AWS::Serverless::LayerVersion"
+    assert layer["Properties"]["ContentUri"].rstrip("/") == "layers/eros"
+    assert layer["Properties"]["CompatibleRuntimes"] == ["python3.12"]
+    assert layer["Metadata"]["BuildMethod"] == "python3.12"
+    content = ROOT / "layers/eros"
+    assert (content / "requirements.txt").is_file() and (content / "eros/__init__.py").is_file()
+    assert list((content / "eros/migrations").glob("*.sql")) and list((content / "eros/personas").glob("*.json"))
+
+
+def test_powertools_is_configured_for_every_function(template):
+    env = template["Globals"]["Function"]["Environment"]["Variables"]
+    assert env["POWERTOOLS_SERVICE_NAME"] == "eros"
+    assert env["POWERTOOLS_METRICS_NAMESPACE"] == "Eros"
+    assert env["POWERTOOLS_LOG_LEVEL"] == {"Ref": "LogLevel"}
+
+
+# --- the API ----------------------------------------------------------------------------------
+def test_public_routes_are_exactly_the_local_servers(template):
+    public = {(p["Method"].upper(), p["Path"]) for p in http_events(template).values()
+              if p.get("Auth", {}).get("Authorizer") == "NONE"}
+    assert public == set(PUBLIC_ROUTES)
+
+
+def test_every_other_route_goes_through_the_jwt_authorizer(template):
+    events = http_events(template)
+    assert all(p["ApiId"] == {"Ref": "ChatApi"} for p in events.values())
+    private = [p for p in events.values() if p.get("Auth", {}).get("Authorizer") != "NONE"]
+    assert [(p["Method"], p["Path"]) for p in private] == [("ANY", "/{proxy+}")]
+    assert all("Auth" not in p for p in private)  # the default authorizer, not an override
+    assert all(e["Type"] == "HttpApi" for e in props(template, "ChatFunction")["Events"].values())
+
+
+def test_the_jwt_authorizer_is_the_apis_default(template):
+    api = resource(template, "ChatApi")
+    assert api["Type"] == "AWS::Serverless::HttpApi"
+    auth = api["Properties"]["Auth"]
+    authorizer = auth["Authorizers"][auth["DefaultAuthorizer"]]
+    assert authorizer["IdentitySource"] == "$request.header.Authorization"
+    assert authorizer["JwtConfiguration"] == {"issuer": {"Ref": "JwtIssuer"}, "audience": {"Ref": "JwtAudience"}}
+    assert template["Parameters"]["JwtAudience"]["Type"] == "CommaDelimitedList"
+    assert "ChatApi" in json.dumps(template["Outputs"]["ApiUrl"]["Value"])
+
+
+def test_the_chat_turn_fits_in_api_gateways_time(template):
+    chat = props(template, "ChatFunction")
+    budget = float(chat["Environment"]["Variables"]["TURN_BUDGET_SECS"])
+    assert chat["Timeout"] <= 29
+    assert budget == Settings().turn_budget_secs and budget < chat["Timeout"]
+
+
+# --- IAM --------------------------------------------------------------------------------------
+def test_no_wildcard_actions_or_resources(template):
+    for name in FUNCTIONS:
+        for statement in statements(template, name):
+            assert statement["Effect"] == "Allow"
+            assert all("*" not in action for action in as_list(statement["Action"])), (name, statement)
+            assert all(r != "*" and "*" not in json.dumps(r) for r in as_list(statement["Resource"])), (name, statement)
+
+
+def test_secrets_are_readable_only_by_name(template):
+    expected = {
+        "ChatFunction": [{"Ref": "DatabaseSecretArn"}, {"Ref": "ProviderSecretArn"}],
+        "ExtractFunction": [{"Ref": "DatabaseSecretArn"}, {"Ref": "ProviderSecretArn"}],
+        "SweeperFunction": [{"Ref": "DatabaseSecretArn"}],
+        "MigrateFunction": [{"Ref": "DatabaseSecretArn"}],
+    }
+    for name, secrets in expected.items():
+        granted = [r for s in statements(template, name) if s["Action"] == "secretsmanager:GetSecretValue"
+                   for r in as_list(s["Resource"])]
+        assert granted == secrets, name
+        env = props(template, name).get("Environment", {}).get("Variables", {})
+        # A function is told about the provider secret only if it may read it.
+        assert ("PROVIDER_SECRET_ARN" in env) == ({"Ref": "ProviderSecretArn"} in secrets), name
+    assert "PROVIDER_SECRET_ARN" not in template["Globals"]["Function"]["Environment"]["Variables"]
+
+
+def test_the_sweeper_may_only_invoke_the_extract_function(template):
+    sweeper = statements(template, "SweeperFunction")
+    lambda_statements = [s for s in sweeper if any(a.startswith("lambda:") for a in as_list(s["Action"]))]
+    assert len(lambda_statements) == 1
+    assert as_list(lambda_statements[0]["Action"]) == ["lambda:InvokeFunction"]
+    assert as_list(lambda_statements[0]["Resource"]) == [{"Fn::GetAtt": ["ExtractFunction", "Arn"]}]
+    actions = {a for s in sweeper for a in as_list(s["Action"])}
+    assert actions == {"lambda:InvokeFunction", "secretsmanager:GetSecretValue"}
+    assert props(template, "SweeperFunction")["Environment"]["Variables"]["EXTRACT_FUNCTION_NAME"] == \
+        {"Ref": "ExtractFunction"}
+    for name in ("ChatFunction", "ExtractFunction", "MigrateFunction"):
+        assert not any(a.startswith("lambda:") for s in statements(template, name) for a in as_list(s["Action"]))
+
+
+def test_the_transformed_template_grants_nothing_more(template, monkeypatch):
+    """What SAM generates: inline policies without wildcards, and only the managed policies SAM adds."""
+    transform = pytest.importorskip("samtranslator.translator.transform").transform
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    sam = copy.deepcopy(template)
+    for r in sam["Resources"].values():
+        for key in ("CodeUri", "ContentUri"):
+            if key in r.get("Properties", {}):
+                r["Properties"][key] = "s3://bucket/artifact.zip"
+
+    class NoManagedPolicyLookups:
+        def load(self):
+            raise AssertionError("the template names a managed policy")
+
+    cfn = transform(sam, {}, NoManagedPolicyLookups())
+    roles = {n: r["Properties"] for n, r in cfn["Resources"].items() if r["Type"] == "AWS::IAM::Role"}
+    assert {f"{f}Role" for f in FUNCTIONS} <= set(roles)
+    for name, role in roles.items():
+        assert set(role.get("ManagedPolicyArns", [])) <= SAM_MANAGED_POLICIES, name
+        for policy in role.get("Policies", []):
+            for statement in policy["PolicyDocument"]["Statement"]:
+                assert all("*" not in a for a in as_list(statement["Action"])), (name, statement)
+                assert "*" not in json.dumps(statement["Resource"]), (name, statement)
+    invoke = [(s["Action"], s["Resource"]) for p in roles["SweeperFunctionRole"]["Policies"]
+              for s in p["PolicyDocument"]["Statement"] if "lambda:InvokeFunction" in as_list(s["Action"])]
+    assert invoke == [("lambda:InvokeFunction", {"Fn::GetAtt": ["ExtractFunction", "Arn"]})]
+
+
+# --- dreaming ---------------------------------------------------------------------------------
+def test_the_sweeper_runs_on_the_schedule_parameter(template):
+    events = props(template, "SweeperFunction")["Events"]
+    assert [e["Type"] for e in events.values()] == ["ScheduleV2"]
+    schedule = next(iter(events.values()))["Properties"]
+    assert schedule["ScheduleExpression"] == {"Ref": "DreamingScheduleRate"}
+    assert template["Parameters"]["DreamingScheduleRate"]["Default"] == "rate(5 minutes)"
+    assert Settings().dreaming_tick_secs == 300
+    # The schedule's payload has the keys of the sample event.
+    sample = json.loads((ROOT / "events/sweeper_schedule.json").read_text())
+    assert set(json.loads(schedule["Input"])) <= set(sample)
+    assert props(template, "SweeperFunction")["Timeout"] < 300  # done before the next sweep
+
+
+def test_extract_finishes_before_its_claim_can_go_stale(template):
+    extract = props(template, "ExtractFunction")
+    stale = template["Parameters"]["DreamingClaimStaleSecs"]
+    assert stale["Default"] == Settings().dreaming_claim_stale_secs == 600
+    assert extract["Timeout"] < stale["Default"] and extract["Timeout"] < stale["MinValue"]
+    # The last attempt starts within MaximumEventAgeInSeconds of the claim and runs at most Timeout.
+    assert extract["Timeout"] + extract["EventInvokeConfig"]["MaximumEventAgeInSeconds"] < stale["MinValue"]
+    reserved = extract["ReservedConcurrentExecutions"]
+    assert reserved == {"Fn::If": ["ReserveExtractConcurrency", {"Ref": "ExtractReservedConcurrency"},
+                                   {"Ref": "AWS::NoValue"}]}
+
+
+def test_failed_extractions_land_in_the_encrypted_dead_letter_queue(template):
+    config = props(template, "ExtractFunction")["EventInvokeConfig"]
+    assert config["MaximumRetryAttempts"] == 2
+    assert config["DestinationConfig"]["OnFailure"] == {
+        "Type": "SQS", "Destination": {"Fn::GetAtt": ["ExtractDeadLetterQueue", "Arn"]}}
+    queue = resource(template, "ExtractDeadLetterQueue")
+    assert queue["Type"] == "AWS::SQS::Queue"
+    assert queue["Properties"].get("SqsManagedSseEnabled") is True or \
+        queue["Properties"].get("KmsMasterKeyId") == "alias/aws/sqs"
+
+
+def test_parameter_defaults_are_the_codes_defaults(template):
+    params, defaults = template["Parameters"], Settings()
+    assert params["ChatModel"]["Default"] == defaults.chat_model
+    assert params["ExtractModel"]["Default"] == defaults.extract_model == "anthropic/claude-haiku-4.5"
+    assert params["EmbedModel"]["Default"] == defaults.embed_model
+    assert params["DreamingIdleSecs"]["Default"] == defaults.dreaming_idle_secs == 1800
+    assert params["DreamingBatchSize"]["Default"] == defaults.dreaming_batch_size
+    assert params["DreamingTickCap"]["Default"] == defaults.dreaming_tick_cap
+    assert params["DreamingMaxAttempts"]["Default"] == defaults.dreaming_max_attempts
+    assert params["SubnetIds"]["Type"] == "List<AWS::EC2::Subnet::Id>"
+    assert params["SecurityGroupIds"]["Type"] == "List<AWS::EC2::SecurityGroup::Id>"
+
+
+# --- environment ------------------------------------------------------------------------------
+def test_every_environment_variable_is_read_by_the_code(template):
+    fields = {name.upper() for name in Settings.model_fields}
+    names = set(template["Globals"]["Function"]["Environment"]["Variables"])
+    for name in FUNCTIONS:
+        names |= set(props(template, name).get("Environment", {}).get("Variables", {}))
+    unknown = {n for n in names if n not in fields and not n.startswith("POWERTOOLS_")}
+    assert not unknown, f"set in template.yaml but read by nothing: {sorted(unknown)}"
+    assert {"DATABASE_SECRET_ARN", "DATABASE_HOST", "PROVIDER_SECRET_ARN", "EXTRACT_FUNCTION_NAME"} <= names
+    # Secrets come from Secrets Manager in AWS, never from plain variables.
+    assert not names & {"DATABASE_URL", "OPENROUTER_API_KEY", "VOYAGE_API_KEY"}
+
+
+def test_parameter_backed_variables_parse_as_settings(template):
+    """The parameter defaults, as strings in the environment, validate as Settings."""
+    params = template["Parameters"]
+    env = {}
+    for key, value in template["Globals"]["Function"]["Environment"]["Variables"].items():
+        if isinstance(value, dict) and "Ref" in value and "Default" in params.get(value["Ref"], {}):
+            env[key] = str(params[value["Ref"]]["Default"])
+        elif isinstance(value, (str, int, float)):
+            env[key] = str(value)
+    settings = Settings.from_env(env)
+    assert settings.dreaming_claim_stale_secs == 600 and settings.database_host is None  # "" = the secret's host
+
+
+# --- deploy-time migration ----------------------------------------------------------------------
+def test_the_migration_custom_resource_reruns_when_the_package_changes(template):
+    migration = resource(template, "DatabaseMigration")
+    assert migration["Type"] == "Custom::DatabaseMigration"
+    assert migration["Properties"]["ServiceToken"] == {"Fn::GetAtt": ["MigrateFunction", "Arn"]}
+    assert migration["Properties"]["MigrationsVersion"] == {"Ref": "ErosLayer"}
+    for name in ("ChatFunction", "SweeperFunction", "ExtractFunction"):
+        assert resource(template, name).get("DependsOn") in ("DatabaseMigration", ["DatabaseMigration"]), name
+    assert props(template, "MigrateFunction")["Timeout"] >= 120
+
+
+# --- sample events ------------------------------------------------------------------------------
+def _event(name: str) -> dict:
+    return json.loads((ROOT / "events" / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("name, method, path, authorized", [
+    ("chat_health", "GET", "/v1/health", False),
+    ("chat_personas", "GET", "/v1/personas", True),
+    ("chat_turn", "POST", "/v1/sessions/", True),
+])
+def test_http_api_sample_events_have_the_v2_shape(name, method, path, authorized):
+    event = _event(name)
+    assert event["version"] == "2.0" and event["isBase64Encoded"] is False
+    http = event["requestContext"]["http"]
+    assert http["method"] == method and event["rawPath"] == http["path"] and http["path"].startswith(path)
+    assert event["requestContext"]["stage"] == "$default"
+    assert event["routeKey"] == event["requestContext"]["routeKey"]
+    assert ((http["method"], http["path"]) in PUBLIC_ROUTES) == (not authorized)
+    if authorized:
+        assert event["requestContext"]["authorizer"]["jwt"]["claims"]["sub"]
+        assert event["headers"]["authorization"].startswith("Bearer ")
+    else:
+        assert "authorizer" not in event["requestContext"]
+
+
+def test_the_chat_turn_sample_posts_json_to_a_session():
+    from uuid import UUID
+
+    event = _event("chat_turn")
+    _, v1, sessions, session_id, turns = event["rawPath"].split("/")
+    assert (v1, sessions, turns) == ("v1", "sessions", "turns") and UUID(session_id)
+    body = json.loads(event["body"])
+    assert body["content"] and "user_id" not in body
+
+
+def test_the_extract_sample_is_what_the_sweeper_sends():
+    from datetime import datetime
+    from uuid import UUID
+
+    from eros.dreaming import extract_payload
+
+    event = _event("extract_session")
+    sent = extract_payload({"id": UUID(event["session_id"]), "user_id": event["user_id"],
+                            "instance_id": UUID(event["instance_id"]),
+                            "claim_token": datetime.fromisoformat(event["claim_token"])})
+    assert sent == event
+
+
+def test_the_migration_sample_is_a_custom_resource_create():
+    event = _event("migrate_create")
+    assert event["RequestType"] == "Create" and event["ResourceType"] == "Custom::DatabaseMigration"
+    assert event["ResponseURL"].startswith("https://")
+    assert {"StackId", "RequestId", "LogicalResourceId", "ResourceProperties"} <= set(event)
+    assert {"ServiceToken", "MigrationsVersion"} <= set(event["ResourceProperties"])
