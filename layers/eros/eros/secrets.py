@@ -20,7 +20,10 @@ class ConfigurationError(RuntimeError):
 
 
 def _json_secret(arn: str) -> dict:
-    value = parameters.get_secret(arn, transform="json", max_age=SECRET_MAX_AGE_SECS)
+    try:
+        value = parameters.get_secret(arn, transform="json", max_age=SECRET_MAX_AGE_SECS)
+    except parameters.TransformParameterError:
+        raise ConfigurationError(f"secret {arn} is not valid JSON") from None  # never echo the secret text
     if not isinstance(value, dict):
         raise ConfigurationError(f"secret {arn} is not a JSON object")
     return value
@@ -46,14 +49,16 @@ def database_dsn(settings: Settings) -> str:
     if not settings.database_secret_arn:
         raise ConfigurationError("no database configured: set DATABASE_URL or DATABASE_SECRET_ARN")
     secret = _json_secret(settings.database_secret_arn)
-    try:
-        return make_conninfo(
-            host=settings.database_host or secret["host"],
-            port=str(secret.get("port", 5432)),
-            user=secret["username"],
-            password=secret["password"],
-            dbname=secret.get("dbname", "postgres"),
-            sslmode="require",
-        )
-    except KeyError as missing:
-        raise ConfigurationError(f"database secret lacks {missing}") from None
+    required = {"host": settings.database_host or secret.get("host"), "username": secret.get("username"),
+                "password": secret.get("password")}
+    missing = [name for name, value in required.items() if value is None or value == ""]
+    if missing:  # a null or empty field is as missing as an absent one (libpq would silently drop it)
+        raise ConfigurationError(f"database secret lacks {', '.join(map(repr, missing))}")
+    return make_conninfo(
+        host=str(required["host"]),
+        port=str(secret.get("port") or 5432),
+        user=str(required["username"]),
+        password=str(required["password"]),
+        dbname=str(secret.get("dbname") or "postgres"),
+        sslmode="require",
+    )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
 import email.utils
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -17,11 +19,11 @@ class ProviderError(Exception):
 
 
 class ProviderUnavailable(ProviderError):
-    """Timeouts, connection failures, 5xx and 429: worth retrying later (the dreaming failure policy)."""
+    """Timeouts, connection failures, 5xx, 408 and 429: worth retrying later (the dreaming failure policy)."""
 
 
 class ProviderResponseError(ProviderError):
-    """The provider answered, but not with something usable (4xx other than 429, a malformed body)."""
+    """The provider answered, but not with something usable (4xx other than 408/429, a malformed body)."""
 
 
 @dataclass
@@ -43,15 +45,21 @@ def _retry_after(response: httpx.Response) -> float | None:
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
+        try:  # the HTTP-date form; an unparseable value means "no hint" (use our own backoff), not a crash
+            parsed = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if parsed.tzinfo is None:  # "-0000" dates come back naive; HTTP dates are always UTC
+            parsed = parsed.replace(tzinfo=datetime.timezone.utc)
+        return max(0.0, parsed.timestamp() - time.time())
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def post_json(client: httpx.Client, url: str, payload: dict, *, headers: dict, timeout: float,
               max_retries: int, deadline: Deadline | None, what: str) -> dict:
-    """POST with retries on 429/5xx/timeouts (exponential backoff with jitter, Retry-After honoured),
+    """POST with retries on 408/429/5xx/timeouts (exponential backoff with jitter, Retry-After honoured),
     never past the deadline. Returns the decoded JSON object or raises a ProviderError."""
     deadline = deadline or Deadline.after(timeout * (max_retries + 1) + 10)
     attempt = 0
@@ -66,7 +74,7 @@ def post_json(client: httpx.Client, url: str, payload: dict, *, headers: dict, t
         except httpx.TransportError as exc:
             failure, wait = ProviderUnavailable(f"{what}: connection failed ({type(exc).__name__})"), None
         else:
-            if response.status_code == 429 or response.status_code >= 500:
+            if response.status_code in (408, 429) or response.status_code >= 500:
                 failure = ProviderUnavailable(f"{what}: HTTP {response.status_code}")
                 wait = _retry_after(response)
             elif response.status_code >= 400:

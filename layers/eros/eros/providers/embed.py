@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -60,9 +61,14 @@ def _vectors(body: dict, expected: int) -> list[list[float]]:
         raise ProviderResponseError(f"embeddings: expected {expected} items in data")
     try:
         ordered = sorted(data, key=lambda item: item["index"])
+        if [item["index"] for item in ordered] != list(range(expected)):
+            # duplicate or missing indices would silently pair vectors with the wrong texts
+            raise ProviderResponseError(f"embeddings: data indices are not 0..{expected - 1}")
         vectors = [[float(x) for x in item["embedding"]] for item in ordered]
     except (KeyError, TypeError, ValueError):
         raise ProviderResponseError("embeddings: malformed data items") from None
+    if any(not math.isfinite(x) for v in vectors for x in v):  # Python's json accepts NaN/Infinity
+        raise ProviderResponseError("embeddings: vectors contain non-finite numbers")
     if any(len(v) != EMBED_DIM for v in vectors):
         raise ProviderResponseError(f"embeddings: vectors are not {EMBED_DIM}-dimensional")
     return vectors

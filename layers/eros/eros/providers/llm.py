@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from .base import Deadline, ProviderResponseError, post_json
+from .base import Deadline, ProviderResponseError, ProviderUnavailable, post_json
 
 
 @dataclass
@@ -39,6 +39,7 @@ class ChatClient:
         body = post_json(self._client, f"{self.base_url}/chat/completions", payload, headers=self._headers,
                          timeout=self.timeout, max_retries=self.max_retries, deadline=deadline,
                          what=f"chat completion ({model})")
+        _raise_embedded_error(body, model)
         try:
             message = body["choices"][0]["message"]
         except (KeyError, IndexError, TypeError):
@@ -50,3 +51,19 @@ class ChatClient:
             raise ProviderResponseError("chat completion: message content is missing")
         usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
         return Completion(text=content, model=str(body.get("model") or model), usage=usage)
+
+
+def _raise_embedded_error(body: dict, model: str) -> None:
+    """OpenRouter answers HTTP 200 with ``{"error": {"code", "message"}}`` when the upstream model fails after
+    the request was accepted; a 408/429/5xx code there is an availability failure (retry later), not a
+    malformed answer."""
+    error = body.get("error")
+    if not isinstance(error, dict) or body.get("choices"):
+        return
+    code = error.get("code")
+    message = str(error.get("message") or "")[:300]
+    if isinstance(code, str) and code.isdigit():
+        code = int(code)
+    if isinstance(code, int) and (code in (408, 429) or code >= 500):
+        raise ProviderUnavailable(f"chat completion ({model}): upstream error {code}: {message}")
+    raise ProviderResponseError(f"chat completion ({model}): error {code}: {message}")
