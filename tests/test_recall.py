@@ -1,0 +1,363 @@
+"""Recall ranking: the math, the SQL against a brute-force ranking in Python, time injection, ties,
+missing importance, empty users, single-row categories, superseded rows, and cross-layer hygiene."""
+
+from __future__ import annotations
+
+import math
+import random
+import uuid
+from array import array
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from pgvector import Vector
+from psycopg.types.json import Jsonb
+
+from eros import recall
+from eros.recall import Hygiene, RecallParams, decay, normalised, score
+from eros.store import recall as recall_store
+
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=timezone.utc)
+DIM = 512
+
+
+def f32(values: list[float]) -> list[float]:
+    """The vector as the database stores it (float4)."""
+    return array("f", values).tolist()
+
+
+def random_vector(rng: random.Random, dim: int = DIM) -> list[float]:
+    return f32([rng.gauss(0, 1) for _ in range(dim)])
+
+
+def near(base: list[float], rng: random.Random, noise: float) -> list[float]:
+    return f32([b + rng.gauss(0, noise) for b in base])
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    return math.sumprod(a, b) / math.sqrt(math.sumprod(a, a) * math.sumprod(b, b))
+
+
+def insert(db, user: str, content: str, embedding: list[float], *, category: str | None = "fact",
+           importance: float | None = None, age_days: float = 0.0, instance=None, metadata=None,
+           memory_id: uuid.UUID | None = None) -> dict:
+    row = db.execute(
+        "INSERT INTO engine.companion_memories (id, user_id, instance_id, content, embedding, category, importance,"
+        " metadata, created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        " RETURNING id, content, category, importance, created_at",
+        (memory_id or uuid.uuid4(), user, instance, content, Vector(embedding), category, importance,
+         Jsonb(metadata or {}), NOW - timedelta(days=age_days)),
+    ).fetchone()
+    return row | {"embedding": embedding}
+
+
+def instance_for(db, user: str) -> uuid.UUID:
+    return db.execute("INSERT INTO engine.persona_instances (user_id, persona_id) VALUES (%s, 'luna') RETURNING id",
+                      (user,)).fetchone()["id"]
+
+
+# --- brute force, written independently of the SQL ------------------------------------------------
+
+def brute_force(rows: list[dict], query: list[float], strategy: str, params: RecallParams, k: int,
+                cap: int | None, now: datetime = NOW) -> list[tuple[uuid.UUID, float]]:
+    scored = []
+    for r in rows:
+        s = cosine(r["embedding"], query)
+        age = (now - r["created_at"]).total_seconds() / 86400
+        scored.append((score(strategy, s, age, r["importance"], params), r["id"], r["category"]))
+    scored.sort(key=lambda t: (-t[0], t[1]))  # uuid order = Postgres uuid order (bytewise)
+    out, per_category = [], {}
+    for value, memory_id, category in scored:
+        if len(out) == k:
+            break
+        if cap and per_category.get(category, 0) >= cap:
+            continue
+        per_category[category] = per_category.get(category, 0) + 1
+        out.append((memory_id, value))
+    return out
+
+
+def sql_ids(layer, strategy, user, query, params: RecallParams, k, cap, now=NOW, instance=None):
+    rows = recall_store.ranked(layer, strategy, user, query, k=k, cap=cap, instance_id=instance, now=now,
+                               lam=params.lam, tau_days=params.tau_days, floor=params.floor)
+    return [(r["id"], r["score"]) for r in rows]
+
+
+# --- the math -------------------------------------------------------------------------------------
+
+def test_decay_is_one_now_one_over_e_at_tau_and_never_underflows():
+    assert decay(0, 30) == 1.0
+    assert decay(30, 30) == pytest.approx(math.exp(-1))
+    assert decay(-5, 30) == 1.0  # a row stamped after "now" is simply new
+    assert 0 <= decay(10 ** 7, 1) < 1e-300  # clamped exponent, like the SQL
+
+
+def test_score_formulas():
+    p = RecallParams(lam=0.2, tau_days=10, floor=0.25)
+    assert score("grouped", 0.7, 100, 0.9, p) == 0.7
+    assert score("recency", 0.7, 10, 0.9, p) == pytest.approx(0.7 + 0.2 * math.exp(-1))
+    assert score("composite", 0.7, 10, 0.9, p) == pytest.approx(0.7 * (0.25 + 0.75 * math.exp(-1)) * 0.9)
+    assert score("composite", 0.7, 10, None, p) == score("composite", 0.7, 10, 0.5, p)  # missing = 0.5
+    # An old fact keeps at least `floor` of its score: decay alone can never bury it.
+    assert score("composite", 0.8, 10_000, 1.0, p) == pytest.approx(0.8 * 0.25)
+    with pytest.raises(ValueError):
+        score("nearest", 0.7, 1, 1, p)
+
+
+# --- SQL == brute force -----------------------------------------------------------------------------
+
+@pytest.fixture
+def population(db):
+    """One user with 150 profile rows (5 categories, some without importance, ages up to 3 years, three
+    exact ties), 40 relationship rows; another user with rows right next to the query (must never leak)."""
+    rng = random.Random(20260601)
+    query = random_vector(rng)
+    rows, rel = [], []
+    for i in range(150):
+        emb = near(query, rng, rng.uniform(0.6, 3.0))
+        rows.append(insert(db, "alice", f"profile {i}", emb, category=("fact", "preference", "event", "emotion",
+                                                                      "relation")[i % 5],
+                           importance=None if i % 7 == 0 else round(rng.random(), 3),
+                           age_days=rng.uniform(0, 1100)))
+    tie = near(query, rng, 0.8)
+    for i in range(3):  # identical rows: equal scores, order by id
+        rows.append(insert(db, "alice", f"tie {i}", tie, category="fact", importance=0.75, age_days=3))
+    instance = instance_for(db, "alice")
+    for i in range(40):
+        rel.append(insert(db, "alice", f"utterance {i}", near(query, rng, rng.uniform(0.6, 3.0)), category=None,
+                          instance=instance, age_days=rng.uniform(0, 400)))
+    other = instance_for(db, "bob")
+    for i in range(20):
+        insert(db, "bob", f"bob {i}", near(query, rng, 0.1), category="fact", importance=1.0)
+        insert(db, "bob", f"bob rel {i}", near(query, rng, 0.1), category=None, instance=other)
+    return {"query": query, "profile": rows, "relationship": rel, "instance": instance}
+
+
+PARAMS = [
+    ("grouped", RecallParams(), 10, 2),
+    ("grouped", RecallParams(), 5, 1),
+    ("recency", RecallParams(lam=0.1, tau_days=30), 8, None),
+    ("recency", RecallParams(lam=0.5, tau_days=7), 12, 3),
+    ("composite", RecallParams(tau_days=30, floor=0.5), 8, None),
+    ("composite", RecallParams(tau_days=14, floor=0.0), 10, 2),
+    ("composite", RecallParams(tau_days=365, floor=0.9), 153, None),  # every row: the full order
+]
+
+
+@pytest.mark.parametrize("strategy,params,k,cap", PARAMS)
+def test_sql_top_k_equals_brute_force(population, strategy, params, k, cap):
+    q = population["query"]
+    got = sql_ids("profile", strategy, "alice", q, params, k, cap)
+    want = brute_force(population["profile"], q, strategy, params, k, cap)
+    # pgvector sums in float4: scores agree to ~1e-6, and the data has no near-ties that close
+    # apart from the exact ties (which both sides break by id).
+    assert [i for i, _ in got] == [i for i, _ in want]
+    for (_, a), (_, b) in zip(got, want):
+        assert a == pytest.approx(b, abs=1e-5)
+    assert all(row_id in {r["id"] for r in population["profile"]} for row_id, _ in got)  # never bob's
+
+
+@pytest.mark.parametrize("strategy", ["grouped", "recency", "composite"])
+def test_relationship_layer_equals_brute_force(population, strategy):
+    params = RecallParams(lam=0.2, tau_days=20, floor=0.3)
+    got = sql_ids("relationship", strategy, "alice", population["query"], params, 7, None,
+                  instance=population["instance"])
+    want = brute_force(population["relationship"], population["query"], strategy, params, 7, None)
+    assert [i for i, _ in got] == [i for i, _ in want]
+
+
+def test_exact_ties_are_broken_by_id(db):
+    rng = random.Random(1)
+    q = random_vector(rng)
+    same = near(q, rng, 1.0)
+    ids = sorted(uuid.uuid4() for _ in range(6))
+    for memory_id in reversed(ids):  # inserted in the opposite order
+        insert(db, "alice", f"same {memory_id}", same, importance=0.5, age_days=2, memory_id=memory_id)
+    for strategy in ("grouped", "recency", "composite"):
+        got = sql_ids("profile", strategy, "alice", q, RecallParams(), 4, None)
+        assert [i for i, _ in got] == ids[:4]
+        assert len({s for _, s in got}) == 1
+
+
+def test_missing_importance_counts_as_half(db):
+    rng = random.Random(2)
+    q = random_vector(rng)
+    emb = near(q, rng, 1.0)
+    low = insert(db, "alice", "low", emb, importance=0.25, age_days=1)
+    none = insert(db, "alice", "none", emb, importance=None, age_days=1)
+    half = insert(db, "alice", "half", emb, importance=0.5, age_days=1)
+    high = insert(db, "alice", "high", emb, importance=0.75, age_days=1)
+    got = sql_ids("profile", "composite", "alice", q, RecallParams(), 10, None)
+    middle = sorted([none["id"], half["id"]])
+    assert [i for i, _ in got] == [high["id"], *middle, low["id"]]
+    assert got[1][1] == got[2][1]
+
+
+def test_a_user_with_no_memories_gets_nothing(db):
+    rng = random.Random(3)
+    q = random_vector(rng)
+    insert(db, "bob", "bob's fact", q, importance=1.0)
+    for strategy in ("grouped", "recency", "composite"):
+        params = RecallParams(strategy=strategy)
+        result = recall.recall("alice", instance_for(db, f"alice-{strategy}"), q, params=params, now=NOW)
+        assert result.profile == [] and result.relationship == []
+
+
+def test_a_category_with_one_row(db):
+    rng = random.Random(4)
+    q = random_vector(rng)
+    lonely = insert(db, "alice", "the only emotion", near(q, rng, 2.5), category="emotion", importance=0.1)
+    for i in range(4):
+        insert(db, "alice", f"fact {i}", near(q, rng, 0.5), category="fact", importance=0.9)
+    grouped = recall.recall("alice", None, q, params=RecallParams(strategy="grouped", per_category=2), now=NOW)
+    assert [m["category"] for m in grouped.profile].count("fact") == 2
+    assert lonely["id"] in {m["id"] for m in grouped.profile}
+    assert len(grouped.profile) == 3
+    capped = recall.recall("alice", None, q, now=NOW,
+                           params=RecallParams(strategy="composite", top_k=5, category_cap=2))
+    assert sorted(m["category"] for m in capped.profile) == ["emotion", "fact", "fact"]  # cap 2; nothing else exists
+    assert capped.profile[-1]["id"] == lonely["id"]
+
+
+# --- time ------------------------------------------------------------------------------------------
+
+def test_now_is_injectable_and_rows_from_the_future_do_not_exist_yet(db):
+    rng = random.Random(5)
+    q = random_vector(rng)
+    shanghai = insert(db, "alice", "lives in Shanghai", near(q, rng, 0.9), importance=0.8, age_days=400)
+    tokyo = insert(db, "alice", "moved to Tokyo", near(q, rng, 0.9), importance=0.8, age_days=7)
+    params = RecallParams(strategy="recency", lam=1.0, tau_days=30, top_k=5)
+    today = recall.recall("alice", None, q, params=params, now=NOW)
+    assert today.profile[0]["id"] == tokyo["id"]
+    before_the_move = recall.recall("alice", None, q, params=params, now=NOW - timedelta(days=30))
+    assert [m["id"] for m in before_the_move.profile] == [shanghai["id"]]
+    # The decay is measured from the injected now: 30 days earlier, Shanghai was 370 days old.
+    row = before_the_move.profile[0]
+    assert row["decay"] == pytest.approx(math.exp(-370 / 30), rel=1e-9)
+    # Without an injected now, the database's clock: both rows exist.
+    assert {m["id"] for m in recall.recall("alice", None, q, params=params).profile} == {shanghai["id"], tokyo["id"]}
+
+
+def test_a_very_old_row_is_still_recalled_not_an_underflow_error(db):
+    rng = random.Random(6)
+    q = random_vector(rng)
+    ancient = insert(db, "alice", "has a daughter", near(q, rng, 0.5), importance=1.0, age_days=20 * 365)
+    for strategy in ("recency", "composite"):
+        got = recall.recall("alice", None, q, now=NOW,
+                            params=RecallParams(strategy=strategy, tau_days=1, floor=0.3))
+        assert [m["id"] for m in got.profile] == [ancient["id"]]
+        assert got.profile[0]["decay"] == 0 or got.profile[0]["decay"] < 1e-300
+
+
+def test_the_floor_keeps_an_old_true_fact_above_a_fresh_irrelevant_one(db):
+    """'has a daughter', said three years ago, must beat fresh trivia that is far less similar."""
+    rng = random.Random(7)
+    q = random_vector(rng)
+    daughter = insert(db, "alice", "has a daughter", near(q, rng, 0.4), importance=0.9, age_days=3 * 365)
+    trivia = insert(db, "alice", "had noodles", near(q, rng, 3.0), importance=0.3, age_days=0)
+    assert cosine(daughter["embedding"], q) > 0.8 > 0.4 > cosine(trivia["embedding"], q)
+    defaults = RecallParams.from_settings(recall.settings())
+    for strategy in ("grouped", "recency", "composite"):
+        got = recall.recall("alice", None, q, now=NOW, params=RecallParams(**{**defaults.__dict__,
+                                                                             "strategy": strategy}))
+        assert got.profile[0]["id"] == daughter["id"], strategy
+
+
+# --- what is recalled at all --------------------------------------------------------------------------
+
+def test_superseded_and_uncategorised_profile_rows_are_not_recalled(db):
+    rng = random.Random(8)
+    q = random_vector(rng)
+    current = insert(db, "alice", "works at a bank", near(q, rng, 1.0), age_days=5)
+    insert(db, "alice", "works at a school", near(q, rng, 0.2), age_days=300,
+           metadata={"superseded_by": str(current["id"])})
+    insert(db, "alice", "raw turn dump", near(q, rng, 0.2), category=None)
+    instance = instance_for(db, "alice")
+    insert(db, "alice", "old utterance", near(q, rng, 0.2), category=None, instance=instance,
+           metadata={"superseded_by": "x"})
+    kept_rel = insert(db, "alice", "an utterance", near(q, rng, 1.0), category=None, instance=instance)
+    for strategy in ("grouped", "recency", "composite"):
+        got = recall.recall("alice", instance, q, now=NOW, params=RecallParams(strategy=strategy))
+        assert [m["id"] for m in got.profile] == [current["id"]]
+        assert [m["id"] for m in got.relationship] == [kept_rel["id"]]
+
+
+def test_relationship_rows_stay_with_their_persona_instance(db):
+    rng = random.Random(9)
+    q = random_vector(rng)
+    mine, theirs = instance_for(db, "alice"), instance_for(db, "alice2")
+    other_persona = db.execute("INSERT INTO engine.persona_instances (user_id, persona_id) VALUES ('alice', 'kai')"
+                               " RETURNING id").fetchone()["id"]
+    kept = insert(db, "alice", "said to luna", near(q, rng, 1.0), category=None, instance=mine)
+    insert(db, "alice", "said to kai", near(q, rng, 0.1), category=None, instance=other_persona)
+    insert(db, "alice2", "someone else", near(q, rng, 0.1), category=None, instance=theirs)
+    got = recall.recall("alice", mine, q, now=NOW, params=RecallParams(strategy="composite"))
+    assert [m["id"] for m in got.relationship] == [kept["id"]]
+    assert recall.recall("alice", None, q, now=NOW).relationship == []
+
+
+# --- hygiene ------------------------------------------------------------------------------------------
+
+def test_normalised_folds_case_punctuation_and_space():
+    assert normalised("  I moved to TOKYO!! ") == normalised("i moved, to tokyo") == "i moved to tokyo"
+    assert normalised("我搬到东京了！") == normalised("我搬到东京了")
+
+
+def test_hygiene_drops_repeats_of_history_across_layers_and_near_identical_embeddings():
+    rng = random.Random(10)
+    base = random_vector(rng)
+    other = random_vector(rng)
+    profile = [
+        {"id": 1, "content": "Lives in Tokyo", "category": "fact", "embedding": base},
+        {"id": 2, "content": "lives in tokyo.", "category": "fact", "embedding": other},  # same text
+        {"id": 3, "content": "Lives in Tokyo now", "category": "fact", "embedding": near(base, rng, 0.05)},
+        {"id": 4, "content": "likes mocha", "category": "preference", "embedding": other},
+        {"id": 5, "content": "what I said a minute ago", "category": "event", "embedding": random_vector(rng)},
+    ]
+    relationship = [
+        {"id": 6, "content": "LIVES IN TOKYO", "category": None, "embedding": random_vector(rng)},
+        {"id": 7, "content": "something new", "category": None, "embedding": random_vector(rng)},
+        {"id": 8, "content": "the message itself", "category": None, "embedding": random_vector(rng)},
+    ]
+    assert cosine(profile[2]["embedding"], base) > 0.95
+    hygiene = Hygiene(["What I said a minute ago!", "the message itself"], similarity=0.95)
+    kept_profile = hygiene.take(profile, 10)
+    kept_rel = hygiene.take(relationship, 10)
+    assert [m["id"] for m in kept_profile] == [1, 4]
+    assert [m["id"] for m in kept_rel] == [7]
+
+
+def test_hygiene_quota_drops_do_not_shadow_later_rows():
+    rng = random.Random(11)
+    v = random_vector(rng)
+    profile = [{"id": 1, "content": "a", "category": "fact", "embedding": random_vector(rng)},
+               {"id": 2, "content": "b", "category": "fact", "embedding": v}]  # over the cap
+    relationship = [{"id": 3, "content": "b", "category": None, "embedding": v}]
+    hygiene = Hygiene()
+    assert [m["id"] for m in hygiene.take(profile, 5, cap=1)] == [1]
+    assert [m["id"] for m in hygiene.take(relationship, 5)] == [3]
+
+
+def test_recall_refills_the_quota_after_dropping_duplicates(db):
+    rng = random.Random(12)
+    q = random_vector(rng)
+    dup = near(q, rng, 0.3)
+    for i in range(4):  # five copies of "lives in Shanghai" before consolidation merges them
+        insert(db, "alice", "Lives in Shanghai" + "." * i, near(dup, rng, 0.01), importance=0.8)
+    others = [insert(db, "alice", f"fact {i}", near(q, rng, 1.5), importance=0.8) for i in range(6)]
+    instance = instance_for(db, "alice")
+    insert(db, "alice", "lives in shanghai", near(q, rng, 0.5), category=None, instance=instance)
+    said = insert(db, "alice", "I said this earlier", near(q, rng, 0.2), category=None, instance=instance)
+    fresh = insert(db, "alice", "something else", near(q, rng, 2.0), category=None, instance=instance)
+    got = recall.recall("alice", instance, q, now=NOW, history=[{"role": "user", "content": said["content"]}],
+                        params=RecallParams(strategy="composite", top_k=5))
+    texts = [m["content"] for m in got.profile]
+    assert len(texts) == 5 and sum(normalised(t) == "lives in shanghai" for t in texts) == 1
+    assert {m["id"] for m in got.profile} - {o["id"] for o in others} != set()
+    assert [m["id"] for m in got.relationship] == [fresh["id"]]
+
+
+def test_ranked_merges_both_layers_by_score():
+    r = recall.Recalled(profile=[{"id": uuid.UUID(int=2), "score": 0.5}, {"id": uuid.UUID(int=3), "score": 0.9}],
+                        relationship=[{"id": uuid.UUID(int=1), "score": 0.5}])
+    assert [m["id"].int for m in r.ranked()] == [3, 1, 2]
