@@ -27,4 +27,5 @@ class ExtractEvent(BaseModel):
 def lambda_handler(event: dict, context) -> dict:
     # A malformed event raises: Lambda's retries then the OnFailure DLQ keep it for inspection.
     job = ExtractEvent.model_validate(event)
-    return asdict(dreaming.extract_session(settings(), job.session_id, job.claim_token))
+    budget = max(1.0, context.get_remaining_time_in_millis() / 1000 - 10)  # leave time to write and report
+    return asdict(dreaming.extract_session(settings(), job.session_id, job.claim_token, time_budget_secs=budget))

@@ -170,8 +170,10 @@ class ExtractResult:
     more_pending: bool = False
 
 
-def extract_session(cfg: Settings, session_id: UUID, claim_token: datetime) -> ExtractResult:
-    """Extract one claimed session. Provider-availability errors propagate (no stamp: retried later)."""
+def extract_session(cfg: Settings, session_id: UUID, claim_token: datetime,
+                    time_budget_secs: float = 100.0) -> ExtractResult:
+    """Extract one claimed session. Provider-availability errors propagate (no stamp: retried later).
+    ``time_budget_secs`` bounds every provider call (the handler passes what its Lambda has left)."""
     sid = str(session_id)
     session = store.claimed_session(session_id, claim_token)
     if session is None:  # a duplicate delivery, a retry after success, or a claim taken over by another
@@ -188,7 +190,7 @@ def extract_session(cfg: Settings, session_id: UUID, claim_token: datetime) -> E
         return ExtractResult(sid, "nothing")
     parts = windows(new, WINDOW_CHARS)[:MAX_WINDOWS]
     through = parts[-1][-1]["id"]
-    deadline = Deadline.after(100)  # below the extract Lambda's timeout, far below the claim-stale threshold
+    deadline = Deadline.after(time_budget_secs)
     llm = chat_client()
     candidates, problems, calls = [], [], 0
     try:
