@@ -124,11 +124,13 @@ def test_chat_client_uses_the_key_from_the_secret(secretsmanager, env, fake_llm)
     assert fake_llm.requests[0]["headers"]["authorization"] == "Bearer sk-from-secrets-manager"
 
 
-def test_embedder_goes_online_with_only_the_secret(secretsmanager, env):
+def test_a_deployment_never_falls_back_to_offline_providers(secretsmanager, env):
+    """With a provider secret configured, a missing key is an error, not a silent switch to offline models."""
     arn = secretsmanager.create("eros/providers", {"VOYAGE_API_KEY": "pa-secret"})
     env(PROVIDER_SECRET_ARN=arn)
-    assert "voyage" in providers.describe()["embedder"]
-    assert "OFFLINE" in providers.describe()["llm"]
+    assert "voyage" in providers.embedder().describe()
+    with pytest.raises(ConfigurationError, match="OPENROUTER_API_KEY"):
+        providers.chat_client()
 
 
 # --- the database conninfo --------------------------------------------------------------------------------
@@ -219,3 +221,4 @@ def test_the_database_secret_is_cached_too(secretsmanager):
     first = database_dsn(settings)
     secretsmanager.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
     assert database_dsn(settings) == first  # a warm container makes no Secrets Manager call
+

@@ -1,7 +1,9 @@
 """Model providers: the chat/extraction LLM and the embedder, real or offline.
 
 ``chat_client()`` and ``embedder()`` pick real HTTP clients when keys (or explicit base URLs)
-are configured and the offline, deterministic ones otherwise. They are built once per
+are configured and the offline, deterministic ones otherwise -- but never in a deployment that
+names a provider secret: there a missing key is a configuration error, not a reason to write
+echo replies and hashing vectors into production memories. They are built once per
 container, so warm invocations reuse HTTP connections.
 """
 
@@ -11,7 +13,7 @@ from functools import lru_cache
 
 from ..config import settings
 from ..observability import logger
-from ..secrets import with_provider_keys
+from ..secrets import ConfigurationError, with_provider_keys
 from .base import Deadline, ProviderError, ProviderResponseError, ProviderUnavailable
 from .embed import VoyageEmbedder
 from .llm import ChatClient
@@ -27,6 +29,7 @@ def chat_client() -> ChatClient | OfflineChat:
     if s.llm_online:
         key = s.openrouter_api_key.get_secret_value() if s.openrouter_api_key else None
         return ChatClient(s.llm_url, key, timeout=s.llm_timeout_secs, max_retries=s.provider_max_retries)
+    _refuse_offline_in_deployment(s, "OPENROUTER_API_KEY")
     logger.warning("no LLM key or base URL configured: using the OFFLINE chat and extraction model")
     return OfflineChat()
 
@@ -38,8 +41,14 @@ def embedder() -> VoyageEmbedder | HashingEmbedder:
         key = s.voyage_api_key.get_secret_value() if s.voyage_api_key else None
         return VoyageEmbedder(s.embed_url, key, model=s.embed_model, timeout=s.embed_timeout_secs,
                               max_retries=s.provider_max_retries)
+    _refuse_offline_in_deployment(s, "VOYAGE_API_KEY")
     logger.warning("no Voyage key or base URL configured: using the OFFLINE lexical hashing embedder")
     return HashingEmbedder()
+
+
+def _refuse_offline_in_deployment(s, key: str) -> None:
+    if s.provider_secret_arn:
+        raise ConfigurationError(f"the provider secret has no {key}; offline providers are for local runs only")
 
 
 def describe() -> dict[str, str]:
