@@ -68,7 +68,7 @@ def _error(status: int, message: str, **extra) -> Response:
 @app.get("/v1/health")
 def health():
     report = health_check.report()
-    return Response(200 if report["database"] == "ok" else 503, content_types.APPLICATION_JSON, json.dumps(report))
+    return Response(200 if report["status"] == "ok" else 503, content_types.APPLICATION_JSON, json.dumps(report))
 
 
 @app.get("/v1/openapi.json")

@@ -15,5 +15,9 @@ def report() -> dict:
         database = "ok"
     except (psycopg.Error, ConfigurationError):
         database = "unreachable"
-    return {"status": "ok" if database == "ok" else "degraded", "database": database,
-            "providers": providers.describe()}
+    try:
+        described = providers.describe()
+    except ConfigurationError as exc:
+        described = {"error": str(exc)}
+    healthy = database == "ok" and "error" not in described
+    return {"status": "ok" if healthy else "degraded", "database": database, "providers": described}
