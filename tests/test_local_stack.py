@@ -151,3 +151,28 @@ def test_isolation_over_http(db, local_server):
     assert bob.delete(f"/v1/memories/{memory_id}").status_code == 404
     assert bob.get("/v1/memories").json()["memories"] == []
     assert len(alice.get(f"/v1/sessions/{sid}/messages").json()["messages"]) == 2
+
+
+def test_eros_token_and_eros_chat_against_the_running_stack(db, local_server, monkeypatch, capsys):
+    import io
+
+    from eros import cli
+    from eros.local import verify_token, local_jwt_key
+
+    assert cli.main(["token", "dora"]) == 0
+    token = capsys.readouterr().out.strip()
+    assert verify_token(f"Bearer {token}", local_server.settings, local_jwt_key())["sub"] == "dora"
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("I grow tomatoes on my balcony\n\nWhat do I grow?\n"))
+    assert cli.main(["chat", "dora", "--persona", "kai", "--url", local_server.url]) == 0
+    out = capsys.readouterr().out
+    assert out.count("kai> ") == 2 and "I grow tomatoes" in out
+    sessions = local_server.client("dora").get("/v1/sessions").json()["sessions"]
+    assert [s["persona_id"] for s in sessions] == ["kai"]
+
+
+def test_eros_chat_says_when_the_stack_is_not_running(capsys):
+    from eros import cli
+
+    assert cli.main(["chat", "dora", "--url", "http://127.0.0.1:9"]) == 1
+    assert "make run" in capsys.readouterr().err

@@ -1,0 +1,123 @@
+"""Every file in events/ (what `sam local invoke -e` feeds each function) through its real handler."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+
+from eros.local import LambdaContext, load_function
+
+EVENTS = Path(__file__).resolve().parents[1] / "events"
+FUNCTION_OF = {"chat": "chat", "sweeper": "sweeper", "extract": "extract", "migrate": "migrate"}
+
+
+def event(name: str) -> dict:
+    return json.loads((EVENTS / name).read_text())
+
+
+def invoke(function: str, payload: dict) -> dict:
+    return load_function(function).lambda_handler(payload, LambdaContext(function, timeout_secs=60))
+
+
+def test_every_event_file_is_covered_here():
+    assert {p.name for p in EVENTS.glob("*.json")} == {
+        "chat_health.json", "chat_personas.json", "chat_turn.json", "sweeper_schedule.json",
+        "extract_session.json", "migrate_create.json"}
+
+
+def seed_session_of_the_sample_events(db) -> dict:
+    """The session, user and claim the sample events name, so that they act on real rows."""
+    sample = event("extract_session.json")
+    db.execute("INSERT INTO engine.persona_instances (id, user_id, persona_id) VALUES (%s, %s, 'luna')",
+               (sample["instance_id"], sample["user_id"]))
+    db.execute("INSERT INTO engine.chat_sessions (id, user_id, instance_id, last_active_at, classification_claimed_at)"
+               " VALUES (%s, %s, %s, now() - interval '2 hours', %s)",
+               (sample["session_id"], sample["user_id"], sample["instance_id"],
+                datetime.fromisoformat(sample["claim_token"])))
+    return sample
+
+
+def test_chat_health_event(db):
+    result = invoke("chat", event("chat_health.json"))
+    assert result["statusCode"] == 200 and json.loads(result["body"])["database"] == "ok"
+
+
+def test_chat_personas_event(db):
+    result = invoke("chat", event("chat_personas.json"))
+    assert result["statusCode"] == 200
+    assert "luna" in {p["id"] for p in json.loads(result["body"])["personas"]}
+
+
+def test_chat_turn_event(db):
+    seed_session_of_the_sample_events(db)
+    result = invoke("chat", event("chat_turn.json"))
+    assert result["statusCode"] == 200, result["body"]
+    assert json.loads(result["body"])["reply"]
+    assert db.execute("SELECT count(*) AS n FROM engine.chat_messages").fetchone()["n"] == 2
+
+
+def test_chat_turn_event_of_an_unknown_session_is_404(db):
+    result = invoke("chat", event("chat_turn.json"))
+    assert result["statusCode"] == 404
+
+
+def test_extract_session_event_extracts_the_claimed_session(db):
+    sample = seed_session_of_the_sample_events(db)
+    db.execute("INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id)"
+               " VALUES (%s, 'user', 'I moved to Lisbon and I love the tiles', 't1')", (sample["session_id"],))
+    result = invoke("extract", event("extract_session.json"))
+    assert result["outcome"] == "extracted" and result["memories"] >= 1
+    again = invoke("extract", event("extract_session.json"))  # a duplicate delivery
+    assert again["outcome"] == "not-claimed"
+
+
+def test_extract_session_event_without_its_claim_does_nothing(db):
+    assert invoke("extract", event("extract_session.json"))["outcome"] == "not-claimed"
+
+
+@pytest.mark.parametrize("bad", [{}, {"session_id": "x"}, {**event("extract_session.json"), "claim_token": "soon"},
+                                 {**event("extract_session.json"), "claim_token": "2025-03-12T19:05:01"}])
+def test_malformed_extract_events_raise_for_the_dead_letter_queue(db, bad):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        invoke("extract", bad)
+
+
+def test_sweeper_schedule_event_sweeps_in_process(db, monkeypatch, env):
+    env(EXTRACT_FUNCTION_NAME="eros-extract")
+    sample = seed_session_of_the_sample_events(db)
+    db.execute("UPDATE engine.chat_sessions SET classification_claimed_at = NULL")
+    sent = []
+    sweeper = load_function("sweeper")
+    monkeypatch.setattr(sweeper, "_invoker", lambda payload: sent.append(payload))
+    result = invoke("sweeper", event("sweeper_schedule.json"))
+    assert result["claimed"] == 1 and result["invoked"] == 1
+    assert [p["session_id"] for p in sent] == [sample["session_id"]]
+
+
+def test_migrate_create_event_reports_success_to_cloudformation(db):
+    received = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_PUT(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.handle_request, daemon=True).start()
+    payload = event("migrate_create.json") | {"ResponseURL": f"http://127.0.0.1:{server.server_address[1]}/cfn"}
+    invoke("migrate", payload)
+    server.server_close()
+    assert received[0]["Status"] == "SUCCESS", received
+    assert received[0]["RequestId"] == payload["RequestId"]
