@@ -79,7 +79,8 @@ def brute_force(rows: list[dict], query: list[float], strategy: str, params: Rec
 
 def sql_ids(layer, strategy, user, query, params: RecallParams, k, cap, now=NOW, instance=None):
     rows = recall_store.ranked(layer, strategy, user, query, k=k, cap=cap, instance_id=instance, now=now,
-                               lam=params.lam, tau_days=params.tau_days, floor=params.floor)
+                               lam=params.lam, tau_days=params.tau_days, floor=params.floor,
+                               importance_floor=params.importance_floor)
     return [(r["id"], r["score"]) for r in rows]
 
 
@@ -98,6 +99,8 @@ def test_score_formulas():
     assert score("recency", 0.7, 10, 0.9, p) == pytest.approx(0.7 + 0.2 * math.exp(-1))
     assert score("composite", 0.7, 10, 0.9, p) == pytest.approx(0.7 * (0.25 + 0.75 * math.exp(-1)) * 0.9)
     assert score("composite", 0.7, 10, None, p) == score("composite", 0.7, 10, 0.5, p)  # missing = 0.5
+    soft = RecallParams(tau_days=10, floor=0.25, importance_floor=0.8)
+    assert score("composite", 0.7, 10, 0.5, soft) == pytest.approx(0.7 * (0.25 + 0.75 * math.exp(-1)) * 0.9)
     # An old fact keeps at least `floor` of its score: decay alone can never bury it.
     assert score("composite", 0.8, 10_000, 1.0, p) == pytest.approx(0.8 * 0.25)
     with pytest.raises(ValueError):
@@ -141,6 +144,7 @@ PARAMS = [
     ("composite", RecallParams(tau_days=30, floor=0.5), 8, None),
     ("composite", RecallParams(tau_days=14, floor=0.0), 10, 2),
     ("composite", RecallParams(tau_days=365, floor=0.9), 153, None),  # every row: the full order
+    ("composite", RecallParams(tau_days=60, floor=0.6, importance_floor=0.8), 9, 2),
 ]
 
 

@@ -54,6 +54,7 @@ class Settings(BaseModel):
     recall_decay_lambda: float = Field(0.1, ge=0, le=10)  # recency: weight of the decay term
     recall_decay_tau_days: float = Field(30.0, gt=0, le=36500)  # decay = exp(-age_days / tau)
     recall_decay_floor: float = Field(0.5, ge=0, le=1)  # composite: what a very old row keeps of its score
+    recall_importance_floor: float = Field(0.0, ge=0, le=1)  # composite: weight = f + (1 - f) * importance
     recall_dedupe_similarity: float = Field(0.95, gt=0, le=1)  # two recalled rows this close: one is dropped
 
     # --- dreaming -------------------------------------------------------------------

@@ -11,9 +11,14 @@ exp(-age_days / tau)`` and importance 0.5 where a row has none:
 * ``grouped``   -- the original behaviour: the ``RECALL_PER_CATEGORY`` nearest profile rows of
   each category; the ``RELATIONSHIP_TOP_K`` nearest relationship rows.
 * ``recency``   -- ``s + lambda * d``; a global top ``RECALL_TOP_K`` across categories.
-* ``composite`` -- ``s * (floor + (1 - floor) * d) * importance``; likewise. ``floor`` is what
-  a very old row keeps of its score: an old but still-true fact ("has a daughter") fades to the
-  floor, never to nothing.
+* ``composite`` -- ``s * (floor + (1 - floor) * d) * (ifloor + (1 - ifloor) * importance)``;
+  likewise. ``floor`` is what a very old row keeps of its score: an old but still-true fact ("has
+  a daughter") fades to the floor, never to nothing. ``ifloor`` (``RECALL_IMPORTANCE_FLOOR``)
+  does the same for importance; 0 gives the plain ``s x decay x importance``. It exists because
+  real embedders compress cosine similarity into a narrow band (unrelated texts already score
+  ~0.75 with e5, well above 0 with Voyage): multiplied by a raw importance in [0, 1], importance
+  then outweighs relevance and the important-but-unrelated fact wins every query
+  (bench/results/recall_eval_e5.md measures it).
 
 ``RECALL_CATEGORY_CAP`` (0: none) optionally caps any one category in the global strategies. The
 defaults are the winners of ``bench/recall_eval.py`` (see ``bench/results/recall_eval.md``).
@@ -46,6 +51,7 @@ class RecallParams:
     lam: float = 0.1
     tau_days: float = 30.0
     floor: float = 0.5
+    importance_floor: float = 0.0
     dedupe_similarity: float = 0.95  # >= this cosine between two recalled rows: the same thing
 
     @classmethod
@@ -53,6 +59,7 @@ class RecallParams:
         return cls(strategy=cfg.recall_strategy, per_category=cfg.recall_per_category, top_k=cfg.recall_top_k,
                    category_cap=cfg.recall_category_cap, relationship_top_k=cfg.relationship_top_k,
                    lam=cfg.recall_decay_lambda, tau_days=cfg.recall_decay_tau_days, floor=cfg.recall_decay_floor,
+                   importance_floor=cfg.recall_importance_floor,
                    dedupe_similarity=cfg.recall_dedupe_similarity)
 
 
@@ -81,7 +88,8 @@ def score(strategy: str, similarity: float, age_days: float, importance: float |
         return similarity + params.lam * d
     if strategy == "composite":
         weight = 0.5 if importance is None else importance
-        return similarity * (params.floor + (1 - params.floor) * d) * weight
+        return (similarity * (params.floor + (1 - params.floor) * d)
+                * (params.importance_floor + (1 - params.importance_floor) * weight))
     raise ValueError(f"unknown recall strategy {strategy!r}")
 
 
@@ -172,7 +180,8 @@ def recall(user_id: str, instance_id: UUID | None, query: list[float], *, histor
     rel_k = p.relationship_top_k if instance_id is not None else 0
     # Over-fetch: hygiene may drop a few rows, and the prompt should still get its full quota.
     # The SQL's cost is the scan of the user's rows, not the length of the answer.
-    common = {"now": now, "lam": p.lam, "tau_days": p.tau_days, "floor": p.floor}
+    common = {"now": now, "lam": p.lam, "tau_days": p.tau_days, "floor": p.floor,
+              "importance_floor": p.importance_floor}
     profile = recall_store.ranked("profile", p.strategy, user_id, query, k=2 * k,
                                   cap=2 * cap if cap else None, **common)
     relationship = recall_store.ranked("relationship", p.strategy, user_id, query, k=2 * rel_k,

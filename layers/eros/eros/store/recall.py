@@ -4,10 +4,11 @@ All three strategies share one statement shape and differ only in the score expr
 
 * ``grouped``   score = s                                   (nearest first; a quota per category)
 * ``recency``   score = s + lambda * d                      (a global top-K, optional per-category cap)
-* ``composite`` score = s * (floor + (1 - floor) * d) * importance   (likewise)
+* ``composite`` score = s * (floor + (1 - floor) * d) * (ifloor + (1 - ifloor) * importance)   (likewise)
 
 where ``s = 1 - (embedding <=> query)`` is the cosine similarity and ``d = exp(-age / tau)`` the
-decay, ``age`` running from the row's ``created_at`` to "now" (a bound parameter, so the evaluation
+decay, ``ifloor`` the importance floor (0: the plain ``s x decay x importance``; see
+``eros.recall`` for why it exists), ``age`` running from the row's ``created_at`` to "now" (a bound parameter, so the evaluation
 and the tests can ask at any date; the database's statement time otherwise). ``grouped`` is the
 same statement with the plain similarity as score, the quota as the per-category cap and no
 global limit to speak of, so the one statement reproduces the original per-category recall.
@@ -37,7 +38,7 @@ _SCORES: dict[str, str] = {
     # A row without importance (relationship utterances, rows written before extraction gave
     # one) counts as 0.5: neither promoted nor buried.
     "composite": "(1 - distance) * (%(floor)s::float8 + (1 - %(floor)s::float8) * decay)"
-                 " * coalesce(importance, 0.5)::float8",
+                 " * (%(ifloor)s::float8 + (1 - %(ifloor)s::float8) * coalesce(importance, 0.5)::float8)",
 }
 
 # Which rows a layer recalls.
@@ -94,7 +95,8 @@ _STATEMENTS = {(layer, strategy): _TEMPLATE.format(layer=where, score=score)
 
 def ranked(layer: Literal["profile", "relationship"], strategy: Strategy, user_id: str, query: list[float], *,
            k: int, cap: int | None = None, instance_id: UUID | None = None, now: datetime | None = None,
-           lam: float = 0.0, tau_days: float = 30.0, floor: float = 0.0) -> list[dict]:
+           lam: float = 0.0, tau_days: float = 30.0, floor: float = 0.0, importance_floor: float = 0.0
+           ) -> list[dict]:
     """The layer's top ``k`` rows by the strategy's score, at most ``cap`` per category (None: no cap).
 
     One round trip. Rows carry their embedding (for near-duplicate checks), distance, decay and
@@ -105,7 +107,7 @@ def ranked(layer: Literal["profile", "relationship"], strategy: Strategy, user_i
     if tau_days <= 0:
         raise ValueError("tau_days must be positive")
     params = {"q": Vector(list(query)), "user": user_id, "instance": instance_id, "now": now,
-              "lam": lam, "tau": tau_days, "floor": floor, "k": k, "cap": cap if cap and cap > 0 else k}
+              "lam": lam, "tau": tau_days, "floor": floor, "ifloor": importance_floor, "k": k, "cap": cap if cap and cap > 0 else k}
     # Binary results: the embeddings come back as packed floats, not 512 numbers in text to parse.
     with connection().cursor(binary=True) as cur:
         return cur.execute(_STATEMENTS[(layer, strategy)], params).fetchall()
