@@ -1,0 +1,363 @@
+"""The dreaming claim and the exactly-once extraction, against the real SQL and the real extract handler.
+
+* Concurrent claimers take disjoint sets (FOR UPDATE SKIP LOCKED), every session exactly once.
+* Eligibility: idle, unclassified, unclaimed-or-stale; LIMIT and ORDER BY last_active_at; the cut-offs
+  are values the application computes and binds (a fake ``now`` far from the database clock works).
+* A worker that dies after claiming: the session is re-claimed only after the stale threshold, then
+  extracted once.
+* Duplicate deliveries (in sequence, concurrently) and a stale worker finishing after a re-claim write
+  exactly one set of profile rows.
+
+Providers are the fake OpenRouter and Voyage servers (tests/fakes.py), so provider calls are counted.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from eros import db as eros_db
+from eros import dreaming
+from eros.config import Settings
+from eros.local import LambdaContext, load_function
+from eros.store import dreaming as store
+from fakes import fake_llm, fake_voyage  # noqa: F401 (pytest fixtures)
+
+IDLE = timedelta(seconds=1800)  # the defaults the SPEC fixes: DREAMING_IDLE_SECS, DREAMING_CLAIM_STALE_SECS
+STALE = timedelta(seconds=600)
+UTC = timezone.utc
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def instance(db, user: str = "alice", persona: str = "luna"):
+    return db.execute(
+        "INSERT INTO engine.persona_instances (user_id, persona_id) VALUES (%s, %s)"
+        " ON CONFLICT (user_id, persona_id) DO UPDATE SET user_id = EXCLUDED.user_id RETURNING id",
+        (user, persona),
+    ).fetchone()["id"]
+
+
+def bulk_sessions(db, n: int, *, newest: datetime, step_secs: float = 1.0, user: str = "alice") -> list:
+    """n sessions in one statement, last active ``newest``, ``newest - step``, ...; ids oldest first."""
+    inst = instance(db, user)
+    rows = db.execute(
+        "INSERT INTO engine.chat_sessions (user_id, instance_id, created_at, last_active_at)"
+        " SELECT %(user)s, %(inst)s, %(t)s - make_interval(secs => g * %(step)s),"
+        "        %(t)s - make_interval(secs => (g - 1) * %(step)s)"
+        " FROM generate_series(1, %(n)s) AS g RETURNING id, last_active_at",
+        {"user": user, "inst": inst, "t": newest, "step": step_secs, "n": n},
+    ).fetchall()
+    return [r["id"] for r in sorted(rows, key=lambda r: r["last_active_at"])]
+
+
+def session(db, *, last_active: datetime, classified_at=None, claimed_at=None, user: str = "alice"):
+    return db.execute(
+        "INSERT INTO engine.chat_sessions (user_id, instance_id, created_at, last_active_at, classified_at,"
+        " classification_claimed_at) VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
+        (user, instance(db, user), last_active - timedelta(minutes=5), last_active, classified_at, claimed_at),
+    ).fetchone()["id"]
+
+
+TURNS = [("I worked till ten again today, my boss keeps piling on new demands.", "That sounds exhausting."),
+         ("At least Miso my cat was waiting for me.", "Cats know when we need them."),
+         ("I could really use a mocha right now.", "A mocha sounds like a good plan.")]
+
+
+def chat_session(db, *, last_active: datetime, user: str = "alice"):
+    """An idle session with a short transcript (user and assistant turns)."""
+    sid = session(db, last_active=last_active, user=user)
+    for i, (said, reply) in enumerate(TURNS):
+        for role, content in (("user", said), ("assistant", reply)):
+            db.execute("INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id)"
+                       " VALUES (%s, %s, %s, %s)", (sid, role, content, f"turn-{i}"))
+    return sid
+
+
+def answer(tag: str) -> str:
+    """The extraction model's answer: three categorised memories, tagged so a test can tell writers apart."""
+    return json.dumps({"memories": [
+        {"content": f"Is under heavy work pressure; the boss is the source [{tag}]", "category": "emotion",
+         "importance": 0.8},
+        {"content": f"Has a cat named Miso [{tag}]", "category": "relation", "importance": 0.5},
+        {"content": f"Likes mocha [{tag}]", "category": "Vorliebe", "importance": 0.2},  # collapses to fact
+    ]})
+
+
+class GatedAnswers:
+    """A responder for the fake LLM: the n-th request answers ``answer(tags[n])``, but only once gate n is
+    open, so a test decides exactly when each worker's model call returns (no sleeps, no races)."""
+
+    def __init__(self, *tags: str):
+        self.tags = list(tags)
+        self.gates = [threading.Event() for _ in tags]
+        self._lock = threading.Lock()
+        self._next = 0
+
+    def __call__(self, request: dict) -> str:
+        with self._lock:
+            n, self._next = self._next, self._next + 1
+        if n < len(self.gates):
+            assert self.gates[n].wait(15), f"gate {n} never opened"
+            return answer(self.tags[n])
+        return answer(f"extra-{n}")
+
+    def open(self, n: int | None = None) -> None:
+        for i, gate in enumerate(self.gates):
+            if n is None or i == n:
+                gate.set()
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def profile_rows(db, sid) -> list[dict]:
+    return db.execute("SELECT content, category, importance, metadata FROM engine.companion_memories"
+                      " WHERE session_id = %s AND instance_id IS NULL ORDER BY content", (sid,)).fetchall()
+
+
+def session_row(db, sid) -> dict:
+    return db.execute("SELECT classified_at, classification_claimed_at, classification_attempts,"
+                      " classified_through_message_id FROM engine.chat_sessions WHERE id = %s", (sid,)).fetchone()
+
+
+def run_extract(payload: dict) -> dict:
+    return load_function("extract").lambda_handler(dict(payload), LambdaContext("extract", timeout_secs=120))
+
+
+def claim_at(moment: datetime, limit: int = 10) -> list[dict]:
+    """One claim statement as a sweeper whose clock reads ``moment`` runs it; the payloads it would send."""
+    rows = store.claim(idle_before=moment - IDLE, stale_before=moment - STALE, limit=limit)
+    return [dreaming.extract_payload(row) for row in rows]
+
+
+def token(payload: dict) -> datetime:
+    return datetime.fromisoformat(payload["claim_token"])
+
+
+def sweep_once(cfg: Settings, now: datetime) -> list[dict]:
+    """One sweep with a fake clock; returns the payloads it would have sent to the extract function."""
+    sent: list[dict] = []
+    dreaming.sweep(cfg, sent.append, now=lambda: now)
+    return sent
+
+
+@pytest.fixture
+def providers(db, env, fake_llm, fake_voyage):
+    """The extract pipeline pointed at the fake OpenRouter and Voyage (provider calls counted there)."""
+    env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="x", EMBED_BASE_URL=fake_voyage.url, VOYAGE_API_KEY="x",
+        PROVIDER_MAX_RETRIES=0)
+    return fake_llm, fake_voyage
+
+
+# --- the claim ----------------------------------------------------------------------------------
+
+def test_16_concurrent_claimers_take_5000_sessions_exactly_once(db):
+    now = utcnow()
+    ids = bulk_sessions(db, 5000, newest=now - IDLE - timedelta(minutes=1), step_secs=0.5)
+    start = threading.Barrier(16)
+
+    def claimer(_):
+        got = []
+        start.wait()
+        try:
+            while rows := store.claim(idle_before=now - IDLE, stale_before=now - STALE, limit=25):
+                got.extend(r["id"] for r in rows)
+        finally:
+            eros_db.reset()  # this thread's own connection
+        return got
+
+    with ThreadPoolExecutor(16) as pool:
+        per_worker = list(pool.map(claimer, range(16)))
+
+    claimed = [sid for got in per_worker for sid in got]
+    assert len(claimed) == len(set(claimed)), f"{len(claimed) - len(set(claimed))} sessions claimed twice"
+    assert set(claimed) == set(ids)
+    assert sum(1 for got in per_worker if got) >= 2, "the claimers did not actually run concurrently"
+    # The database agrees: every session was claimed by exactly one claim statement.
+    counts = db.execute("SELECT classification_attempts AS attempts, count(*) AS n,"
+                        " count(classification_claimed_at) AS stamped FROM engine.chat_sessions GROUP BY 1").fetchall()
+    assert counts == [{"attempts": 1, "n": 5000, "stamped": 5000}]
+
+
+def test_claim_skips_rows_another_claimer_holds_without_waiting(db, database_url):
+    now = utcnow()
+    ids = bulk_sessions(db, 10, newest=now - timedelta(hours=1))
+    with eros_db.connect(database_url) as other:
+        with other.transaction():  # another sweeper's claim, in flight, holds the four oldest
+            other.execute("SELECT id FROM engine.chat_sessions WHERE id = ANY(%s) FOR UPDATE", (ids[:4],))
+            eros_db.connection().execute("SET lock_timeout = '3s'")  # blocking would fail, not hang
+            started = time.monotonic()
+            rows = store.claim(idle_before=now - IDLE, stale_before=now - STALE, limit=3)
+            elapsed = time.monotonic() - started
+    assert {r["id"] for r in rows} == set(ids[4:7])
+    assert elapsed < 2.0
+
+
+def test_claim_honours_limit_order_and_returns_the_claim_token(db):
+    now = utcnow()
+    ids = bulk_sessions(db, 10, newest=now - timedelta(hours=1), step_secs=60)
+    first = store.claim(idle_before=now - IDLE, stale_before=now - STALE, limit=3)
+    second = store.claim(idle_before=now - IDLE, stale_before=now - STALE, limit=3)
+    # ORDER BY decides which sessions a batch takes (the oldest activity first); RETURNING's order is free.
+    assert {r["id"] for r in first} == set(ids[:3])
+    assert {r["id"] for r in second} == set(ids[3:6])
+    for row in first + second:
+        stored = session_row(db, row["id"])
+        assert row["claim_token"] == stored["classification_claimed_at"]
+        assert stored["classification_attempts"] == 1
+        assert row["user_id"] == "alice" and row["instance_id"] is not None
+    assert all(session_row(db, sid)["classification_claimed_at"] is None for sid in ids[6:])
+
+
+def test_only_idle_unclassified_unclaimed_or_stale_sessions_are_claimed_with_python_cutoffs(db):
+    # A clock decades behind the database's: cut-offs taken from the database's now() would claim
+    # the not-yet-idle sessions and the fresh claim too; only cut-offs computed from the given `now`
+    # and bound leave them alone. (A clock *ahead* would make every claim this sweep stamps look stale
+    # at once: the claim stamps the database's now().)
+    t = datetime(2001, 1, 1, 12, 0, tzinfo=UTC)
+    oldest = session(db, last_active=t - timedelta(hours=3))
+    stale_claim = session(db, last_active=t - timedelta(minutes=150), claimed_at=t - STALE - timedelta(seconds=1))
+    idle = session(db, last_active=t - timedelta(hours=2))
+    idle_recent = session(db, last_active=t - IDLE - timedelta(seconds=1))
+    not_idle = session(db, last_active=t - timedelta(minutes=10))
+    exactly_idle = session(db, last_active=t - IDLE)  # the cut-off is strict
+    classified = session(db, last_active=t - timedelta(hours=4), classified_at=t - timedelta(hours=1))
+    fresh_claim = session(db, last_active=t - timedelta(hours=5), claimed_at=t - timedelta(minutes=5))
+    stale_but_classified = session(db, last_active=t - timedelta(hours=6), classified_at=t - timedelta(hours=2),
+                                   claimed_at=t - timedelta(hours=3))
+
+    cfg = Settings.from_env(dreaming_batch_size=3)
+    sent = []
+    result = dreaming.sweep(cfg, sent.append, now=lambda: t)
+    assert (result.claimed, result.invoked, result.batches, result.stopped_by) == (4, 4, 2, "drained")
+    # Batch one is the three oldest eligible sessions, batch two the rest.
+    assert {p["session_id"] for p in sent[:3]} == {str(s) for s in (oldest, stale_claim, idle)}
+    assert [p["session_id"] for p in sent[3:]] == [str(idle_recent)]
+    for sid in (not_idle, exactly_idle, classified, fresh_claim, stale_but_classified):
+        assert str(sid) not in {p["session_id"] for p in sent}
+    # The untouched sessions kept their state.
+    assert session_row(db, fresh_claim)["classification_claimed_at"] == t - timedelta(minutes=5)
+    assert session_row(db, not_idle)["classification_attempts"] == 0
+
+
+# --- a worker that dies after claiming ----------------------------------------------------------
+
+def test_dead_worker_claim_is_retaken_only_after_the_stale_threshold_then_extracted_once(db, providers):
+    llm, voyage = providers
+    llm.responder = lambda request: answer("retaken")
+    sid = chat_session(db, last_active=utcnow() - timedelta(hours=2))
+    cfg = Settings.from_env()
+
+    lost = sweep_once(cfg, utcnow())  # the worker dies: its payload is never extracted
+    assert [p["session_id"] for p in lost] == [str(sid)]
+    claimed_at = token(lost[0])
+    assert session_row(db, sid)["classification_claimed_at"] == claimed_at
+
+    assert sweep_once(cfg, claimed_at + STALE - timedelta(seconds=1)) == []  # not stale yet
+    assert claim_at(claimed_at + STALE) == []  # exactly at the threshold: still held
+    retaken = claim_at(claimed_at + STALE + timedelta(microseconds=1))  # just past it: taken again
+    assert [p["session_id"] for p in retaken] == [str(sid)]
+    assert token(retaken[0]) > claimed_at
+    assert session_row(db, sid)["classification_attempts"] == 2
+
+    assert run_extract(retaken[0])["outcome"] == "extracted"
+    assert run_extract(lost[0])["outcome"] == "not-claimed"  # the dead worker's event, delivered late
+    rows = profile_rows(db, sid)
+    assert [(r["content"], r["category"]) for r in rows] == [
+        ("Has a cat named Miso [retaken]", "relation"),
+        ("Is under heavy work pressure; the boss is the source [retaken]", "emotion"),
+        ("Likes mocha [retaken]", "fact")]
+    assert (llm.calls, voyage.calls) == (1, 1)
+    state = session_row(db, sid)
+    assert state["classified_at"] is not None and state["classification_claimed_at"] is None
+    assert state["classified_through_message_id"] is not None
+    assert sweep_once(cfg, utcnow() + timedelta(days=1)) == []  # done: never claimed again
+
+
+# --- duplicate deliveries and stale writers -----------------------------------------------------
+
+def test_same_event_delivered_twice_in_sequence_writes_one_set(db, providers):
+    llm, voyage = providers
+    llm.responder = lambda request: answer("once")
+    sid = chat_session(db, last_active=utcnow() - timedelta(hours=1))
+    [payload] = sweep_once(Settings.from_env(), utcnow())
+
+    first, second = run_extract(payload), run_extract(payload)
+    assert (first["outcome"], first["memories"]) == ("extracted", 3)
+    assert (second["outcome"], second["memories"], second["llm_calls"]) == ("not-claimed", 0, 0)
+    assert len(profile_rows(db, sid)) == 3
+    assert (llm.calls, voyage.calls) == (1, 1)  # the retry paid for nothing
+
+
+def test_same_event_delivered_twice_concurrently_writes_one_set(db, providers):
+    llm, voyage = providers
+    llm.responder = gate = GatedAnswers("first", "second")
+    sid = chat_session(db, last_active=utcnow() - timedelta(hours=1))
+    [payload] = sweep_once(Settings.from_env(), utcnow())
+
+    with ThreadPoolExecutor(2) as pool:
+        try:
+            futures = [pool.submit(run_extract, payload) for _ in range(2)]
+            wait_for(lambda: llm.calls == 2)  # both deliveries passed the claim check and are in flight
+        finally:
+            gate.open()
+        outcomes = sorted(f.result()["outcome"] for f in futures)
+
+    assert outcomes == ["extracted", "not-claimed"]
+    rows = profile_rows(db, sid)
+    assert len(rows) == 3
+    assert len({r["content"].rsplit("[", 1)[1] for r in rows}) == 1  # all from one writer
+    state = session_row(db, sid)
+    assert state["classified_at"] is not None and state["classification_claimed_at"] is None
+
+
+@pytest.mark.parametrize("stale_finishes", ["after the re-claimer", "while the re-claimer is in flight"])
+def test_stale_worker_finishing_after_a_reclaim_writes_nothing(db, providers, stale_finishes):
+    llm, voyage = providers
+    llm.responder = gate = GatedAnswers("stale", "reclaimer")
+    sid = chat_session(db, last_active=utcnow() - timedelta(hours=1))
+    cfg = Settings.from_env()
+    [old] = sweep_once(cfg, utcnow())
+
+    with ThreadPoolExecutor(2) as pool:
+        try:
+            stale = pool.submit(run_extract, old)
+            wait_for(lambda: llm.calls == 1)  # the slow worker is waiting on its model call
+            [new] = claim_at(token(old) + STALE + timedelta(seconds=1))  # its claim went stale: re-claimed
+            assert new["session_id"] == str(sid) and new["claim_token"] != old["claim_token"]
+            if stale_finishes == "after the re-claimer":
+                gate.open(1)
+                assert run_extract(new)["outcome"] == "extracted"
+                gate.open(0)
+                assert stale.result()["outcome"] == "not-claimed"
+            else:
+                reclaimer = pool.submit(run_extract, new)
+                wait_for(lambda: llm.calls == 2)
+                gate.open(0)
+                assert stale.result()["outcome"] == "not-claimed"
+                assert profile_rows(db, sid) == []  # the stale worker wrote nothing
+                assert session_row(db, sid)["classification_claimed_at"] == token(new)  # nor the live claim
+                gate.open(1)
+                assert reclaimer.result()["outcome"] == "extracted"
+        finally:
+            gate.open()
+
+    rows = profile_rows(db, sid)
+    assert len(rows) == 3 and all(r["content"].endswith("[reclaimer]") for r in rows)
+    assert llm.calls == 2 and voyage.calls == 2  # both paid; only one wrote
+    state = session_row(db, sid)
+    assert state["classified_at"] is not None and state["classification_claimed_at"] is None

@@ -1,0 +1,350 @@
+"""The sweeper Lambda's fan-out through moto's Lambda: one asynchronous extract invocation per claimed
+session, payloads that the extract handler accepts, released claims on a failed invoke, backlogs drained
+in many batches within one tick, and the per-tick cap and time budget. Also the sample events in
+``events/`` for the sweeper and extract functions, run through their handlers.
+
+moto runs Lambda without Docker (``use_docker: False``): its simple backend accepts an invocation and
+echoes the payload it received. What the sweeper sent and what moto received are recorded with
+botocore event hooks on the boto3 session the handler's client comes from.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from botocore.response import StreamingBody
+from moto import mock_aws
+
+from eros.local import LambdaContext, load_function
+from eros.observability import metrics
+from fakes import fake_llm, fake_voyage  # noqa: F401 (pytest fixtures)
+
+ROOT = Path(__file__).resolve().parents[1]
+FUNCTION = "eros-extract"
+UTC = timezone.utc
+PAYLOAD_KEYS = {"session_id", "user_id", "instance_id", "claim_token"}
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+def event(name: str) -> dict:
+    path = ROOT / "events" / name
+    assert path.exists(), f"events/{name} is missing"
+    return json.loads(path.read_text())
+
+
+def instance(db, user: str, persona: str = "luna"):
+    return db.execute(
+        "INSERT INTO engine.persona_instances (user_id, persona_id) VALUES (%s, %s)"
+        " ON CONFLICT (user_id, persona_id) DO UPDATE SET user_id = EXCLUDED.user_id RETURNING id",
+        (user, persona),
+    ).fetchone()["id"]
+
+
+def idle_sessions(db, n: int, *, user: str = "alice", idle_for: timedelta = timedelta(hours=2)) -> list:
+    """n sessions idle for at least ``idle_for``, one second apart; ids oldest activity first."""
+    rows = db.execute(
+        "INSERT INTO engine.chat_sessions (user_id, instance_id, created_at, last_active_at)"
+        " SELECT %(user)s, %(inst)s, now() - %(idle)s - make_interval(secs => g + 60),"
+        "        now() - %(idle)s - make_interval(secs => g)"
+        " FROM generate_series(1, %(n)s) AS g RETURNING id, last_active_at",
+        {"user": user, "inst": instance(db, user), "idle": idle_for, "n": n},
+    ).fetchall()
+    return [r["id"] for r in sorted(rows, key=lambda r: r["last_active_at"])]
+
+
+def add_transcript(db, sid) -> None:
+    for i, said in enumerate(["I worked till ten again, my boss keeps piling on.", "My cat Miso cheers me up."]):
+        for role, content in (("user", said), ("assistant", "I hear you.")):
+            db.execute("INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id)"
+                       " VALUES (%s, %s, %s, %s)", (sid, role, content, f"turn-{i}"))
+
+
+def claims(db) -> dict:
+    """session id -> (classification_claimed_at, classification_attempts)."""
+    rows = db.execute("SELECT id, classification_claimed_at AS claimed, classification_attempts AS attempts"
+                      " FROM engine.chat_sessions").fetchall()
+    return {r["id"]: (r["claimed"], r["attempts"]) for r in rows}
+
+
+def tick(timeout_secs: float = 240) -> dict:
+    """One scheduled sweep: the sample EventBridge Scheduler event through the sweeper's handler."""
+    return load_function("sweeper").lambda_handler(event("sweeper_schedule.json"),
+                                                  LambdaContext("sweeper", timeout_secs=timeout_secs))
+
+
+def extract(payload: dict) -> dict:
+    return load_function("extract").lambda_handler(payload, LambdaContext("extract", timeout_secs=120))
+
+
+def emitted_metrics(text: str) -> dict:
+    """The CloudWatch EMF blobs Powertools printed: metric name -> value, summed over blobs."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("{") or '"_aws"' not in line:
+            continue
+        blob = json.loads(line)
+        for directive in blob["_aws"]["CloudWatchMetrics"]:
+            for metric in directive["Metrics"]:
+                value = blob[metric["Name"]]
+                found[metric["Name"]] = found.get(metric["Name"], 0) + (sum(value) if isinstance(value, list)
+                                                                         else value)
+    return found
+
+
+ANSWER = json.dumps({"memories": [
+    {"content": "Is under heavy work pressure; the boss is the source", "category": "emotion", "importance": 0.8},
+    {"content": "Has a cat named Miso", "category": "relation", "importance": 0.5}]})
+
+
+class Invocations:
+    """Records every lambda:Invoke the process makes (botocore hooks on the default boto3 session):
+    what was sent and what moto's Lambda received (its simple backend echoes the payload)."""
+
+    def __init__(self, session: boto3.session.Session):
+        self.calls: list[dict] = []
+        self.fail = None  # predicate(payload) -> True: raise a throttling error instead of invoking
+        session.events.register("before-call.lambda.Invoke", self._before)
+        session.events.register("after-call.lambda.Invoke", self._after)
+
+    def _before(self, params, **_):
+        payload = json.loads(params["body"])
+        if self.fail is not None and self.fail(payload):
+            raise ClientError({"Error": {"Code": "TooManyRequestsException", "Message": "Rate exceeded"}},
+                              "Invoke")
+        self.calls.append({"function": params["url_path"].split("/")[-2],
+                           "type": params["headers"].get("X-Amz-Invocation-Type"), "sent": payload})
+
+    def _after(self, http_response, parsed, **_):
+        echoed = parsed["Payload"].read()
+        parsed["Payload"] = StreamingBody(io.BytesIO(echoed), len(echoed))  # leave it readable
+        self.calls[-1].update(status=http_response.status_code, received=json.loads(echoed))
+
+    @property
+    def received(self) -> list[dict]:
+        return [c["received"] for c in self.calls]
+
+
+@pytest.fixture
+def sweeper(db, env, monkeypatch):
+    """A fresh sweeper container (no cached Lambda client) and a clean metrics buffer."""
+    module = load_function("sweeper")
+    monkeypatch.setattr(module, "_invoker", None)
+    metrics.clear_metrics()
+    env(EXTRACT_FUNCTION_NAME=FUNCTION, DREAMING_BATCH_SIZE=200, DREAMING_TICK_CAP=5000)
+    yield module
+    metrics.clear_metrics()
+
+
+@pytest.fixture
+def aws(sweeper):
+    """moto's Lambda without Docker, with a real extract function (zip, IAM role) to invoke."""
+    with mock_aws(config={"lambda": {"use_docker": False}}):
+        role = boto3.client("iam").create_role(
+            RoleName="eros-extract-role", AssumeRolePolicyDocument=json.dumps({
+                "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                        "Principal": {"Service": "lambda.amazonaws.com"}}]}),
+        )["Role"]["Arn"]
+        code = io.BytesIO()
+        with zipfile.ZipFile(code, "w") as archive:
+            archive.writestr("app.py", "def lambda_handler(event, context):\n    return {'ok': True}\n")
+        boto3.client("lambda").create_function(FunctionName=FUNCTION, Runtime="python3.12", Role=role,
+                                               Handler="app.lambda_handler", Code={"ZipFile": code.getvalue()})
+        boto3.setup_default_session()  # the session the handler's boto3.client("lambda") comes from
+        yield Invocations(boto3.DEFAULT_SESSION)
+
+
+@pytest.fixture
+def providers(env, fake_llm, fake_voyage):
+    env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="x", EMBED_BASE_URL=fake_voyage.url, VOYAGE_API_KEY="x",
+        PROVIDER_MAX_RETRIES=0)
+    fake_llm.responder = lambda request: ANSWER
+    return fake_llm, fake_voyage
+
+
+# --- fan-out --------------------------------------------------------------------------------------
+
+def test_scheduled_tick_invokes_extract_once_per_claimed_session_and_extract_accepts_the_payloads(
+        aws, providers, db, capsys):
+    llm, voyage = providers
+    sessions = idle_sessions(db, 3, user="alice") + idle_sessions(db, 2, user="bob")
+    busy = idle_sessions(db, 1, user="carol", idle_for=timedelta(minutes=5))[0]  # still chatting
+    for sid in sessions + [busy]:
+        add_transcript(db, sid)
+    capsys.readouterr()
+
+    result = tick()
+    assert result == {"claimed": 5, "invoked": 5, "invoke_failures": 0, "batches": 1, "stopped_by": "drained"}
+    assert emitted_metrics(capsys.readouterr().out) == {"SessionsClaimed": 5, "ExtractInvoked": 5,
+                                                        "ExtractInvokeFailures": 0}
+
+    assert len(aws.calls) == 5
+    for call in aws.calls:
+        assert (call["function"], call["type"], call["status"]) == (FUNCTION, "Event", 202)
+        assert call["received"] == call["sent"]
+    payloads = aws.received
+    assert sorted(p["session_id"] for p in payloads) == sorted(str(s) for s in sessions)
+    stored = {str(r["id"]): r for r in db.execute(
+        "SELECT id, user_id, instance_id, classification_claimed_at FROM engine.chat_sessions").fetchall()}
+    for payload in payloads:
+        assert set(payload) == PAYLOAD_KEYS
+        row = stored[payload["session_id"]]
+        assert payload["user_id"] == row["user_id"]
+        assert payload["instance_id"] == str(row["instance_id"])
+        assert datetime.fromisoformat(payload["claim_token"]) == row["classification_claimed_at"]
+    assert stored[str(busy)]["classification_claimed_at"] is None
+
+    # What moto's Lambda received is what the extract function runs on: each one extracts once.
+    assert [extract(p)["outcome"] for p in payloads] == ["extracted"] * 5
+    assert (llm.calls, voyage.calls) == (5, 5)
+    per_session = db.execute("SELECT session_id, user_id, count(*) AS n FROM engine.companion_memories"
+                             " WHERE instance_id IS NULL GROUP BY 1, 2").fetchall()
+    assert {(str(r["session_id"]), r["user_id"], r["n"]) for r in per_session} == {
+        (p["session_id"], p["user_id"], 2) for p in payloads}
+    assert tick()["claimed"] == 0  # done sessions are never claimed again
+    assert len(aws.calls) == 5
+
+
+def test_failed_invoke_releases_that_claim_and_stops_the_tick(aws, sweeper, env, db, capsys):
+    env(DREAMING_BATCH_SIZE=2)
+    sessions = idle_sessions(db, 6)
+    first_batch = set(sessions[:2])
+    failing: list[str] = []
+
+    def throttle_second(payload):  # the second invocation of the tick is throttled
+        if len(aws.calls) == 1 and not failing:
+            failing.append(payload["session_id"])
+            return True
+        return False
+
+    aws.fail = throttle_second
+    capsys.readouterr()
+    result = tick(timeout_secs=15)  # a hot loop would spin for the whole (5 s) budget
+    assert result == {"claimed": 2, "invoked": 1, "invoke_failures": 1, "batches": 1,
+                      "stopped_by": "invoke failures"}  # no further batch: no hot loop
+    assert emitted_metrics(capsys.readouterr().out) == {"SessionsClaimed": 2, "ExtractInvoked": 1,
+                                                        "ExtractInvokeFailures": 1}
+    [sent] = aws.received
+    state = claims(db)
+    released = next(s for s in first_batch if str(s) == failing[0])
+    invoked = next(s for s in first_batch if str(s) == sent["session_id"])
+    assert state[released] == (None, 0)  # the claim is given back, the attempt not counted
+    assert state[invoked][0] == datetime.fromisoformat(sent["claim_token"]) and state[invoked][1] == 1
+    assert all(state[s] == (None, 0) for s in sessions[2:])  # the rest waits for the next tick
+
+    aws.fail = None
+    result = tick()  # the next tick takes the released session at once, with the rest
+    assert (result["claimed"], result["invoked"], result["invoke_failures"]) == (5, 5, 0)
+    assert {p["session_id"] for p in aws.received[1:]} == {str(s) for s in sessions if s != invoked}
+
+
+def test_invoking_a_missing_extract_function_releases_every_claim(sweeper, env, db):
+    # moto's Docker-backed Lambda backend validates the function name (the simple one accepts any):
+    # the invoke fails with a real ResourceNotFoundException, without ever running a container.
+    env(EXTRACT_FUNCTION_NAME="eros-extract-missing")
+    sessions = idle_sessions(db, 3)
+    with mock_aws():
+        for _ in range(2):  # and the next tick finds them claimable again
+            result = tick(timeout_secs=15)
+            assert result == {"claimed": 3, "invoked": 0, "invoke_failures": 3, "batches": 1,
+                              "stopped_by": "invoke failures"}
+            assert claims(db) == {s: (None, 0) for s in sessions}
+
+
+def test_without_an_extract_function_name_nothing_is_claimed(sweeper, env, db):
+    env(EXTRACT_FUNCTION_NAME=None)
+    sessions = idle_sessions(db, 2)
+    with pytest.raises(RuntimeError, match="EXTRACT_FUNCTION_NAME"):
+        tick()
+    assert claims(db) == {s: (None, 0) for s in sessions}
+
+
+# --- draining and limits ----------------------------------------------------------------------------
+
+def test_one_tick_drains_a_backlog_many_batches_long(aws, env, db, capsys):
+    env(DREAMING_BATCH_SIZE=100)  # 12.5 batches' worth (moto's invoke costs a few ms: keep the suite quick)
+    sessions = idle_sessions(db, 1250)
+    capsys.readouterr()
+    result = tick()
+    assert result == {"claimed": 1250, "invoked": 1250, "invoke_failures": 0, "batches": 13,
+                      "stopped_by": "drained"}
+    assert emitted_metrics(capsys.readouterr().out)["SessionsClaimed"] == 1250
+    sent = [p["session_id"] for p in aws.received]
+    assert len(sent) == len(set(sent)) == 1250 and set(sent) == {str(s) for s in sessions}
+    assert all(claimed is not None and attempts == 1 for claimed, attempts in claims(db).values())
+
+
+def test_tick_cap_stops_the_sweep_and_the_next_tick_continues_oldest_first(aws, env, db):
+    env(DREAMING_BATCH_SIZE=100, DREAMING_TICK_CAP=250)
+    sessions = idle_sessions(db, 600)
+    assert tick() == {"claimed": 250, "invoked": 250, "invoke_failures": 0, "batches": 3, "stopped_by": "tick cap"}
+    assert {p["session_id"] for p in aws.received} == {str(s) for s in sessions[:250]}  # the longest idle first
+    assert tick()["claimed"] == 250
+    assert {p["session_id"] for p in aws.received[250:]} == {str(s) for s in sessions[250:500]}
+    assert tick() == {"claimed": 100, "invoked": 100, "invoke_failures": 0, "batches": 1, "stopped_by": "drained"}
+
+
+def test_time_budget_stops_the_sweep_between_batches(aws, env, db):
+    import time as _time
+
+    env(DREAMING_BATCH_SIZE=5)
+    sessions = idle_sessions(db, 100)
+
+    def slow(payload):  # a slow Lambda API: 0.1 s an invoke, 0.5 s a batch
+        _time.sleep(0.1)
+        return False
+
+    aws.fail = slow
+    result = tick(timeout_secs=11)  # the handler keeps 10 s to report: a 1 s budget
+    assert result["stopped_by"] == "time budget"
+    assert 5 <= result["claimed"] < 100 and result["claimed"] % 5 == 0
+    assert result["invoked"] == result["claimed"] == len(aws.calls)
+    unclaimed = [s for s, (claimed, _) in claims(db).items() if claimed is None]
+    assert len(unclaimed) == 100 - result["claimed"]  # left for the next tick, not lost
+
+
+# --- the sample events ------------------------------------------------------------------------------
+
+def test_extract_session_event_is_not_claimed_until_its_session_holds_that_claim(db, providers):
+    llm, voyage = providers
+    sample = event("extract_session.json")
+    assert set(sample) >= PAYLOAD_KEYS
+    assert extract(sample)["outcome"] == "not-claimed"  # unknown session: nothing to do, no provider call
+    assert (llm.calls, voyage.calls) == (0, 0)
+
+    token = datetime.fromisoformat(sample["claim_token"])
+    db.execute("INSERT INTO engine.persona_instances (id, user_id, persona_id) VALUES (%s, %s, 'luna')",
+               (sample["instance_id"], sample["user_id"]))
+    db.execute("INSERT INTO engine.chat_sessions (id, user_id, instance_id, created_at, last_active_at,"
+               " classification_claimed_at, classification_attempts) VALUES (%s, %s, %s, %s, %s, %s, 1)",
+               (sample["session_id"], sample["user_id"], sample["instance_id"], token - timedelta(hours=1),
+                token - timedelta(minutes=40), token + timedelta(seconds=1)))
+    add_transcript(db, sample["session_id"])
+    assert extract(sample)["outcome"] == "not-claimed"  # a different claim holds the session
+    assert (llm.calls, voyage.calls) == (0, 0)
+
+    db.execute("UPDATE engine.chat_sessions SET classification_claimed_at = %s WHERE id = %s",
+               (token, sample["session_id"]))
+    result = extract(sample)
+    assert (result["outcome"], result["memories"], result["llm_calls"]) == ("extracted", 2, 1)
+    assert (llm.calls, voyage.calls) == (1, 1)
+    rows = db.execute("SELECT category, user_id FROM engine.companion_memories WHERE session_id = %s"
+                      " AND instance_id IS NULL", (sample["session_id"],)).fetchall()
+    assert sorted((r["category"], r["user_id"]) for r in rows) == [("emotion", "user-123"), ("relation", "user-123")]
+    assert extract(sample)["outcome"] == "not-claimed"  # delivered again: nothing more
+
+
+def test_sweeper_schedule_event_runs_a_sweep_through_the_handler(aws, db):
+    sample = event("sweeper_schedule.json")
+    assert sample["detail-type"] == "Scheduled Event"
+    assert tick() == {"claimed": 0, "invoked": 0, "invoke_failures": 0, "batches": 0, "stopped_by": "drained"}
+    [sid] = idle_sessions(db, 1)
+    assert tick()["invoked"] == 1
+    assert [p["session_id"] for p in aws.received] == [str(sid)]
