@@ -352,3 +352,16 @@ def test_windows_keep_order_and_clip_only_a_single_oversized_message():
     assert [m["id"] for p in parts for m in p] == list(range(6))
     assert all(sum(len(m["content"]) + 16 for m in p) <= 250 for p in parts)
     assert parts[-1][0]["content"].endswith("[message clipped: too long]")
+
+
+def test_an_application_clock_ahead_of_the_database_does_not_reclaim_fresh_claims(db, env):
+    env(DREAMING_CLAIM_STALE_SECS=600, EXTRACT_FUNCTION_NAME=None)
+    api = Api()
+    for _ in range(3):
+        api.call("POST", f"/v1/sessions/{api.session()}/turns", {"content": "hello"})
+    ahead = lambda: datetime.now(timezone.utc) + timedelta(hours=2)  # noqa: E731 (skewed app clock)
+    invoked = []
+    first = dreaming.sweep(settings(), invoked.append, now=ahead)
+    assert first.claimed == 3 and first.batches == 1
+    assert dreaming.sweep(settings(), invoked.append, now=ahead).claimed == 0
+    assert len(invoked) == 3

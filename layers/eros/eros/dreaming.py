@@ -66,7 +66,8 @@ def sweep(cfg: Settings, invoke: Invoker, *, now: Callable[[], datetime] | None 
         moment = now()
         batch = store.claim(idle_before=moment - timedelta(seconds=cfg.dreaming_idle_secs),
                             stale_before=moment - timedelta(seconds=cfg.dreaming_claim_stale_secs),
-                            limit=min(cfg.dreaming_batch_size, cfg.dreaming_tick_cap - result.claimed))
+                            limit=min(cfg.dreaming_batch_size, cfg.dreaming_tick_cap - result.claimed),
+                            now=moment)
         if not batch:
             break
         result.batches += 1

@@ -7,7 +7,7 @@ worker whose claim went stale and was re-claimed by another, writes nothing.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from uuid import UUID
 
 from pgvector import Vector
@@ -18,9 +18,12 @@ from ..db import connection, transaction
 # The SPEC's claim, verbatim in shape: one statement, FOR UPDATE SKIP LOCKED so concurrent
 # sweepers take disjoint sets without blocking; cut-offs computed by the caller and bound.
 # It also counts the attempt, so that a session that keeps failing is eventually given up on.
+# The claim is stamped with the same application clock the stale cut-off comes from: were it the
+# database's now(), an application clock running ahead by more than the stale threshold would
+# find every fresh claim already stale and re-claim the same sessions batch after batch.
 _CLAIM = """
 UPDATE engine.chat_sessions
-SET classification_claimed_at = now(),
+SET classification_claimed_at = %(now)s,
     classification_attempts = classification_attempts + 1
 WHERE id IN (
     SELECT id FROM engine.chat_sessions
@@ -36,9 +39,11 @@ RETURNING id, user_id, instance_id, classification_claimed_at AS claim_token
 """
 
 
-def claim(idle_before: datetime, stale_before: datetime, limit: int) -> list[dict]:
+def claim(idle_before: datetime, stale_before: datetime, limit: int, now: datetime | None = None) -> list[dict]:
+    """Claim up to ``limit`` idle sessions; ``now`` (default: the application's clock) stamps the claim."""
+    now = now or datetime.now(timezone.utc)
     return connection().execute(_CLAIM, {"idle_before": idle_before, "stale_before": stale_before,
-                                         "limit": limit}).fetchall()
+                                         "limit": limit, "now": now}).fetchall()
 
 
 def release(session_id: UUID, claim_token: datetime) -> bool:
