@@ -1,0 +1,793 @@
+"""Chat-turn overhead: the memory part of a turn (everything but the model calls), p50/p95/p99.
+
+    .venv/bin/python bench/turn_overhead.py                  # 10,000 users x 100 profile memories (1M rows)
+    .venv/bin/python bench/turn_overhead.py --users 100      # a quick check
+
+It calls the real use-case, ``eros.chat.take_turn``, with zero-latency fake providers installed in
+place of ``eros.chat.chat_client`` / ``eros.chat.embedder``: the session lookup, the recall SQL, the
+prompt building and the persisting transaction are the real code against a real Postgres 16 +
+pgvector (embedded, in its own folder, ``/tmp/eros-bench-turn`` by default).
+
+The data set lives in a database named after its shape (``bench_u10000_m100_r20_h20``) and is reused
+on re-runs when its row counts match, so only the first run pays for the load (a few minutes on 2
+cores for 1.2 million 512-d vectors, generated inside Postgres with INSERT ... SELECT). Rows are
+inserted in ``created_at`` order, as production appends them, so one user's memories are spread over
+the heap as they would be after a year of use. The rows a run's turns add are deleted when it ends
+(and, should a run die half-way, when the next one starts), so every run sees the same data.
+
+The result table goes to stdout and to ``bench/results/turn_overhead.md`` (with the command, date,
+machine and row counts); anything below the ``<!-- notes -->`` line of that file is hand-written
+analysis and is kept across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import math
+import os
+import platform
+import random
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "turn_overhead.md"
+NOTES_MARKER = "<!-- notes -->"
+GOAL_P95_MS = 15.0
+USER_PREFIX = "bench-u"
+TURN_PREFIX = "bench-turn-"
+
+# The bench never reaches a provider or AWS, whatever the shell exports; tracing has no X-Ray daemon here.
+for _name in ("OPENROUTER_API_KEY", "VOYAGE_API_KEY", "LLM_BASE_URL", "EMBED_BASE_URL", "PROVIDER_SECRET_ARN",
+              "DATABASE_SECRET_ARN", "EXTRACT_FUNCTION_NAME"):
+    os.environ.pop(_name, None)
+os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
+os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "ErosBench")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+
+UTTERANCES = [
+    "I worked till ten again today, my boss keeps piling on new demands.",
+    "Guess what, I finally booked the flight to Tokyo for next month!",
+    "My mother called again and asked when I'm getting married. I'm so tired of it.",
+    "Do you remember the song you promised to send me?",
+    "I had a mocha with oat milk this morning, it was perfect.",
+    "Can't sleep. Thinking about whether I should quit.",
+    "My cat knocked my phone into the sink lol",
+    "We went hiking on the weekend, first time in months.",
+    "I think I'm getting a cold.",
+    "Tell me something nice, it's been a long day.",
+    "My sister is visiting from Shanghai next week and I need to clean everything.",
+    "I started learning the guitar! My fingers hurt.",
+    "what do you think about moving to a new city alone?",
+    "今天加班到十点，老板又提了新要求。",
+    "ok good night",
+]
+REPLY = ("That sounds like a lot to carry after such a long day. I'm glad you told me about it. What would help "
+         "most right now: talking it through, or something to take your mind off it for a while? Either way, "
+         "I'm here, and I remember how hard you've been working lately.")
+
+
+# --- command line ----------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--users", type=int, default=10_000, help="users, each with one persona instance and session")
+    p.add_argument("--memories-per-user", type=int, default=100, help="profile memories per user")
+    p.add_argument("--relationship-per-user", type=int, default=20, help="relationship-layer rows per user")
+    p.add_argument("--history-per-user", type=int, default=20, help="chat messages already in each session")
+    p.add_argument("--turns", type=int, default=2_000, help="timed turns")
+    p.add_argument("--warmup", type=int, default=200, help="untimed turns first")
+    p.add_argument("--seed", type=int, default=1, help="seed of the turn sampler and the fake embedder")
+    p.add_argument("--pgdata", default="/tmp/eros-bench-turn", help="the embedded Postgres folder")
+    p.add_argument("--load-workers", type=int, default=2, help="parallel connections for the initial load")
+    p.add_argument("--fresh", action="store_true", help="drop and reload the data set even if it is there")
+    p.add_argument("--synchronous-commit", choices=("on", "off"), default="on",
+                   help="off: commits do not wait for the WAL flush (shows the cost of the disk, not a setting "
+                        "to deploy)")
+    p.add_argument("--toast-tuple-target", type=int, default=None, metavar="BYTES",
+                   help="experiment: load into a separate database whose companion_memories has this "
+                        "toast_tuple_target (e.g. 8160 keeps the 2 KB vectors inline instead of in TOAST)")
+    p.add_argument("--no-explain", action="store_true", help="skip EXPLAIN ANALYZE of the turn's SELECTs")
+    p.add_argument("--output", type=Path, default=RESULTS, help="markdown results file ('-' for none)")
+    args = p.parse_args(argv)
+    if min(args.users, args.memories_per_user, args.turns) < 1 or min(args.relationship_per_user,
+                                                                       args.history_per_user, args.warmup) < 0:
+        p.error("--users, --memories-per-user and --turns must be positive; the others not negative")
+    return args
+
+
+# --- machine -----------------------------------------------------------------------------------------
+def machine() -> dict[str, str]:
+    cpu = "unknown"
+    mem = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem = f"{int(line.split()[1]) / 1024 / 1024:.0f} GiB"
+                break
+    except OSError:
+        pass
+    try:
+        load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        load = "unknown"
+    nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"nproc": str(nproc), "cpu": cpu, "memory": mem, "loadavg": load,
+            "python": platform.python_version(), "kernel": platform.release()}
+
+
+def git_commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "layers"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return head + (" (+ uncommitted changes under layers/)" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+# --- database ----------------------------------------------------------------------------------------
+def start_server(pgdata: str):
+    import pgserver
+
+    Path(pgdata).mkdir(parents=True, exist_ok=True)
+    return pgserver.get_server(pgdata, cleanup_mode=None)  # left running: re-runs join it
+
+
+def database_name(args: argparse.Namespace) -> str:
+    name = (f"bench_u{args.users}_m{args.memories_per_user}_r{args.relationship_per_user}"
+            f"_h{args.history_per_user}")
+    return name + (f"_ttt{args.toast_tuple_target}" if args.toast_tuple_target else "")
+
+
+def ensure_database(server, name: str, fresh: bool) -> str:
+    import psycopg
+
+    with psycopg.connect(server.get_uri(), autocommit=True) as admin:
+        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        if exists and fresh:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+            exists = None
+        if not exists:
+            admin.execute(f'CREATE DATABASE "{name}"')
+    return server.get_uri(database=name)
+
+
+def expected_counts(args: argparse.Namespace) -> dict[str, int]:
+    return {"users": args.users, "sessions": args.users, "profile": args.users * args.memories_per_user,
+            "relationship": args.users * args.relationship_per_user,
+            "messages": args.users * args.history_per_user}
+
+
+def seeded_counts(conn) -> dict[str, int]:
+    """What is in the bench database now (only the seeded rows; turns of earlier runs are not counted)."""
+    if conn.execute("SELECT to_regclass('bench.loaded') IS NULL AS missing").fetchone()["missing"]:
+        return {}
+    if conn.execute("SELECT count(*) AS n FROM bench.loaded").fetchone()["n"] == 0:
+        return {}
+    return conn.execute(
+        "SELECT (SELECT count(*) FROM engine.persona_instances WHERE user_id LIKE 'bench-u%') AS users,"
+        " (SELECT count(*) FROM engine.chat_sessions WHERE user_id LIKE 'bench-u%') AS sessions,"
+        " (SELECT count(*) FROM engine.companion_memories WHERE instance_id IS NULL) AS profile,"
+        " (SELECT count(*) FROM engine.companion_memories"
+        "   WHERE instance_id IS NOT NULL AND metadata->>'source' = 'bench-seed') AS relationship,"
+        " (SELECT count(*) FROM engine.chat_messages WHERE client_turn_id LIKE 'seed-%') AS messages"
+    ).fetchone()
+
+
+_SKELETON = """
+CREATE UNLOGGED TABLE bench.skeleton AS
+SELECT row_number() OVER (ORDER BY created_at) AS seq, * FROM (
+    SELECT u.user_id, NULL::uuid AS instance_id, u.session_id, p.category, p.importance, p.created_at,
+           format('%%s: %%s (memory %%s of %%s)', p.category,
+                  (ARRAY['lives in Shanghai, moved there for work', 'likes mocha with oat milk',
+                         'her mother pushes her to marry', 'is under heavy work pressure, the boss is the source',
+                         'has a cat called Miso', 'is learning the guitar', 'felt lonely after the breakup',
+                         'is planning a trip to Tokyo', 'her sister studies in Beijing',
+                         'prefers short replies late at night'])[1 + floor(random() * 10)::int],
+                  p.k, u.user_id) AS content
+    FROM users u
+    CROSS JOIN LATERAL (
+        SELECT k, (ARRAY['fact', 'fact', 'fact', 'preference', 'preference', 'event', 'event', 'emotion',
+                         'relation', 'relation'])[1 + floor(random() * 10)::int] AS category,
+               round((0.05 + 0.95 * power(random(), 1.5))::numeric, 3)::real AS importance,
+               now() - random() * interval '365 days' AS created_at
+        FROM generate_series(1, %(profile)s + 0 * u.n) k
+    ) p
+    UNION ALL
+    SELECT u.user_id, u.instance_id, u.session_id, NULL, NULL, r.created_at,
+           format('(said to the persona) %%s [%%s of %%s]',
+                  (ARRAY['I worked till ten today', 'my boss added new demands again', 'you promised me a song',
+                         'I miss home', 'we watched the rain together', 'good morning!', 'I passed the exam',
+                         'my mother called again'])[1 + floor(random() * 8)::int], r.k, u.user_id)
+    FROM users u
+    CROSS JOIN LATERAL (
+        SELECT k, now() - random() * interval '90 days' AS created_at
+        FROM generate_series(1, %(relationship)s + 0 * u.n) k
+    ) r
+) rows
+"""
+
+# A random unit vector per row: 512 standard normals (isotropic), scaled by 1/|v| with pgvector's
+# element-wise product. The correlated `+ 0 * seq` makes Postgres draw a new vector for every row.
+_LOAD_CHUNK = """
+INSERT INTO engine.companion_memories (session_id, user_id, instance_id, content, embedding, category,
+                                       importance, metadata, created_at)
+SELECT session_id, user_id, instance_id, content,
+       raw * array_fill((1 / vector_norm(raw))::real, ARRAY[%(dim)s])::vector,
+       category, importance, '{"source": "bench-seed"}', created_at
+FROM (
+    SELECT sk.*, (SELECT array_agg(random_normal()::real)::vector
+                  FROM generate_series(1, %(dim)s + 0 * sk.seq)) AS raw
+    FROM bench.skeleton sk
+    WHERE sk.seq > %(lo)s AND sk.seq <= %(hi)s
+    ORDER BY sk.seq
+) v
+"""
+
+
+def load(url: str, args: argparse.Namespace) -> float:
+    """Seed users, instances, sessions, history and both memory layers; returns the seconds it took."""
+    from eros.config import EMBED_DIM
+    from eros.db import connect
+
+    started = time.perf_counter()
+    with connect(url) as conn:
+        conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions,"
+                     " engine.persona_instances CASCADE")
+        conn.execute("CREATE SCHEMA IF NOT EXISTS bench")
+        conn.execute("DROP TABLE IF EXISTS bench.loaded, bench.skeleton")
+        conn.execute("CREATE TABLE bench.loaded (shape jsonb NOT NULL, loaded_at timestamptz NOT NULL DEFAULT now())")
+        with conn.transaction():
+            conn.execute(
+                "INSERT INTO engine.persona_instances (user_id, persona_id, created_at)"
+                " SELECT format('%%s%%s', %(prefix)s::text, lpad(u::text, 6, '0')),"
+                "        p.ids[1 + u %% array_length(p.ids, 1)], now() - interval '400 days'"
+                " FROM generate_series(1, %(users)s) u,"
+                "      (SELECT array_agg(id ORDER BY id) AS ids FROM engine.personas) p",
+                {"prefix": USER_PREFIX, "users": args.users})
+            conn.execute(
+                "INSERT INTO engine.chat_sessions (user_id, instance_id, created_at, last_active_at, classified_at)"
+                " SELECT user_id, id, now() - interval '3 hours', now() - interval '2 hours', now() - interval '1 hour'"
+                " FROM engine.persona_instances WHERE user_id LIKE 'bench-u%'")
+            conn.execute(
+                "INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id, sent_at)"
+                " SELECT s.id, CASE WHEN m %% 2 = 0 THEN 'user' ELSE 'assistant' END,"
+                "        CASE WHEN m %% 2 = 0 THEN format('earlier message %%s: how was your day? mine was long', m)"
+                "             ELSE format('earlier reply %%s: it sounds like a long one, tell me more', m) END,"
+                "        format('seed-%%s', m / 2), s.created_at + m * interval '1 minute'"
+                " FROM generate_series(0, %(history)s - 1) m, engine.chat_sessions s"
+                " WHERE s.user_id LIKE 'bench-u%%' ORDER BY m, s.id",
+                {"history": args.history_per_user})
+        print(f"  users, sessions, {args.users * args.history_per_user:,} messages: "
+              f"{time.perf_counter() - started:.1f} s", flush=True)
+        conn.execute("CREATE TEMP TABLE users AS SELECT i.user_id, i.id AS instance_id, s.id AS session_id,"
+                     " row_number() OVER (ORDER BY i.user_id) AS n"
+                     " FROM engine.persona_instances i JOIN engine.chat_sessions s ON s.instance_id = i.id"
+                     " WHERE i.user_id LIKE 'bench-u%'")
+        conn.execute(_SKELETON, {"profile": args.memories_per_user, "relationship": args.relationship_per_user})
+        total = conn.execute("SELECT count(*) AS n FROM bench.skeleton").fetchone()["n"]
+
+    chunk = 25_000
+    bounds = [(lo, min(lo + chunk, total)) for lo in range(0, total, chunk)]
+    done = [0]
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def worker():
+        try:
+            with connect(url) as conn:
+                while True:
+                    with lock:
+                        if not bounds or errors:
+                            return
+                        lo, hi = bounds.pop(0)
+                    conn.execute(_LOAD_CHUNK, {"lo": lo, "hi": hi, "dim": EMBED_DIM})
+                    with lock:
+                        done[0] += hi - lo
+                        elapsed = time.perf_counter() - started
+                        print(f"\r  memories: {done[0]:,} / {total:,} rows ({elapsed:.0f} s)", end="", flush=True)
+        except BaseException as exc:  # surfaced after join
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(max(1, args.load_workers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print()
+    if errors:
+        raise errors[0]
+    with connect(url) as conn:
+        conn.execute("DROP TABLE bench.skeleton")
+        bad = conn.execute("SELECT count(*) AS n FROM (SELECT embedding FROM engine.companion_memories LIMIT 1000) s"
+                           " WHERE abs(vector_norm(embedding) - 1) > 1e-4").fetchone()["n"]
+        if bad:
+            raise RuntimeError(f"{bad} of the first 1000 vectors are not unit vectors")
+        print("  VACUUM ANALYZE ...", flush=True)
+        conn.execute("VACUUM ANALYZE")
+        conn.execute("INSERT INTO bench.loaded (shape) VALUES (%s)",
+                     (json.dumps(expected_counts(args)),))
+    return time.perf_counter() - started
+
+
+def forget_earlier_runs(url: str) -> int:
+    """Delete what earlier runs' turns added, so every run starts from the same data."""
+    from eros.db import connect
+
+    with connect(url) as conn:
+        n = conn.execute("DELETE FROM engine.chat_messages WHERE client_turn_id LIKE 'bench-turn-%'").rowcount
+        m = conn.execute("DELETE FROM engine.companion_memories WHERE instance_id IS NOT NULL"
+                         " AND metadata->>'source' IS DISTINCT FROM 'bench-seed'").rowcount
+        if n or m:
+            conn.execute("VACUUM ANALYZE engine.chat_messages")
+            conn.execute("VACUUM ANALYZE engine.companion_memories")
+            conn.execute("VACUUM ANALYZE engine.chat_sessions")
+    return n + m
+
+
+def data_facts(url: str) -> dict[str, str]:
+    from eros.db import connect
+
+    with connect(url) as conn:
+        row = conn.execute(
+            "SELECT current_setting('server_version') AS pg,"
+            " (SELECT extversion FROM pg_extension WHERE extname = 'vector') AS pgvector,"
+            " current_setting('shared_buffers') AS shared_buffers, current_setting('work_mem') AS work_mem,"
+            " pg_size_pretty(pg_total_relation_size('engine.companion_memories')) AS memories_total,"
+            " pg_size_pretty(pg_relation_size('engine.companion_memories')) AS memories_heap,"
+            " pg_size_pretty(pg_total_relation_size(c.reltoastrelid)) AS memories_toast,"
+            " pg_size_pretty(pg_indexes_size('engine.companion_memories')) AS memories_indexes,"
+            " pg_size_pretty(pg_database_size(current_database())) AS database,"
+            " coalesce(array_to_string(c.reloptions, ', '), 'none') AS reloptions"
+            " FROM pg_class c WHERE c.oid = 'engine.companion_memories'::regclass").fetchone()
+        row["migrations"] = ", ".join(r["name"] for r in conn.execute(
+            "SELECT name FROM engine.schema_migrations ORDER BY name"))
+    return {k: str(v) for k, v in row.items()}
+
+
+# --- the fakes ---------------------------------------------------------------------------------------
+class FakeEmbedder:
+    """Zero latency: hands out pre-drawn random unit vectors (drawn before the clock starts)."""
+
+    model = "bench/fake-embedder"
+
+    def __init__(self, vectors: list[list[float]]):
+        self._vectors = vectors
+        self._next = 0
+
+    def describe(self) -> str:
+        return "bench fake embedder (random unit vectors)"
+
+    def embed(self, texts, input_type, *, deadline=None):
+        from eros.providers.embed import Embeddings
+
+        out = []
+        for _ in texts:
+            out.append(self._vectors[self._next % len(self._vectors)])
+            self._next += 1
+        return Embeddings(vectors=out, model=self.model, usage={"total_tokens": 0})
+
+
+class FakeChat:
+    """Zero latency: the same reply every time."""
+
+    model = "bench/fake-chat"
+
+    def describe(self) -> str:
+        return "bench fake chat model (instant reply)"
+
+    def complete(self, model, messages, *, max_tokens=600, temperature=0.7, deadline=None, json_mode=False):
+        from eros.providers.llm import Completion
+
+        self.last_messages = messages
+        return Completion(text=REPLY, model=self.model, usage={"prompt_tokens": 0, "completion_tokens": 0})
+
+
+def random_unit_vectors(rng: random.Random, count: int, dim: int) -> list[list[float]]:
+    vectors = []
+    for _ in range(count):
+        v = [rng.gauss(0.0, 1.0) for _ in range(dim)]
+        norm = math.sqrt(sum(x * x for x in v))
+        vectors.append([x / norm for x in v])
+    return vectors
+
+
+def install_fakes(embedder: FakeEmbedder, chat: FakeChat) -> None:
+    """Replace the provider factories wherever take_turn can reach them (by name, in eros.chat and eros.providers)."""
+    import eros.chat
+    import eros.providers
+
+    found = []
+    for module in (eros.chat, eros.providers):
+        for name, fake in (("chat_client", chat), ("embedder", embedder)):
+            if hasattr(module, name):
+                setattr(module, name, lambda fake=fake: fake)
+                found.append(f"{module.__name__}.{name}")
+    if not {"eros.chat.chat_client", "eros.chat.embedder"} <= set(found):
+        raise SystemExit(f"eros.chat no longer has chat_client/embedder (found {found}): update install_fakes()")
+
+
+# --- stage timing ------------------------------------------------------------------------------------
+class Stages:
+    """Times the functions take_turn reaches: the public functions of the eros modules ``eros.chat``
+    imports (store, recall, prompt, ...) and of the eros modules those import, found at run time so that
+    a change of take_turn's collaborators needs no change here.
+
+    Every call is timed under its own name (summed per turn); the stage totals count only the outermost
+    timed calls, so nothing is counted twice. Stage of an outermost call: session (get_session,
+    find_turn), persist (record_turn, keep_user_message), prompt (eros.prompt), recall (every other:
+    profile, relationship, history)."""
+
+    SESSION = {"get_session", "find_turn"}
+    PERSIST = {"record_turn", "keep_user_message"}
+    SKIP = ("eros.config", "eros.observability", "eros.providers", "eros.db", "eros.secrets", "eros.migrate")
+
+    def __init__(self):
+        self.current: dict[str, float] = {}
+        self.samples: dict[str, list[float]] = {}
+        self._depth = 0
+
+    def stage_of(self, module: str, name: str) -> str:
+        if name in self.SESSION:
+            return "session"
+        if name in self.PERSIST:
+            return "persist"
+        if module == "eros.prompt":
+            return "prompt"
+        return "recall"
+
+    def install(self) -> None:
+        import types
+
+        import eros.chat
+
+        def eros_modules(module) -> list:
+            return [m for m in vars(module).values() if isinstance(m, types.ModuleType)
+                    and m.__name__.startswith("eros.") and not m.__name__.startswith(self.SKIP)]
+
+        modules, frontier = {}, [eros.chat]
+        for _ in range(2):  # what eros.chat uses, and what those use
+            frontier = [m for parent in frontier for m in eros_modules(parent) if m.__name__ not in modules]
+            modules.update((m.__name__, m) for m in frontier)
+        for module in modules.values():
+            for name, fn in list(vars(module).items()):
+                if (not name.startswith("_") and isinstance(fn, types.FunctionType)
+                        and fn.__module__ == module.__name__):
+                    setattr(module, name, self._wrap(module.__name__, name, fn))
+
+    def _wrap(self, module: str, name: str, fn):
+        key = f"{module.removeprefix('eros.')}.{name}"
+        stage = f"stage:{self.stage_of(module, name)}"
+        stages = self
+
+        def timed(*args, **kwargs):
+            outermost = stages._depth == 0
+            stages._depth += 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - t0
+                stages._depth -= 1
+                current = stages.current
+                current[key] = current.get(key, 0.0) + elapsed
+                if outermost:
+                    current[stage] = current.get(stage, 0.0) + elapsed
+
+        timed.__wrapped__ = fn
+        return timed
+
+    def begin(self) -> None:
+        self.current = {}
+
+    def keep(self, total: float) -> None:
+        self.current["stage:other"] = total - sum(v for k, v in self.current.items() if k.startswith("stage:"))
+        for key, value in self.current.items():
+            self.samples.setdefault(key, []).append(value)
+
+
+@contextmanager
+def capture_statements():
+    """Record (sql, params) of every statement a cursor executes during the block (Connection.execute
+    goes through a cursor too)."""
+    import psycopg
+
+    seen: list[tuple[str, object]] = []
+    original = psycopg.Cursor.execute
+
+    def execute(self, query, params=None, *args, **kwargs):
+        seen.append((query, params))
+        return original(self, query, params, *args, **kwargs)
+
+    psycopg.Cursor.execute = execute
+    try:
+        yield seen
+    finally:
+        psycopg.Cursor.execute = original
+
+
+# --- the run -----------------------------------------------------------------------------------------
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not sorted_values:
+        return float("nan")
+    pos = (len(sorted_values) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    s = sorted(values)
+    return {"p50": percentile(s, 0.50) * 1000, "p95": percentile(s, 0.95) * 1000, "p99": percentile(s, 0.99) * 1000,
+            "mean": statistics.fmean(s) * 1000, "max": s[-1] * 1000}
+
+
+def run_turns(url: str, args: argparse.Namespace) -> dict:
+    """Two passes over random users: the headline pass runs take_turn untouched (wall and CPU time per
+    turn); the breakdown pass runs it again for other random users with the stage timers installed."""
+    import eros.chat
+    from eros import db, providers
+    from eros.config import EMBED_DIM, settings
+    from eros.observability import logger, metrics
+
+    os.environ["DATABASE_URL"] = url
+    settings.cache_clear()
+    providers.reset()
+    db.reset()
+    # Logging stays on (formatting the JSON line is part of a real turn's cost) but writes nowhere.
+    devnull = open(os.devnull, "w")
+    for handler in logger.handlers:
+        if isinstance(handler, logging.StreamHandler):
+            handler.setStream(devnull)
+
+    rng = random.Random(args.seed)
+    with db.connect(url) as conn:
+        sessions = [(r["user_id"], r["id"]) for r in conn.execute(
+            "SELECT user_id, id FROM engine.chat_sessions WHERE user_id LIKE 'bench-u%' ORDER BY user_id")]
+    per_pass = args.warmup + args.turns
+    embedder = FakeEmbedder(random_unit_vectors(rng, min(2 * per_pass + 1, 5_000), EMBED_DIM))
+    chat = FakeChat()
+    install_fakes(embedder, chat)
+    run_tag = uuid.uuid4().hex[:8]
+
+    # The floor under every statement: one round trip of `SELECT 1` on the turn's own connection.
+    conn = db.connection()
+    rtt = []
+    for _ in range(300):
+        t0 = time.perf_counter()
+        conn.execute("SELECT 1").fetchone()
+        rtt.append(time.perf_counter() - t0)
+
+    # And under every commit: a one-row UPDATE in autocommit (the WAL flush the turn's transaction waits for).
+    commits = []
+    for _ in range(100):
+        t0 = time.perf_counter()
+        conn.execute("UPDATE engine.chat_sessions SET last_active_at = last_active_at WHERE id = %s",
+                     (sessions[0][1],))
+        commits.append(time.perf_counter() - t0)
+
+    # One turn with every statement recorded (how many round trips a turn makes, and what to EXPLAIN).
+    (user, session_id), content = rng.choice(sessions), UTTERANCES[0]
+    with capture_statements() as statements:
+        eros.chat.take_turn(user, session_id, content, f"{TURN_PREFIX}{run_tag}-probe")
+    metrics.clear_metrics()
+    explains = [] if args.no_explain else explain(statements)
+
+    def one_pass(name: str, stages: Stages | None) -> dict:
+        plan = [(rng.choice(sessions), rng.choice(UTTERANCES)) for _ in range(per_pass)]
+        out = {"wall": [], "cpu": [], "recalled": [], "prompt_chars": []}
+        print(f"  {name}: {args.warmup} warm-up + {args.turns} timed turns over {len(sessions):,} users ...",
+              flush=True)
+        for i, ((user, session_id), content) in enumerate(plan):
+            if stages:
+                stages.begin()
+            c0 = time.thread_time()
+            t0 = time.perf_counter()
+            result = eros.chat.take_turn(user, session_id, content, f"{TURN_PREFIX}{run_tag}-{name}-{i}")
+            elapsed = time.perf_counter() - t0
+            cpu = time.thread_time() - c0
+            metrics.clear_metrics()  # the handler's log_metrics would flush these once per invocation
+            if result.replayed:
+                raise RuntimeError("a bench turn was replayed: client_turn_ids collided")
+            if i >= args.warmup:
+                out["wall"].append(elapsed)
+                out["cpu"].append(cpu)
+                out["recalled"].append(len(result.recalled))
+                out["prompt_chars"].append(sum(len(m["content"]) for m in chat.last_messages))
+                if stages:
+                    stages.keep(elapsed)
+            if (i + 1) % 1000 == 0:
+                print(f"    {i + 1} / {per_pass}", flush=True)
+        return out
+
+    headline = one_pass("headline", None)
+    stages = Stages()
+    stages.install()
+    breakdown = one_pass("breakdown", stages)
+    return {"headline": headline, "breakdown": breakdown, "stages": stages.samples, "statements": statements,
+            "rtt": rtt, "commits": commits, "explains": explains}
+
+
+_VECTOR_LITERAL = re.compile(r"'\[[-0-9.e,]{200,}\]'")
+
+
+def explain(statements: list[tuple[str, object]]) -> list[tuple[str, str]]:
+    """EXPLAIN (ANALYZE, BUFFERS) of the SELECTs of the probe turn, same parameters, right after it (so the
+    user's pages are as warm as the turn left them), on the turn's own connection."""
+    from eros.db import connection
+
+    out = []
+    for sql, params in statements:
+        if not str(sql).lstrip().upper().startswith(("SELECT", "WITH")):
+            continue
+        rows = connection().execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + str(sql), params).fetchall()
+        plan = _VECTOR_LITERAL.sub("'[...]'", "\n".join(r["QUERY PLAN"] for r in rows))
+        out.append((" ".join(str(sql).split()), plan))
+    return out
+
+
+# --- report ------------------------------------------------------------------------------------------
+def render(args, command: str, mach: dict, facts: dict, counts: dict, load_secs: float | None, res: dict) -> str:
+    head = res["headline"]
+    total = summary(head["wall"])
+    ok = total["p95"] <= GOAL_P95_MS
+    rtt = summary(res["rtt"])
+    commit = summary(res["commits"])
+    n_statements = len(res["statements"])
+    lines = [
+        "# Chat-turn overhead: the memory part of a turn",
+        "",
+        "`eros.chat.take_turn` with zero-latency fake providers (embedder and chat model answer instantly), so the",
+        "time is the session lookup, the recall SQL, the prompt building and the persisting transaction against a",
+        "real Postgres + pgvector. Written by `bench/turn_overhead.py`; re-running overwrites everything above the",
+        "notes marker.",
+        "",
+        f"* **Command:** `{command}`",
+        f"* **Date:** {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; code at {git_commit()}",
+        f"* **Machine:** nproc={mach['nproc']}, {mach['cpu']}, {mach['memory']} RAM, Linux {mach['kernel']}, "
+        f"Python {mach['python']}. Load average (1/5/15 min) {mach['load_before']} before the turns and "
+        f"{mach['loadavg']} after: the cores are shared with other work, and the database server runs on them too.",
+        f"* **Database:** embedded PostgreSQL {facts['pg']} + pgvector {facts['pgvector']} over a Unix socket "
+        f"(shared_buffers={facts['shared_buffers']}, work_mem={facts['work_mem']}, "
+        f"synchronous_commit={args.synchronous_commit}, defaults otherwise); migrations {facts['migrations']}. "
+        f"Floors measured on the turn's connection: one `SELECT 1` round trip p50 {rtt['p50']:.3f} / "
+        f"p95 {rtt['p95']:.3f} ms; one autocommit single-row UPDATE (a commit, i.e. a WAL flush) p50 "
+        f"{commit['p50']:.2f} / p95 {commit['p95']:.2f} ms.",
+        f"* **Data:** {counts['users']:,} users, each with one persona instance and session; "
+        f"{counts['profile']:,} profile memories ({args.memories_per_user} per user, random unit 512-d vectors, "
+        "categories fact 30% / preference 20% / event 20% / emotion 10% / relation 20%, importance 0.05-1, "
+        f"created_at over the past year, inserted in time order); {counts['relationship']:,} relationship rows "
+        f"({args.relationship_per_user} per user, past 90 days); {counts['messages']:,} chat messages "
+        f"({args.history_per_user} per session). companion_memories: {facts['memories_total']} "
+        f"(heap {facts['memories_heap']}, TOAST {facts['memories_toast']}, indexes {facts['memories_indexes']}; "
+        f"storage options: {facts['reloptions']}); "
+        f"database {facts['database']}."
+        + (f" Loaded in {load_secs:.0f} s this run." if load_secs is not None else " Reused from an earlier run."),
+        f"* **Turns:** {args.turns:,} timed after {args.warmup:,} warm-up turns, each for a random user "
+        f"(seed {args.seed}); {statistics.fmean(head['recalled']):.1f} memories recalled and "
+        f"{statistics.fmean(head['prompt_chars']):,.0f} prompt characters per turn on average; "
+        f"{n_statements} SQL statements per turn, plus BEGIN/COMMIT of the persisting transaction: "
+        f"{n_statements + 2} round trips.",
+        "",
+        f"**p95 = {total['p95']:.2f} ms — goal ≤ {GOAL_P95_MS:.0f} ms: {'met' if ok else 'MISSED'}.**",
+        "",
+        "| | p50 ms | p95 ms | p99 ms | mean ms | max ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        _row("**whole turn (take_turn), wall clock**", total, bold=True),
+        _row("&nbsp;&nbsp;of which CPU time of the Python process", summary(head["cpu"])),
+        "",
+        "The rest of the wall clock is the database (and waiting for a core). Where the time goes, from a second",
+        f"pass of {args.turns:,} turns (other random users) with a timer around each function take_turn reaches:",
+        "",
+        "| part of the turn | p50 ms | p95 ms | p99 ms | mean ms | max ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        _row("whole turn (this pass)", summary(res["breakdown"]["wall"])),
+    ]
+    names = {"session": "session lookup", "recall": "recall (profile + relationship + history)",
+             "prompt": "prompt building", "persist": "persist (one transaction)",
+             "other": "other (Python in take_turn: logging, metadata, ...)"}
+    for stage in ("session", "recall", "prompt", "persist", "other"):
+        values = res["stages"].get(f"stage:{stage}")
+        if values:
+            lines.append(_row(names[stage], summary(values)))
+    for key in sorted(k for k in res["stages"] if not k.startswith("stage:")):
+        lines.append(_row(f"&nbsp;&nbsp;`{key}`", summary(res["stages"][key])))
+    lines += ["", "Indented rows: each function's time summed per turn, nested calls included in their caller's. "
+              "Every row's percentiles are of that row on its own, so they do not add up to the whole turn's.", ""]
+    if res["explains"]:
+        lines += ["<details><summary>EXPLAIN (ANALYZE, BUFFERS) of the SELECTs of one turn (same parameters, "
+                  "right after the turn)</summary>", ""]
+        for sql, plan in res["explains"]:
+            lines += ["```sql", sql, "```", "```", plan, "```", ""]
+        lines += ["</details>", ""]
+    return "\n".join(lines)
+
+
+def _row(label: str, s: dict[str, float], bold: bool = False) -> str:
+    cells = [f"{s[k]:.2f}" for k in ("p50", "p95", "p99", "mean", "max")]
+    if bold:
+        cells = [f"**{c}**" for c in cells]
+    return f"| {label} | " + " | ".join(cells) + " |"
+
+
+def write_results(path: Path, report: str) -> None:
+    notes = ""
+    if path.exists():
+        old = path.read_text(encoding="utf-8")
+        if NOTES_MARKER in old:
+            notes = old[old.index(NOTES_MARKER):]
+    if not notes:
+        notes = NOTES_MARKER + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(report.rstrip("\n") + "\n\n" + notes, encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = ".venv/bin/python bench/turn_overhead.py" + "".join(f" {shlex.quote(a)}" for a in
+                                                                   (sys.argv[1:] if argv is None else argv))
+    sys.path.insert(0, str(ROOT / "layers" / "eros"))  # in case the project is not installed in this Python
+    from psycopg.conninfo import make_conninfo
+
+    from eros.db import connect
+    from eros.migrate import migrate
+
+    print(f"embedded Postgres in {args.pgdata} ...", flush=True)
+    server = start_server(args.pgdata)
+    url = ensure_database(server, database_name(args), args.fresh)
+    migrate(url)
+    if args.toast_tuple_target:  # before the load: it applies to rows written from now on
+        with connect(url) as conn:
+            target = int(args.toast_tuple_target)
+            conn.execute(f"ALTER TABLE engine.companion_memories SET (toast_tuple_target = {target})")
+    expected = expected_counts(args)
+    with connect(url) as conn:
+        have = seeded_counts(conn)
+    load_secs = None
+    if have != expected:
+        print(f"loading {database_name(args)} (found {have or 'nothing'}) ...", flush=True)
+        load_secs = load(url, args)
+        with connect(url) as conn:
+            have = seeded_counts(conn)
+        if have != expected:
+            raise SystemExit(f"load produced {have}, expected {expected}")
+    else:
+        print(f"reusing {database_name(args)}: {have}", flush=True)
+        removed = forget_earlier_runs(url)
+        if removed:
+            print(f"  removed {removed:,} rows left by earlier runs", flush=True)
+
+    load_before = machine()["loadavg"]
+    turn_url = url if args.synchronous_commit == "on" else make_conninfo(url, options="-c synchronous_commit=off")
+    res = run_turns(turn_url, args)
+    facts = data_facts(url)
+    report = render(args, command, machine() | {"load_before": load_before}, facts, have, load_secs, res)
+    print()
+    print(report.split("<details>")[0])
+    if str(args.output) != "-":
+        write_results(args.output, report)
+        print(f"written to {args.output}")
+    forget_earlier_runs(url)  # leave the data set as loaded for the next run
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
