@@ -94,7 +94,7 @@ def test_decay_is_one_now_one_over_e_at_tau_and_never_underflows():
 
 
 def test_score_formulas():
-    p = RecallParams(lam=0.2, tau_days=10, floor=0.25)
+    p = RecallParams(lam=0.2, tau_days=10, floor=0.25, importance_floor=0.0)  # the plain product
     assert score("grouped", 0.7, 100, 0.9, p) == 0.7
     assert score("recency", 0.7, 10, 0.9, p) == pytest.approx(0.7 + 0.2 * math.exp(-1))
     assert score("composite", 0.7, 10, 0.9, p) == pytest.approx(0.7 * (0.25 + 0.75 * math.exp(-1)) * 0.9)

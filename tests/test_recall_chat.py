@@ -56,3 +56,7 @@ def test_bad_recall_settings_are_rejected():
                 {"recall_top_k": 0}):
         with pytest.raises(ValueError):
             Settings.from_env({}, **bad)
+
+
+def test_recall_params_defaults_are_the_settings_defaults():
+    assert RecallParams() == RecallParams.from_settings(Settings())

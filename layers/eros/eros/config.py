@@ -45,16 +45,19 @@ class Settings(BaseModel):
     history_messages: int = Field(12, ge=0, le=200)
     chat_max_tokens: int = Field(600, ge=16)
 
-    # --- recall (eros.recall; the defaults won bench/recall_eval.py) ---------------------
-    recall_strategy: Literal["grouped", "recency", "composite"] = "grouped"
+    # --- recall (eros.recall) -------------------------------------------------------------
+    # Defaults: the winner of bench/recall_eval.py on the dev set with semantic (e5) embeddings,
+    # bench/results/recall_eval_e5.md. lambda and ifloor are on the embedder's cosine scale: re-run
+    # the sweep with the production embedder (Voyage) before changing them.
+    recall_strategy: Literal["grouped", "recency", "composite"] = "recency"
     recall_per_category: int = Field(2, ge=1, le=20)  # grouped: profile rows per category
-    recall_top_k: int = Field(8, ge=1, le=50)  # recency/composite: profile rows across categories
+    recall_top_k: int = Field(10, ge=1, le=50)  # recency/composite: profile rows across categories
     recall_category_cap: int = Field(0, ge=0, le=50)  # recency/composite: at most this many per category; 0 = no cap
     relationship_top_k: int = Field(5, ge=0, le=50)
-    recall_decay_lambda: float = Field(0.1, ge=0, le=10)  # recency: weight of the decay term
-    recall_decay_tau_days: float = Field(30.0, gt=0, le=36500)  # decay = exp(-age_days / tau)
-    recall_decay_floor: float = Field(0.5, ge=0, le=1)  # composite: what a very old row keeps of its score
-    recall_importance_floor: float = Field(0.0, ge=0, le=1)  # composite: weight = f + (1 - f) * importance
+    recall_decay_lambda: float = Field(0.002, ge=0, le=10)  # recency: weight of the decay term
+    recall_decay_tau_days: float = Field(365.0, gt=0, le=36500)  # decay = exp(-age_days / tau)
+    recall_decay_floor: float = Field(0.9, ge=0, le=1)  # composite: what a very old row keeps of its score
+    recall_importance_floor: float = Field(0.9, ge=0, le=1)  # composite: weight = f + (1 - f) * importance
     recall_dedupe_similarity: float = Field(0.95, gt=0, le=1)  # two recalled rows this close: one is dropped
 
     # --- dreaming -------------------------------------------------------------------

@@ -43,15 +43,15 @@ _MAX_EXPONENT = 700.0  # the SQL clamps exp()'s argument the same way (Postgres 
 
 @dataclass(frozen=True)
 class RecallParams:
-    strategy: str = "grouped"
+    strategy: str = "recency"
     per_category: int = 2
-    top_k: int = 8
+    top_k: int = 10
     category_cap: int = 0  # 0: no cap
     relationship_top_k: int = 5
-    lam: float = 0.1
-    tau_days: float = 30.0
-    floor: float = 0.5
-    importance_floor: float = 0.0
+    lam: float = 0.002
+    tau_days: float = 365.0
+    floor: float = 0.9
+    importance_floor: float = 0.9
     dedupe_similarity: float = 0.95  # >= this cosine between two recalled rows: the same thing
 
     @classmethod
