@@ -30,7 +30,8 @@ least as often (burying an old but still true fact is a bug, not a trade-off), a
 least as high (a ranking meant for knowledge updates must not do worse at them).
 
     .venv/bin/python bench/recall_eval.py --sweep --out bench/results/recall_eval_e5.md
-    .venv/bin/python bench/recall_eval.py --sweep --embeddings configured --out bench/results/recall_eval_offline_hash.md
+    .venv/bin/python bench/recall_eval.py --sweep --embeddings configured --dir /tmp/eros-bench-eval-hash \
+        --out bench/results/recall_eval_offline_hash.md
 """
 
 from __future__ import annotations

@@ -359,9 +359,3 @@ def test_recall_refills_the_quota_after_dropping_duplicates(db):
     assert len(texts) == 5 and sum(normalised(t) == "lives in shanghai" for t in texts) == 1
     assert {m["id"] for m in got.profile} - {o["id"] for o in others} != set()
     assert [m["id"] for m in got.relationship] == [fresh["id"]]
-
-
-def test_ranked_merges_both_layers_by_score():
-    r = recall.Recalled(profile=[{"id": uuid.UUID(int=2), "score": 0.5}, {"id": uuid.UUID(int=3), "score": 0.9}],
-                        relationship=[{"id": uuid.UUID(int=1), "score": 0.5}])
-    assert [m["id"].int for m in r.ranked()] == [3, 1, 2]

@@ -68,10 +68,6 @@ class Recalled:
     profile: list[dict] = field(default_factory=list)
     relationship: list[dict] = field(default_factory=list)
 
-    def ranked(self) -> list[dict]:
-        """Both layers in one list, best score first (the evaluation's ranking; ties by id)."""
-        return sorted(self.profile + self.relationship, key=lambda m: (-m["score"], m["id"]))
-
 
 # --- the ranking math, in Python: the twin of the SQL in eros.store.recall ------------------------
 

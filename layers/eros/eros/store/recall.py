@@ -2,14 +2,16 @@
 
 All three strategies share one statement shape and differ only in the score expression:
 
-* ``grouped``   score = s                                   (nearest first; a quota per category)
-* ``recency``   score = s + lambda * d                      (a global top-K, optional per-category cap)
-* ``composite`` score = s * (floor + (1 - floor) * d) * (ifloor + (1 - ifloor) * importance)   (likewise)
+* ``grouped``   score = s                            (nearest first; a quota per category)
+* ``recency``   score = s + lambda * d               (a global top-K, optional per-category cap)
+* ``composite`` score = s * (floor + (1 - floor) * d) * (ifloor + (1 - ifloor) * importance)
+                                                     (likewise)
 
-where ``s = 1 - (embedding <=> query)`` is the cosine similarity and ``d = exp(-age / tau)`` the
-decay, ``ifloor`` the importance floor (0: the plain ``s x decay x importance``; see
-``eros.recall`` for why it exists), ``age`` running from the row's ``created_at`` to "now" (a bound parameter, so the evaluation
-and the tests can ask at any date; the database's statement time otherwise). ``grouped`` is the
+where ``s = 1 - (embedding <=> query)`` is the cosine similarity, ``d = exp(-age / tau)`` the
+decay and ``ifloor`` the importance floor (0: the plain ``s x decay x importance``; see
+``eros.recall`` for why it exists). ``age`` runs from the row's ``created_at`` to "now" (a bound
+parameter, so the evaluation and the tests can ask at any date; the database's statement time
+otherwise). ``grouped`` is the
 same statement with the plain similarity as score, the quota as the per-category cap and no
 global limit to speak of, so the one statement reproduces the original per-category recall.
 
@@ -106,8 +108,9 @@ def ranked(layer: Literal["profile", "relationship"], strategy: Strategy, user_i
         return []
     if tau_days <= 0:
         raise ValueError("tau_days must be positive")
-    params = {"q": Vector(list(query)), "user": user_id, "instance": instance_id, "now": now,
-              "lam": lam, "tau": tau_days, "floor": floor, "ifloor": importance_floor, "k": k, "cap": cap if cap and cap > 0 else k}
+    params = {"q": Vector(list(query)), "user": user_id, "instance": instance_id, "now": now, "lam": lam,
+              "tau": tau_days, "floor": floor, "ifloor": importance_floor, "k": k,
+              "cap": cap if cap and cap > 0 else k}
     # Binary results: the embeddings come back as packed floats, not 512 numbers in text to parse.
     with connection().cursor(binary=True) as cur:
         return cur.execute(_STATEMENTS[(layer, strategy)], params).fetchall()
