@@ -119,9 +119,6 @@ class Hygiene:
         self._texts = {normalised(t) for t in seen_texts}
         self._vectors: list[tuple[list[float], float]] = []
 
-    def repeats(self, row: dict) -> bool:
-        return self._check(row)[0]
-
     def _check(self, row: dict) -> tuple[bool, str, tuple[list[float], float] | None]:
         key = normalised(row["content"])
         if not key or key in self._texts:
