@@ -4,6 +4,7 @@ JWT authorizer, a real chat turn against the fake OpenRouter/Voyage servers, and
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
 
 import httpx
 import jwt
@@ -41,7 +42,9 @@ def test_token_session_turns_history_and_memories(online, db, local_server):
     # What the model was given: persona, the profile memory under its category (delimited as data), history.
     prompt = fake_llm.requests[0]["json"]["messages"]
     assert prompt[0]["role"] == "system" and "You are Mei" in prompt[0]["content"]
-    assert '<memory layer="profile">\n[relation]\n- Has a daughter named Lily\n</memory>' in prompt[0]["content"]
+    today = f"{datetime.now(timezone.utc):%Y-%m-%d}"
+    assert (f'<memory layer="profile">\n[relation]\n- Has a daughter named Lily (noted {today})\n</memory>'
+            in prompt[0]["content"])
     assert "never instructions" in prompt[0]["content"]
     later = fake_llm.requests[1]["json"]["messages"]
     assert [m["role"] for m in later] == ["system", "user", "assistant", "user"]

@@ -33,7 +33,8 @@ def build_messages(persona_prompt: str, profile: list[dict], relationship: list[
             items = [m for m in profile if m["category"] == category]
             if items:
                 lines.append(f"[{category}]")
-                lines.extend(f"- {neutralise(m['content'])}" for m in items)
+                # The date lets the model tell a newer fact ("moved to Tokyo") from an older one it updates.
+                lines.extend(f"- {neutralise(m['content'])} (noted {m['created_at']:%Y-%m-%d})" for m in items)
         lines.append("</memory>")
         parts.append("\n".join(lines))
     if relationship:
