@@ -25,13 +25,14 @@ import argparse
 import datetime as dt
 import multiprocessing
 import os
-import platform
 import shlex
 import statistics
 import sys
 import threading
 import time
 from pathlib import Path
+
+import machine  # bench/machine.py (the script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "claim_throughput.md"
@@ -151,21 +152,6 @@ def run_once(url: str, claimers: int, batch: int, mode: str) -> dict:
 
 # --- report -----------------------------------------------------------------------------------------
 
-def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (f"nproc={nproc}, {cpu}, Linux {platform.release()}, Python {platform.python_version()}, "
-            f"load average at start {load}")
-
-
 def postgres_version(url: str) -> str:
     from eros.db import connect
 
@@ -233,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     command = ".venv/bin/python bench/claim_throughput.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
 
     sys.path.insert(0, str(ROOT / "layers" / "eros"))
-    mach = machine()
+    mach = machine.describe()
     url = start_database(args.pgdata)
     load_backlog(url, args.sessions)
     if args.grid:

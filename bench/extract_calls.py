@@ -22,13 +22,14 @@ import collections
 import datetime as dt
 import json
 import os
-import platform
 import re
 import shlex
 import sys
 import time
 import warnings
 from pathlib import Path
+
+import machine  # bench/machine.py (the script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "extract_calls.md"
@@ -61,19 +62,6 @@ def extraction_answer(session_no: int, empty_every: int) -> str:
     return json.dumps({"memories": [{"content": f"{text} [s{session_no}]", "category": category,
                                      "importance": importance}
                                     for text, category, importance in MEMORIES[:count]]})
-
-
-def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"nproc={nproc}, {cpu}, Linux {platform.release()}, Python {platform.python_version()}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         "# Provider calls per extracted session", "",
         f"* **Command:** `{command.strip()}`",
         f"* **Date:** {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"* **Machine:** {machine()}",
+        f"* **Machine:** {machine.describe(with_load=False)}",
         f"* **Setup:** {args.sessions} sessions × {args.turns} turns chatted through the chat handler, idle, then one "
         f"sweep (`eros.dreaming.sweep`, in-process invoker, {args.workers} workers) running the extract handler per "
         "session; fake OpenRouter and Voyage from `tests/fakes.py` (real HTTP on loopback) count the calls. "
