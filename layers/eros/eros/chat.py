@@ -9,7 +9,7 @@ from uuid import UUID
 from . import prompt, recall
 from .config import settings
 from .observability import logger, metrics, tracer
-from .providers import Deadline, ProviderError, ProviderUnavailable, chat_client, embedder
+from .providers import Deadline, ProviderError, ProviderTimeout, ProviderUnavailable, chat_client, embedder
 from .store import chat as chat_store
 
 
@@ -80,10 +80,7 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
         chat_store.keep_user_message(session_id, content, turn_id)
         metrics.add_metric(name="TurnProviderFailures", unit="Count", value=1)
         logger.warning("chat turn failed at a provider", extra={"error": str(exc), "session_id": str(session_id)})
-        if isinstance(exc, ProviderUnavailable):
-            status = 504 if "time" in str(exc) else 503
-        else:
-            status = 502
+        status = 504 if isinstance(exc, ProviderTimeout) else 503 if isinstance(exc, ProviderUnavailable) else 502
         raise TurnFailed(status, str(exc), turn_id) from exc
 
     recalled = ([{"id": str(m["id"]), "layer": "profile", "category": m["category"]} for m in profile]

@@ -22,6 +22,10 @@ class ProviderUnavailable(ProviderError):
     """Timeouts, connection failures, 5xx, 408 and 429: worth retrying later (the dreaming failure policy)."""
 
 
+class ProviderTimeout(ProviderUnavailable):
+    """The provider did not answer within its timeout, or the caller's time budget ran out."""
+
+
 class ProviderResponseError(ProviderError):
     """The provider answered, but not with something usable (4xx other than 408/429, a malformed body)."""
 
@@ -66,11 +70,11 @@ def post_json(client: httpx.Client, url: str, payload: dict, *, headers: dict, t
     while True:
         budget = deadline.remaining()
         if budget <= 0.05:
-            raise ProviderUnavailable(f"{what}: time budget exhausted")
+            raise ProviderTimeout(f"{what}: time budget exhausted")
         try:
             response = client.post(url, json=payload, headers=headers, timeout=min(timeout, budget))
         except httpx.TimeoutException as exc:
-            failure, wait = ProviderUnavailable(f"{what}: timed out ({type(exc).__name__})"), None
+            failure, wait = ProviderTimeout(f"{what}: timed out ({type(exc).__name__})"), None
         except httpx.TransportError as exc:
             failure, wait = ProviderUnavailable(f"{what}: connection failed ({type(exc).__name__})"), None
         else:
