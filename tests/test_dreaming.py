@@ -365,3 +365,14 @@ def test_an_application_clock_ahead_of_the_database_does_not_reclaim_fresh_claim
     assert first.claimed == 3 and first.batches == 1
     assert dreaming.sweep(settings(), invoked.append, now=ahead).claimed == 0
     assert len(invoked) == 3
+
+
+def test_eros_sweep_command_runs_one_sweep_now(db, capsys):
+    from eros import cli
+
+    api = Api()
+    api.call("POST", f"/v1/sessions/{api.session()}/turns", {"content": "I play the cello every evening"})
+    go_idle(db)
+    assert cli.main(["sweep"]) == 0
+    assert "'claimed': 1" in capsys.readouterr().out
+    assert [r["category"] for r in profile_rows(db)] == ["fact"]
