@@ -189,9 +189,10 @@ def test_provider_outage_is_raised_and_not_stamped(online, db, env, failure):
     fake_llm.push(failure)
     from eros.local import LambdaContext, load_function
 
-    with pytest.raises(Exception) as raised:
+    from eros.providers import ProviderUnavailable
+
+    with pytest.raises(ProviderUnavailable):  # timeouts included (ProviderTimeout is one)
         load_function("extract").lambda_handler(payload, LambdaContext("extract"))
-    assert "ProviderUnavailable" in type(raised.value).__name__
     row = session_row(db, sid)
     assert row["classified_at"] is None and row["classification_error"]
     assert row["classification_claimed_at"] is not None  # Lambda's retry reuses the claim
