@@ -34,7 +34,7 @@ def chat_requests(fake) -> list[dict]:
 @pytest.fixture
 def online(db, env, fake_llm, fake_voyage):
     """Real HTTP providers (the fakes), extraction answers EXTRACTED unless a test says otherwise."""
-    fake_llm.responder = lambda body: EXTRACTED if body.get("response_format") else "fake reply"
+    answer_extraction_with(fake_llm, EXTRACTED)
     env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="test-key", EMBED_BASE_URL=fake_voyage.url,
         VOYAGE_API_KEY="test-key", DREAMING_IDLE_SECS=1800, PROVIDER_MAX_RETRIES=0)
     return fake_llm, fake_voyage
@@ -57,6 +57,21 @@ def session_row(db, sid) -> dict:
 def profile_rows(db) -> list[dict]:
     return db.execute("SELECT content, category, importance, session_id FROM engine.companion_memories"
                       " WHERE instance_id IS NULL ORDER BY content").fetchall()
+
+
+def answer_extraction_with(fake_llm, answer: str) -> None:
+    """The fake model answers ``answer`` to extraction requests and "fake reply" to chat turns."""
+    fake_llm.responder = lambda body: answer if body.get("response_format") else "fake reply"
+
+
+def chat_then_dream(db, content: str) -> str:
+    """One turn in a new session, silence, one sweep. Returns the session id."""
+    api = Api()
+    sid = api.session()
+    api.call("POST", f"/v1/sessions/{sid}/turns", {"content": content})
+    go_idle(db)
+    assert sweep_now()["invoked"] == 1
+    return sid
 
 
 # --- the SPEC's "trying it" scenario, through the local HTTP server --------------------------------
@@ -123,12 +138,8 @@ POISON = {
 @pytest.mark.parametrize("answer", POISON.values(), ids=POISON.keys())
 def test_poison_pills_are_stamped_with_a_reason_and_never_loop(online, db, answer):
     fake_llm, _ = online
-    fake_llm.responder = lambda body: answer if body.get("response_format") else "fake reply"
-    api = Api()
-    sid = api.session()
-    api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "hello"})
-    go_idle(db)
-    assert sweep_now()["invoked"] == 1
+    answer_extraction_with(fake_llm, answer)
+    sid = chat_then_dream(db, "hello")
     row = session_row(db, sid)
     assert row["classified_at"] is not None and row["classification_claimed_at"] is None
     assert row["classification_error"]  # why it produced nothing
@@ -141,12 +152,8 @@ def test_fifty_candidates_keep_the_ten_most_important(online, db):
     fake_llm, _ = online
     answer = json.dumps([{"content": f"memory number {i}", "category": "fact", "importance": i / 50}
                          for i in range(50)])
-    fake_llm.responder = lambda body: answer if body.get("response_format") else "fake reply"
-    api = Api()
-    sid = api.session()
-    api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "lots to say"})
-    go_idle(db)
-    sweep_now()
+    answer_extraction_with(fake_llm, answer)
+    sid = chat_then_dream(db, "lots to say")
     rows = profile_rows(db)
     assert sorted(r["content"] for r in rows) == sorted(f"memory number {i}" for i in range(40, 50))
     assert session_row(db, sid)["classified_at"] is not None and sweep_now()["claimed"] == 0
@@ -159,12 +166,8 @@ def test_categories_in_other_languages_collapse_to_fact(online, db):
         {"content": "Aime le café", "category": "préférence", "importance": 0.3},
         {"content": "Is sad lately", "category": "Emotion", "importance": 0.7},
     ]}, ensure_ascii=False)
-    fake_llm.responder = lambda body: answer if body.get("response_format") else "fake reply"
-    api = Api()
-    sid = api.session()
-    api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "我住在上海"})
-    go_idle(db)
-    sweep_now()
+    answer_extraction_with(fake_llm, answer)
+    chat_then_dream(db, "我住在上海")
     assert {(r["content"], r["category"]) for r in profile_rows(db)} == {
         ("住在上海", "fact"), ("Aime le café", "fact"), ("Is sad lately", "emotion")}
 
