@@ -42,6 +42,7 @@ def cmd_token(args) -> int:
 def cmd_serve(args) -> int:
     from . import providers
     from .config import settings
+    from .dreaming import run_local_sweeper
     from .local import make_server
     from .migrate import migrate
 
@@ -51,7 +52,7 @@ def cmd_serve(args) -> int:
     server = make_server(cfg, args.host, args.port)
     base = f"http://{args.host}:{args.port}"
     described = providers.describe()
-    sweeper = _start_sweeper(cfg) if args.sweep else None
+    sweeper = run_local_sweeper(cfg) if args.sweep else None  # the local EventBridge schedule
     print(f"""
 eros local stack
   database : {('embedded Postgres 16 + pgvector in ' + os.environ['EROS_EMBEDDED_PG']) if os.environ.get('EROS_EMBEDDED_PG') else 'DATABASE_URL'}
@@ -74,15 +75,6 @@ Try it:
     finally:
         server.server_close()
     return 0
-
-
-def _start_sweeper(cfg):
-    """Run the sweeper every DREAMING_TICK_SECS in a background thread (the local EventBridge)."""
-    try:
-        from .dreaming import run_local_sweeper
-    except ImportError:  # dreaming arrives with its own issue
-        return None
-    return run_local_sweeper(cfg)
 
 
 def cmd_sweep(args) -> int:
