@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     url = pgserver.get_server(args.pgdata, cleanup_mode=None).get_uri()
     migrate(url)
     with eros_db.connect(url, vector=False) as conn:  # every run starts from an empty engine
-        conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions,"
+        conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions, engine.user_consolidation,"
                      " engine.persona_instances CASCADE")
 
     def respond(request: dict) -> str:

@@ -101,7 +101,7 @@ def embed_all(memories, queries, mode: str) -> str:
 def load_database(conn, memories) -> dict[str, uuid.UUID]:
     from pgvector import Vector
 
-    conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions,"
+    conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions, engine.user_consolidation,"
                  " engine.persona_instances CASCADE")
     persona = conn.execute("SELECT id FROM engine.personas ORDER BY id LIMIT 1").fetchone()["id"]
     instances: dict[str, uuid.UUID] = {}

@@ -68,7 +68,7 @@ def ms(values: list[float]) -> str:
 # --- data ---------------------------------------------------------------------------------------
 
 def generate(conn, users: int, batch_users: int = 500) -> None:
-    conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions,"
+    conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions, engine.user_consolidation,"
                  " engine.persona_instances CASCADE")
     conn.execute("DROP TABLE IF EXISTS bench_topics, bench_noise")
     # Random vectors, one aggregate per vector id (GROUP BY keeps random() per element).

@@ -249,7 +249,7 @@ def load(url: str, args: argparse.Namespace) -> float:
 
     started = time.perf_counter()
     with connect(url) as conn:
-        conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions,"
+        conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions, engine.user_consolidation,"
                      " engine.persona_instances CASCADE")
         conn.execute("CREATE SCHEMA IF NOT EXISTS bench")
         conn.execute("DROP TABLE IF EXISTS bench.loaded, bench.skeleton")

@@ -56,7 +56,7 @@ def db(database_url, monkeypatch):
 
     reset_process_state()
     with connect(database_url) as conn:
-        conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions,"
+        conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions, engine.user_consolidation,"
                      " engine.persona_instances CASCADE")
         yield conn
     reset_process_state()

@@ -40,13 +40,15 @@ def cosine(a: list[float], b: list[float]) -> float:
 
 def insert(db, user: str, content: str, embedding: list[float], *, category: str | None = "fact",
            importance: float | None = None, age_days: float = 0.0, instance=None, metadata=None,
-           memory_id: uuid.UUID | None = None) -> dict:
+           memory_id: uuid.UUID | None = None, superseded_by: uuid.UUID | None = None) -> dict:
     row = db.execute(
         "INSERT INTO engine.companion_memories (id, user_id, instance_id, content, embedding, category, importance,"
-        " metadata, created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        " metadata, created_at, superseded_at, superseded_by, superseded_reason)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
         " RETURNING id, content, category, importance, created_at",
         (memory_id or uuid.uuid4(), user, instance, content, Vector(embedding), category, importance,
-         Jsonb(metadata or {}), NOW - timedelta(days=age_days)),
+         Jsonb(metadata or {}), NOW - timedelta(days=age_days), NOW if superseded_by else None, superseded_by,
+         "changed" if superseded_by else None),
     ).fetchone()
     return row | {"embedding": embedding}
 
@@ -273,17 +275,17 @@ def test_superseded_and_uncategorised_profile_rows_are_not_recalled(db):
     rng = random.Random(8)
     q = random_vector(rng)
     current = insert(db, "alice", "works at a bank", near(q, rng, 1.0), age_days=5)
-    insert(db, "alice", "works at a school", near(q, rng, 0.2), age_days=300,
-           metadata={"superseded_by": str(current["id"])})
+    insert(db, "alice", "works at a school", near(q, rng, 0.2), age_days=300, superseded_by=current["id"])
     insert(db, "alice", "raw turn dump", near(q, rng, 0.2), category=None)
     instance = instance_for(db, "alice")
-    insert(db, "alice", "old utterance", near(q, rng, 0.2), category=None, instance=instance,
-           metadata={"superseded_by": "x"})
+    old = insert(db, "alice", "old utterance", near(q, rng, 1.0), category=None, instance=instance)
+    insert(db, "alice", "older utterance", near(q, rng, 0.2), category=None, instance=instance,
+           superseded_by=old["id"])
     kept_rel = insert(db, "alice", "an utterance", near(q, rng, 1.0), category=None, instance=instance)
     for strategy in ("grouped", "recency", "composite"):
         got = recall.recall("alice", instance, q, now=NOW, params=RecallParams(strategy=strategy))
         assert [m["id"] for m in got.profile] == [current["id"]]
-        assert [m["id"] for m in got.relationship] == [kept_rel["id"]]
+        assert {m["id"] for m in got.relationship} == {kept_rel["id"], old["id"]}
 
 
 def test_relationship_rows_stay_with_their_persona_instance(db):

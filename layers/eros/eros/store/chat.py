@@ -108,10 +108,10 @@ def record_turn(session: dict, user_id: str, content: str, client_turn_id: str, 
             return {"replayed": True}
         _touch(conn, session["id"])
         conn.execute(
-            "INSERT INTO engine.companion_memories (session_id, user_id, instance_id, content, embedding, metadata)"
-            " VALUES (%s, %s, %s, %s, %s, %s)",
-            (session["id"], user_id, session["instance_id"], content, Vector(embedding),
-             Jsonb({"source": "utterance", "message_id": user_row["id"], "embed_model": embed_model})),
+            "INSERT INTO engine.companion_memories (session_id, user_id, instance_id, content, embedding, source,"
+            " from_message_id, through_message_id, metadata) VALUES (%s, %s, %s, %s, %s, 'utterance', %s, %s, %s)",
+            (session["id"], user_id, session["instance_id"], content, Vector(embedding), user_row["id"],
+             user_row["id"], Jsonb({"message_id": user_row["id"], "embed_model": embed_model})),
         )
     return {"replayed": False, "user_message_id": user_row["id"], "assistant_message_id": assistant["id"]}
 

@@ -48,8 +48,9 @@ _SCORES: dict[str, str] = {
 #   turn dump the dreaming design replaced; the prompt renders the profile by category, so such a
 #   row could never be shown anyway. Served by companion_memories_profile_idx (user_id, category).
 # * relationship: one user x one persona instance. Served by companion_memories_relationship_idx.
-# In both, a row that consolidation has superseded (metadata.superseded_by set) is history, kept
-# but never recalled; and a row created after "now" did not exist yet at that date.
+# In both, a row that consolidation has superseded (superseded_at set) is history, kept but never
+# recalled (the profile index covers active rows only); and a row created after "now" did not
+# exist yet at that date.
 _LAYERS: dict[str, str] = {
     "profile": "user_id = %(user)s AND instance_id IS NULL AND category IS NOT NULL",
     "relationship": "user_id = %(user)s AND instance_id = %(instance)s",
@@ -76,7 +77,7 @@ WITH base AS (
                       / 86400.0 / %(tau)s::float8, 700)) AS decay
     FROM engine.companion_memories
     WHERE {layer}
-      AND metadata->>'superseded_by' IS NULL
+      AND superseded_at IS NULL
       AND created_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
 ), scored AS (
     SELECT *, {score} AS score FROM base
