@@ -76,3 +76,30 @@ class OfflineChat:
                     f"I have {known} memory line(s) about you in front of me.")
         return Completion(text=text, model=self.model, usage={"prompt_tokens": 0, "completion_tokens": 0},
                           offline=True)
+
+
+# --- what the offline stand-ins know about consolidation -------------------------------------------
+# A few "slots" hold one current value each: a person lives in one city and has one job at a time.
+# Two statements about the same slot that say different things are an update (the newer wins);
+# everything else ("has a daughter, Mia" and "Mia started school") is left alone. Crude and
+# English/Chinese only, but deterministic, and it lets the local stack show consolidation with no keys.
+_SLOTS = [
+    ("home", re.compile(r"\b(live|lives|living|lived|moved|moving|relocated|relocating)\b.*\b(in|to)\b"
+                        r"|住在|搬到|搬去|住", re.I)),
+    ("job", re.compile(r"\b(work|works|working) (as|at|for|in)\b|\bmy (new )?job\b|\bjob (as|at)\b"
+                       r"|在.{1,12}(工作|上班)|换了工作|当", re.I)),
+    ("partner", re.compile(r"\b(boyfriend|girlfriend|fianc[ée]e?|husband|wife)\b|男朋友|女朋友|老公|老婆", re.I)),
+    ("diet", re.compile(r"\b(vegetarian|vegan|eat(ing)? meat)\b|吃素", re.I)),
+]
+_SAID = re.compile(r"^the user said:\s*", re.I)
+_KEY_DROP = re.compile(r"[^\w\s]")
+
+
+def topic_slot(text: str) -> str | None:
+    """The one-value slot a statement is about (home, job, partner, diet), or None."""
+    return next((name for name, rule in _SLOTS if rule.search(text)), None)
+
+
+def statement_key(text: str) -> str:
+    """Two memories with the same key say the same thing (case, punctuation, the offline prefix folded)."""
+    return " ".join(_KEY_DROP.sub(" ", _SAID.sub("", text.strip()).casefold()).split())
