@@ -17,10 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Protocol
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from .config import Settings
-from .extraction import SYSTEM_PROMPT, Unparsable, parse_candidates, render_transcript, windows
+from . import extraction
+from .extraction import Candidate, windows
 from .observability import logger, metrics
 from .providers import Deadline, ProviderError, chat_client, embedder
 from .store import dreaming as store
@@ -165,72 +166,111 @@ def run_local_sweeper(cfg: Settings) -> threading.Thread:
 @dataclass
 class ExtractResult:
     session_id: str
-    outcome: str  # extracted | nothing | unparsable | not-claimed | gave-up
-    memories: int = 0
+    outcome: str  # extracted | consolidated | nothing | unparsable | not-claimed | gave-up
+    memories: int = 0  # new profile rows
+    superseded: int = 0  # known rows the new ones replaced
+    confirmed: int = 0  # known rows the session repeated (no new row)
+    ignored: int = 0  # handles the model named that could not be applied
     llm_calls: int = 0
     more_pending: bool = False
 
 
 def extract_session(cfg: Settings, session_id: UUID, claim_token: datetime,
                     time_budget_secs: float = 100.0) -> ExtractResult:
-    """Extract one claimed session. Provider-availability errors propagate (no stamp: retried later).
-    ``time_budget_secs`` bounds every provider call (the handler passes what its Lambda has left)."""
+    """Extract one claimed session and consolidate it with what the user's memory already holds.
+
+    Provider calls: one LLM call per transcript window and one embedding batch for the new rows,
+    nothing else (the known memories are found by SQL). Provider-availability errors propagate
+    (no stamp: retried later). ``time_budget_secs`` bounds every provider call."""
     sid = str(session_id)
     session = store.claimed_session(session_id, claim_token)
     if session is None:  # a duplicate delivery, a retry after success, or a claim taken over by another
         logger.info("claim no longer held; nothing to do", extra={"session_id": sid})
         return ExtractResult(sid, "not-claimed")
     if session["classification_attempts"] > cfg.dreaming_max_attempts:
-        store.give_up(session, claim_token, f"gave up after {cfg.dreaming_max_attempts} attempts")
-        metrics.add_metric(name="ExtractGaveUp", unit="Count", value=1)
-        return ExtractResult(sid, "gave-up")
+        return _give_up(session, claim_token, f"gave up after {cfg.dreaming_max_attempts} attempts")
 
     earlier, new = store.transcript(session_id, session["watermark"], CONTEXT_MESSAGES, MESSAGES_PER_INVOCATION)
     if not new:
         store.finish(session, claim_token, [], None, None)
         return ExtractResult(sid, "nothing")
     parts = windows(new, WINDOW_CHARS)[:MAX_WINDOWS]
-    through = parts[-1][-1]["id"]
+    first, through = parts[0][0]["id"], parts[-1][-1]["id"]
+    shown = extraction.handles(store.touched_memories(session["user_id"], session_id, session["watermark"],
+                                                      extraction.MAX_KNOWN))
     deadline = Deadline.after(time_budget_secs)
-    llm = chat_client()
-    candidates, problems, calls = [], [], 0
+    calls = 0
     try:
-        for part in parts:
-            completion = llm.complete(cfg.extract_model, [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": render_transcript(earlier, part)},
-            ], max_tokens=1200, temperature=0.0, deadline=deadline, json_mode=True)
-            calls += 1
-            try:
-                candidates.extend(parse_candidates(completion.text))
-            except Unparsable as exc:
-                problems.append(f"unparsable model output: {exc}")
-            earlier = part[-CONTEXT_MESSAGES:]
-        rows = []
-        if candidates:
-            vectors = embedder().embed([c.content for c in candidates], "document", deadline=deadline)
-            rows = [{"content": c.content, "category": c.category, "importance": c.importance, "embedding": v,
-                     "metadata": {"source": "dreaming", "model": completion.model, "embed_model": vectors.model,
-                                  "through_message_id": through}}
-                    for c, v in zip(candidates, vectors.vectors)]
+        candidates, problems, model, calls = _candidates(cfg, earlier, parts, shown, deadline)
+        decided = extraction.plan(candidates, shown)
+        rows = _rows(decided, model, deadline, first, through)
     except ProviderError as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        if session["classification_attempts"] >= cfg.dreaming_max_attempts:
-            store.give_up(session, claim_token, f"gave up after {session['classification_attempts']} attempts: {error}")
-            metrics.add_metric(name="ExtractGaveUp", unit="Count", value=1)
-            return ExtractResult(sid, "gave-up", llm_calls=calls)
-        store.record_failure(session_id, claim_token, error)
-        metrics.add_metric(name="ExtractProviderFailures", unit="Count", value=1)
-        raise
+        return _provider_failed(cfg, session, claim_token, exc, calls)
 
     # Zero candidates or unparsable output still stamp: a poison pill must not loop.
-    error = "; ".join(problems) or (None if rows else "no memories in this session")
-    if not store.finish(session, claim_token, rows, through, error):
+    error = "; ".join(problems) or (None if rows or decided.confirm else "no memories in this session")
+    counts = store.finish(session, claim_token, rows, through, error, decided.confirm)
+    if counts is None:
         logger.info("claim lost before writing; another worker owns the session", extra={"session_id": sid})
         return ExtractResult(sid, "not-claimed", llm_calls=calls)
-    more = len(new) > sum(len(p) for p in parts) or len(new) == MESSAGES_PER_INVOCATION
-    metrics.add_metric(name="MemoriesExtracted", unit="Count", value=len(rows))
-    outcome = "extracted" if rows else ("unparsable" if problems else "nothing")
-    logger.info("session extracted", extra={"session_id": sid, "memories": len(rows), "llm_calls": calls,
-                                            "outcome": outcome})
-    return ExtractResult(sid, outcome, memories=len(rows), llm_calls=calls, more_pending=more)
+    result = ExtractResult(sid, "extracted" if rows else "consolidated" if decided.confirm
+                           else "unparsable" if problems else "nothing",
+                           memories=len(rows), superseded=counts["superseded"], confirmed=counts["confirmed"],
+                           ignored=counts["ignored"] + decided.ignored, llm_calls=calls,
+                           more_pending=len(new) > sum(len(p) for p in parts) or len(new) == MESSAGES_PER_INVOCATION)
+    for name, value in (("MemoriesExtracted", result.memories), ("MemoriesSuperseded", result.superseded),
+                        ("MemoriesConfirmed", result.confirmed), ("ConsolidationIgnored", result.ignored)):
+        metrics.add_metric(name=name, unit="Count", value=value)
+    logger.info("session extracted", extra=asdict(result) | {"known_shown": len(shown)})
+    return result
+
+
+def _candidates(cfg: Settings, earlier: list[dict], parts: list[list[dict]], shown: dict[str, dict],
+                deadline: Deadline) -> tuple[list[Candidate], list[str], str, int]:
+    """One LLM call per window: (candidates, parse problems, the model that answered, calls made)."""
+    llm = chat_client()
+    candidates: list[Candidate] = []
+    problems: list[str] = []
+    model, calls = cfg.extract_model, 0
+    for part in parts:
+        completion = llm.complete(cfg.extract_model, [
+            {"role": "system", "content": extraction.SYSTEM_PROMPT},
+            {"role": "user", "content": extraction.render_transcript(earlier, part, shown)},
+        ], max_tokens=1200, temperature=0.0, deadline=deadline, json_mode=True)
+        calls += 1
+        model = completion.model
+        try:
+            candidates.extend(extraction.parse_candidates(completion.text))
+        except extraction.Unparsable as exc:
+            problems.append(f"unparsable model output: {exc}")
+        earlier = part[-CONTEXT_MESSAGES:]
+    return candidates, problems, model, calls
+
+
+def _rows(decided: extraction.Plan, model: str, deadline: Deadline, first: int, through: int) -> list[dict]:
+    """The new profile rows, embedded in one batch (none when the session only repeated known memories)."""
+    if not decided.new:
+        return []
+    vectors = embedder().embed([c.content for c, _ in decided.new], "document", deadline=deadline)
+    return [{"id": uuid4(), "content": c.content, "category": c.category, "importance": c.importance,
+             "embedding": v, "supersedes": supersedes, "from_message_id": first, "through_message_id": through,
+             "metadata": {"model": model, "embed_model": vectors.model}}
+            for (c, supersedes), v in zip(decided.new, vectors.vectors)]
+
+
+def _give_up(session: dict, claim_token: datetime, error: str, calls: int = 0) -> ExtractResult:
+    store.give_up(session, claim_token, error)
+    metrics.add_metric(name="ExtractGaveUp", unit="Count", value=1)
+    return ExtractResult(str(session["id"]), "gave-up", llm_calls=calls)
+
+
+def _provider_failed(cfg: Settings, session: dict, claim_token: datetime, exc: ProviderError,
+                     calls: int) -> ExtractResult:
+    """A provider outage: no stamp (the session is retried), unless this was the last attempt."""
+    error = f"{type(exc).__name__}: {exc}"
+    if session["classification_attempts"] >= cfg.dreaming_max_attempts:
+        return _give_up(session, claim_token,
+                        f"gave up after {session['classification_attempts']} attempts: {error}", calls)
+    store.record_failure(session["id"], claim_token, error)
+    metrics.add_metric(name="ExtractProviderFailures", unit="Count", value=1)
+    raise exc

@@ -8,12 +8,13 @@ worker whose claim went stale and was re-claimed by another, writes nothing.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from pgvector import Vector
 from psycopg.types.json import Jsonb
 
 from ..db import connection, transaction
+from . import consolidation
 
 # The SPEC's claim, verbatim in shape: one statement, FOR UPDATE SKIP LOCKED so concurrent
 # sweepers take disjoint sets without blocking; cut-offs computed by the caller and bound.
@@ -84,6 +85,42 @@ def transcript(session_id: UUID, after_id: int | None, context_messages: int, li
     return earlier, new
 
 
+# The known memories a session touches, found with no provider call: each new user turn of the
+# session already has its vector in the relationship layer (the chat turn paid for it), so the
+# active profile rows nearest to those turns are what the session is likely to confirm or change.
+# Per turn the nearest ``limit`` (an exact scan of the user's active rows through the partial
+# profile index), then the best of those overall.
+_TOUCHED = """
+WITH turns AS (
+    SELECT embedding FROM engine.companion_memories
+    WHERE session_id = %(session)s AND instance_id IS NOT NULL AND from_message_id > %(after)s
+    ORDER BY from_message_id DESC
+    LIMIT %(turns)s
+), near AS (
+    SELECT m.* FROM turns t CROSS JOIN LATERAL (
+        SELECT id, content, category, importance, created_at, embedding <=> t.embedding AS distance
+        FROM engine.companion_memories
+        WHERE user_id = %(user)s AND instance_id IS NULL AND superseded_at IS NULL AND category IS NOT NULL
+        ORDER BY distance
+        LIMIT %(limit)s
+    ) m
+)
+SELECT id, content, category, importance, created_at, min(distance) AS distance
+FROM near
+GROUP BY id, content, category, importance, created_at
+ORDER BY min(distance), id
+LIMIT %(limit)s
+"""
+
+
+def touched_memories(user_id: str, session_id: UUID, after_id: int | None, limit: int,
+                     turns: int = 20) -> list[dict]:
+    """The user's active profile memories nearest to this session's last ``turns`` new user turns,
+    nearest first."""
+    return connection().execute(_TOUCHED, {"session": session_id, "after": after_id or 0, "user": user_id,
+                                           "turns": turns, "limit": limit}).fetchall()
+
+
 def _locked(conn, session_id: UUID, claim_token: datetime) -> bool:
     return conn.execute(
         "SELECT 1 FROM engine.chat_sessions WHERE id = %s AND classification_claimed_at = %s"
@@ -93,25 +130,43 @@ def _locked(conn, session_id: UUID, claim_token: datetime) -> bool:
 
 
 def finish(session: dict, claim_token: datetime, memories: list[dict], through_message_id: int | None,
-           error: str | None) -> bool:
-    """ONE transaction: insert the profile rows and stamp the session, only if the claim still holds.
+           error: str | None, confirm: list[tuple[UUID, float]] = ()) -> dict | None:
+    """ONE transaction: insert the profile rows, apply their consolidation, and stamp the session,
+    only if the claim still holds.
 
-    The session is stamped ``classified_at`` unless messages beyond ``through_message_id`` exist
-    (turns that arrived meanwhile, or windows not read yet): then it stays eligible for the next
-    sweep, which starts from the new watermark. Returns False when the claim was lost (nothing written).
+    Each memory may carry ``id`` and ``supersedes`` (ids of known rows it replaces); ``confirm`` are
+    known rows the session repeated. Only the user's own active profile rows are touched; whatever
+    else was asked is counted as ``ignored``. The session is stamped ``classified_at`` unless
+    messages beyond ``through_message_id`` exist (turns that arrived meanwhile, or windows not read
+    yet): then it stays eligible for the next sweep, which starts from the new watermark.
+    Returns the counts, or None when the claim was lost (nothing written).
     """
+    counts = {"inserted": len(memories), "superseded": 0, "confirmed": 0, "ignored": 0}
+    user = session["user_id"]
     with transaction() as conn:
         if not _locked(conn, session["id"], claim_token):
-            return False
+            return None
         if memories:
+            rows = [m | {"id": m.get("id") or uuid4()} for m in memories]
             with conn.cursor() as cur:
                 cur.executemany(
-                    "INSERT INTO engine.companion_memories"
-                    " (session_id, user_id, instance_id, content, embedding, category, importance, metadata)"
-                    " VALUES (%s, %s, NULL, %s, %s, %s, %s, %s)",
-                    [(session["id"], session["user_id"], m["content"], Vector(m["embedding"]), m["category"],
-                      m["importance"], Jsonb(m["metadata"])) for m in memories],
+                    "INSERT INTO engine.companion_memories (id, session_id, user_id, instance_id, content, embedding,"
+                    " category, importance, source, from_message_id, through_message_id, metadata)"
+                    " VALUES (%s, %s, %s, NULL, %s, %s, %s, %s, 'dreaming', %s, %s, %s)",
+                    [(m["id"], session["id"], user, m["content"], Vector(m["embedding"]), m["category"],
+                      m["importance"], m.get("from_message_id"), m.get("through_message_id"), Jsonb(m["metadata"]))
+                     for m in rows],
                 )
+            for m in rows:
+                asked = m.get("supersedes") or []
+                done = consolidation.supersede(conn, user, m["id"], asked, "changed") if asked else []
+                counts["superseded"] += len(done)
+                counts["ignored"] += len(asked) - len(done)
+        for memory_id, importance in confirm:
+            ok = consolidation.confirm(conn, user, memory_id, importance)
+            counts["confirmed" if ok else "ignored"] += 1
+        if memories or counts["superseded"]:
+            consolidation.mark_changed(conn, user)
         conn.execute(
             "UPDATE engine.chat_sessions SET"
             " classified_through_message_id = coalesce(%(through)s, classified_through_message_id),"
@@ -122,7 +177,7 @@ def finish(session: dict, claim_token: datetime, memories: list[dict], through_m
             " WHERE id = %(id)s",
             {"id": session["id"], "through": through_message_id, "error": error},
         )
-    return True
+    return counts
 
 
 def give_up(session: dict, claim_token: datetime, error: str) -> bool:
