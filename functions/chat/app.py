@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from datetime import datetime
 from typing import Annotated, Literal
 from uuid import UUID
 
@@ -44,6 +45,39 @@ class NewSession(Strict):
 class NewTurn(Strict):
     content: Content
     client_turn_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:-]{1,128}$")] | None = None
+
+
+class Memory(BaseModel):
+    """A memory as its owner sees it (never its embedding)."""
+    id: UUID
+    layer: Literal["profile", "relationship"]
+    category: str | None
+    content: str
+    importance: float | None
+    persona_id: str | None = Field(description="the persona of a relationship memory; null in the profile layer")
+    created_at: datetime
+    source: Literal["utterance", "dreaming", "deep_pass", "user"] = Field(
+        description="what wrote it: a chat utterance, session-end dreaming, the per-user deep pass, the user")
+    session_id: UUID | None = Field(description="the session it came from")
+    from_message_id: int | None = Field(description="first message of the range it was distilled from")
+    through_message_id: int | None = Field(description="last message of that range")
+    model: str | None = Field(description="the model that wrote it, if one did")
+    last_confirmed_at: datetime | None = Field(description="when it was last repeated or confirmed")
+    mention_count: int
+    superseded_at: datetime | None = Field(description="validity end; null while the memory is active")
+    superseded_by: UUID | None = Field(description="the memory that replaced it (null once that one is deleted)")
+    superseded_reason: Literal["changed", "duplicate", "reverted", "edited"] | None
+    supersedes: list[UUID] = Field(description="ids of the memories this one replaced")
+
+
+class MemoryPage(BaseModel):
+    memories: list[Memory]
+    next_before: UUID | None = Field(description="pass as `before` for the next page; null on the last one")
+
+
+class MemoryWithHistory(Memory):
+    history: list[Memory] = Field(description="every version of this memory (itself included), oldest first: "
+                                              "what it replaced and what replaced it, recursively")
 
 
 def current_user() -> str:
@@ -112,12 +146,51 @@ def messages(session_id: UUID, limit: Annotated[int, Query(ge=1, le=200)] = 50,
 @app.get("/v1/memories")
 def memories(layer: Annotated[Literal["profile", "relationship"] | None, Query()] = None,
              category: Annotated[Literal[CATEGORIES] | None, Query()] = None,  # type: ignore[valid-type]
-             limit: Annotated[int, Query(ge=1, le=500)] = 100, before: Annotated[UUID | None, Query()] = None):
-    rows = memory_store.list_memories(current_user(), layer, category, limit, before)
+             limit: Annotated[int, Query(ge=1, le=500)] = 100, before: Annotated[UUID | None, Query()] = None,
+             include: Annotated[Literal["superseded"] | None,
+                                Query(description="'superseded': list history (superseded rows) too; "
+                                                  "default: active memories only")] = None) -> MemoryPage:
+    rows = memory_store.list_memories(current_user(), layer, category, limit, before,
+                                      include_superseded=include == "superseded")
     return {"memories": rows, "next_before": str(rows[-1]["id"]) if len(rows) == limit else None}
 
 
-@app.delete("/v1/memories/<memory_id>")
+def _documented(ok: tuple[int, str], *errors: tuple[int, str]) -> dict:
+    """OpenAPI responses of a route: its success and the errors it answers besides 422."""
+    error = {"application/json": {"schema": {"type": "object", "required": ["statusCode", "message"], "properties": {
+        "statusCode": {"type": "integer"}, "message": {"type": "string"}}}}}
+    return {ok[0]: {"description": ok[1]}, **{code: {"description": text, "content": error} for code, text in errors}}
+
+
+_NOT_YOURS = (404, "no such memory of this user (another user's id answers the same)")
+
+
+@app.get("/v1/memories/<memory_id>", summary="one memory with its history",
+         description="The memory and `history`: every version of it (what it replaced and what replaced it, "
+                     "recursively, itself included), oldest first.",
+         responses=_documented((200, "the memory"), _NOT_YOURS))
+def memory(memory_id: UUID) -> MemoryWithHistory:
+    found = memory_store.get_memory(current_user(), memory_id)
+    if found is None:
+        raise NotFoundError("memory not found")
+    return found
+
+
+@app.post("/v1/memories/<memory_id>/restore", summary="undo a supersession",
+          description="The memory is active again and confirmed now. Unless it had been merged as a duplicate, "
+                      "the current version of the fact that replaced it is superseded by it (reason 'reverted').",
+          responses=_documented((200, "the restored memory with its history"), _NOT_YOURS,
+                                (409, "the memory is active: nothing to restore")))
+def restore_memory(memory_id: UUID) -> MemoryWithHistory:
+    restored = memory_store.restore_memory(current_user(), memory_id)
+    if restored is None:
+        raise NotFoundError("memory not found")
+    return restored
+
+
+@app.delete("/v1/memories/<memory_id>", summary="delete a memory",
+            description="Memories it had replaced stay history (their validity end is kept).",
+            responses=_documented((204, "deleted"), _NOT_YOURS))
 def delete_memory(memory_id: UUID):
     if not memory_store.delete_memory(current_user(), memory_id):
         raise NotFoundError("memory not found")
@@ -141,6 +214,11 @@ def not_found(error: chat.NotFound):
 
 @app.exception_handler(chat.TurnConflict)
 def turn_conflict(error: chat.TurnConflict):
+    return _error(409, str(error))
+
+
+@app.exception_handler(memory_store.NotSuperseded)
+def not_superseded(error: memory_store.NotSuperseded):
     return _error(409, str(error))
 
 

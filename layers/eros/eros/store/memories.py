@@ -1,30 +1,154 @@
-"""The two memory layers: listing and deletion. Recall ranking lives in ``eros.store.recall``."""
+"""The two memory layers as the user sees them: listing, one memory with its history, restore, deletion.
+
+Recall ranking lives in ``eros.store.recall``; consolidation's writes in ``eros.store.consolidation``.
+
+A memory is *active* while ``superseded_at`` IS NULL. A superseded row is history: it names the row
+that replaced it (``superseded_by``, NULL once that row is deleted: the validity end stays, so a row
+replaced once never silently becomes current again) and why (``superseded_reason``). Every query here
+is scoped to the user: another user's id is "not found", never a different answer.
+"""
 
 from __future__ import annotations
 
 from uuid import UUID
 
-from ..db import connection
+import psycopg
+
+from ..db import connection, transaction
+from . import consolidation
+
+# A history walk follows superseded_by links at most this many steps each way: a cycle (nothing
+# forbids one in the data: supersede() does not check its successor) or a very long chain cannot hang
+# a request.
+MAX_CHAIN_DEPTH = 100
+
+# What every memory in an answer carries. ``supersedes`` is one correlated lookup per row through
+# companion_memories_superseded_by_idx inside the same statement (not one query per row).
+_FIELDS = """
+    m.id, CASE WHEN m.instance_id IS NULL THEN 'profile' ELSE 'relationship' END AS layer,
+    m.category, m.content, m.importance, i.persona_id, m.created_at, m.source, m.session_id,
+    m.from_message_id, m.through_message_id, m.metadata->>'model' AS model, m.last_confirmed_at,
+    m.mention_count, m.superseded_at, m.superseded_by, m.superseded_reason,
+    ARRAY(SELECT s.id FROM engine.companion_memories s
+          WHERE s.superseded_by = m.id AND s.user_id = m.user_id
+          ORDER BY s.created_at, s.id) AS supersedes
+"""
+_FROM = " FROM engine.companion_memories m LEFT JOIN engine.persona_instances i ON i.id = m.instance_id"
+
+_LIST = ("SELECT" + _FIELDS + _FROM +
+         " WHERE m.user_id = %(user)s {active}"
+         "   AND (%(layer)s::text IS NULL OR (%(layer)s = 'profile') = (m.instance_id IS NULL))"
+         "   AND (%(category)s::text IS NULL OR m.category = %(category)s)"
+         "   AND (%(before)s::uuid IS NULL OR (m.created_at, m.id) <"
+         "        (SELECT created_at, id FROM engine.companion_memories WHERE id = %(before)s AND user_id = %(user)s))"
+         " ORDER BY m.created_at DESC, m.id DESC LIMIT %(limit)s")
+# Two fixed statements rather than a boolean parameter: the default (active rows only) is a plain
+# predicate on the listing index's rows.
+_LIST_ACTIVE = _LIST.format(active="AND m.superseded_at IS NULL")
+_LIST_ALL = _LIST.format(active="")
+
+# The versions of one memory: what it replaced, recursively (``earlier``), and what replaced it,
+# recursively (``later``), the memory itself included, oldest first. Only the user's rows are
+# followed. UNION keeps (id, depth) pairs distinct; the depth cap ends any cycle.
+_HISTORY = ("""
+WITH RECURSIVE earlier(id, depth) AS (
+    SELECT id, 0 FROM engine.companion_memories WHERE id = %(id)s AND user_id = %(user)s
+  UNION
+    SELECT p.id, e.depth + 1 FROM earlier e
+    JOIN engine.companion_memories p ON p.superseded_by = e.id AND p.user_id = %(user)s
+    WHERE e.depth < %(depth)s
+), later(id, next, depth) AS (
+    SELECT id, superseded_by, 0 FROM engine.companion_memories WHERE id = %(id)s AND user_id = %(user)s
+  UNION
+    SELECT s.id, s.superseded_by, l.depth + 1 FROM later l
+    JOIN engine.companion_memories s ON s.id = l.next AND s.user_id = %(user)s
+    WHERE l.depth < %(depth)s
+), chain AS (
+    SELECT id FROM earlier UNION SELECT id FROM later
+)
+SELECT""" + _FIELDS + _FROM + """
+WHERE m.id IN (SELECT id FROM chain)
+ORDER BY m.created_at, m.id
+""")
+
+# The current version of a fact: from a row, follow superseded_by to the first active row.
+_ACTIVE_HEAD = """
+WITH RECURSIVE later(id, next, active, depth) AS (
+    SELECT id, superseded_by, superseded_at IS NULL, 0
+    FROM engine.companion_memories WHERE id = %(id)s AND user_id = %(user)s
+  UNION ALL
+    SELECT s.id, s.superseded_by, s.superseded_at IS NULL, l.depth + 1 FROM later l
+    JOIN engine.companion_memories s ON s.id = l.next AND s.user_id = %(user)s
+    WHERE NOT l.active AND l.depth < %(depth)s
+)
+SELECT id FROM later WHERE active ORDER BY depth LIMIT 1
+"""
+
+
+class NotSuperseded(Exception):
+    """Restore asked for a memory that is active: there is nothing to undo."""
 
 
 def list_memories(user_id: str, layer: str | None, category: str | None, limit: int,
-                  before: UUID | None = None) -> list[dict]:
-    """The user's own memories, newest first, without embeddings."""
+                  before: UUID | None = None, include_superseded: bool = False) -> list[dict]:
+    """The user's own memories, newest first, without embeddings; active rows only unless
+    ``include_superseded``. ``before`` is the id of the last row of the previous page."""
     return connection().execute(
-        "SELECT m.id, CASE WHEN m.instance_id IS NULL THEN 'profile' ELSE 'relationship' END AS layer,"
-        " m.category, m.content, m.importance, m.session_id, i.persona_id, m.created_at"
-        " FROM engine.companion_memories m LEFT JOIN engine.persona_instances i ON i.id = m.instance_id"
-        " WHERE m.user_id = %(user)s"
-        "   AND (%(layer)s::text IS NULL OR (%(layer)s = 'profile') = (m.instance_id IS NULL))"
-        "   AND (%(category)s::text IS NULL OR m.category = %(category)s)"
-        "   AND (%(before)s::uuid IS NULL OR (m.created_at, m.id) <"
-        "        (SELECT created_at, id FROM engine.companion_memories WHERE id = %(before)s AND user_id = %(user)s))"
-        " ORDER BY m.created_at DESC, m.id DESC LIMIT %(limit)s",
+        _LIST_ALL if include_superseded else _LIST_ACTIVE,
         {"user": user_id, "layer": layer, "category": category, "limit": limit, "before": before},
     ).fetchall()
 
 
+def _with_history(conn: psycopg.Connection, user_id: str, memory_id: UUID) -> dict | None:
+    chain = conn.execute(_HISTORY, {"id": memory_id, "user": user_id, "depth": MAX_CHAIN_DEPTH}).fetchall()
+    memory = next((row for row in chain if row["id"] == memory_id), None)
+    if memory is None:
+        return None
+    return {**memory, "history": chain}
+
+
+def get_memory(user_id: str, memory_id: UUID) -> dict | None:
+    """One of the user's memories with ``history``: every version of it, oldest first (itself
+    included). None: no such memory of this user."""
+    return _with_history(connection(), user_id, memory_id)
+
+
+def restore_memory(user_id: str, memory_id: UUID) -> dict | None:
+    """Undo a supersession: the user says the old version is still true.
+
+    In one transaction, with the row locked (a concurrent restore of the same row waits, then finds
+    it active): the row becomes active and confirmed now. Unless it was merged as a duplicate, the
+    current version of the fact (the first active row following superseded_by from it) is superseded
+    by the restored row with reason 'reverted', so that two versions of one fact are never both
+    active. A duplicate is only reactivated: its twin stays as it is. The user's profile is marked
+    changed for the deep pass. Returns the restored memory with its history; None if the user has no
+    such memory; raises ``NotSuperseded`` if it is active.
+    """
+    with transaction() as conn:
+        row = conn.execute(
+            "SELECT superseded_at, superseded_by, superseded_reason FROM engine.companion_memories"
+            " WHERE id = %s AND user_id = %s FOR UPDATE", (memory_id, user_id),
+        ).fetchone()
+        if row is None:
+            return None
+        if row["superseded_at"] is None:
+            raise NotSuperseded(f"memory {memory_id} is active (not superseded): there is nothing to restore")
+        conn.execute(
+            "UPDATE engine.companion_memories SET superseded_at = NULL, superseded_by = NULL,"
+            " superseded_reason = NULL, last_confirmed_at = now() WHERE id = %s", (memory_id,),
+        )
+        if row["superseded_reason"] != "duplicate" and row["superseded_by"] is not None:
+            head = conn.execute(_ACTIVE_HEAD, {"id": row["superseded_by"], "user": user_id,
+                                               "depth": MAX_CHAIN_DEPTH}).fetchone()
+            if head is not None:
+                consolidation.supersede(conn, user_id, memory_id, [head["id"]], "reverted")
+        consolidation.mark_changed(conn, user_id)
+        return _with_history(conn, user_id, memory_id)
+
+
 def delete_memory(user_id: str, memory_id: UUID) -> bool:
+    """Delete one of the user's memories. Rows it had superseded keep their validity end (the foreign
+    key only clears their superseded_by): they stay history."""
     row = connection().execute(
         "DELETE FROM engine.companion_memories WHERE id = %s AND user_id = %s RETURNING id", (memory_id, user_id)
     ).fetchone()
