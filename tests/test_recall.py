@@ -1,5 +1,6 @@
 """Recall ranking: the math, the SQL against a brute-force ranking in Python, time injection, ties,
-missing importance, empty users, single-row categories, superseded rows, and cross-layer hygiene."""
+missing importance, empty users, single-row categories, superseded rows, the read-time demotion of an
+older near row and the importance term, and cross-layer hygiene."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 import random
 import uuid
 from array import array
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -61,13 +63,22 @@ def instance_for(db, user: str) -> uuid.UUID:
 # --- brute force, written independently of the SQL ------------------------------------------------
 
 def brute_force(rows: list[dict], query: list[float], strategy: str, params: RecallParams, k: int,
-                cap: int | None, now: datetime = NOW) -> list[tuple[uuid.UUID, float]]:
-    scored = []
+                cap: int | None, now: datetime = NOW, demote: bool = True) -> list[tuple[uuid.UUID, float]]:
+    """The rule as the module docstring of eros.store.recall states it. ``demote``: the layer is demoted
+    (the profile layer; never the relationship layer)."""
+    undemoted = []
     for r in rows:
         s = cosine(r["embedding"], query)
         age = (now - r["created_at"]).total_seconds() / 86400
-        scored.append((score(strategy, s, age, r["importance"], params), r["id"], r["category"]))
-    scored.sort(key=lambda t: (-t[0], t[1]))  # uuid order = Postgres uuid order (bytewise)
+        undemoted.append((score(strategy, s, age, r["importance"], params), r["id"], r))
+    undemoted.sort(key=lambda t: (-t[0], t[1]))  # uuid order = Postgres uuid order (bytewise)
+    on = demote and params.demote_similarity <= 1 and params.demote_penalty > 0
+    pool = [r for _, _, r in undemoted[:params.demote_pool]] if on else []
+    demoted = {a["id"] for a in pool
+               if any(b["category"] == a["category"] and b["created_at"] > a["created_at"]
+                      and cosine(a["embedding"], b["embedding"]) >= params.demote_similarity for b in pool)}
+    scored = sorted(((value - (params.demote_penalty if memory_id in demoted else 0.0), memory_id, r["category"])
+                     for value, memory_id, r in undemoted), key=lambda t: (-t[0], t[1]))
     out, per_category = [], {}
     for value, memory_id, category in scored:
         if len(out) == k:
@@ -79,11 +90,16 @@ def brute_force(rows: list[dict], query: list[float], strategy: str, params: Rec
     return out
 
 
-def sql_ids(layer, strategy, user, query, params: RecallParams, k, cap, now=NOW, instance=None):
-    rows = recall_store.ranked(layer, strategy, user, query, k=k, cap=cap, instance_id=instance, now=now,
+def sql_rows(layer, strategy, user, query, params: RecallParams, k, cap, now=NOW, instance=None):
+    return recall_store.ranked(layer, strategy, user, query, k=k, cap=cap, instance_id=instance, now=now,
                                lam=params.lam, tau_days=params.tau_days, floor=params.floor,
-                               importance_floor=params.importance_floor)
-    return [(r["id"], r["score"]) for r in rows]
+                               importance_floor=params.importance_floor, importance_weight=params.importance_weight,
+                               demote_similarity=params.demote_similarity, demote_penalty=params.demote_penalty,
+                               demote_pool=params.demote_pool)
+
+
+def sql_ids(layer, strategy, user, query, params: RecallParams, k, cap, now=NOW, instance=None):
+    return [(r["id"], r["score"]) for r in sql_rows(layer, strategy, user, query, params, k, cap, now, instance)]
 
 
 # --- the math -------------------------------------------------------------------------------------
@@ -96,17 +112,22 @@ def test_decay_is_one_now_one_over_e_at_tau_and_never_underflows():
 
 
 def test_score_formulas():
-    p = RecallParams(lam=0.2, tau_days=10, floor=0.25, importance_floor=0.0)  # the plain product
+    p = RecallParams(lam=0.2, tau_days=10, floor=0.25, importance_floor=0.0, importance_weight=0.0)
     assert score("grouped", 0.7, 100, 0.9, p) == 0.7
     assert score("recency", 0.7, 10, 0.9, p) == pytest.approx(0.7 + 0.2 * math.exp(-1))
     assert score("composite", 0.7, 10, 0.9, p) == pytest.approx(0.7 * (0.25 + 0.75 * math.exp(-1)) * 0.9)
     assert score("composite", 0.7, 10, None, p) == score("composite", 0.7, 10, 0.5, p)  # missing = 0.5
-    soft = RecallParams(tau_days=10, floor=0.25, importance_floor=0.8)
+    soft = RecallParams(tau_days=10, floor=0.25, importance_floor=0.8, importance_weight=0.0)
     assert score("composite", 0.7, 10, 0.5, soft) == pytest.approx(0.7 * (0.25 + 0.75 * math.exp(-1)) * 0.9)
     # An old fact keeps at least `floor` of its score: decay alone can never bury it.
     assert score("composite", 0.8, 10_000, 1.0, p) == pytest.approx(0.8 * 0.25)
     with pytest.raises(ValueError):
         score("nearest", 0.7, 1, 1, p)
+    # The importance term is added, for every strategy, with 0.5 where importance is missing.
+    w = RecallParams(lam=0.2, tau_days=10, floor=0.25, importance_floor=0.0, importance_weight=0.1)
+    for strategy in ("grouped", "recency", "composite"):
+        assert score(strategy, 0.7, 10, 0.9, w) == pytest.approx(score(strategy, 0.7, 10, 0.9, p) + 0.09)
+        assert score(strategy, 0.7, 10, None, w) == pytest.approx(score(strategy, 0.7, 10, 0.5, p) + 0.05)
 
 
 # --- SQL == brute force -----------------------------------------------------------------------------
@@ -138,7 +159,11 @@ def population(db):
     return {"query": query, "profile": rows, "relationship": rel, "instance": instance}
 
 
+OFF = {"importance_weight": 0.0, "demote_similarity": 2.0}  # the ranking before the safety net
 PARAMS = [
+    ("grouped", RecallParams(**OFF), 10, 2),
+    ("recency", RecallParams(**OFF), 10, None),
+    ("composite", RecallParams(**OFF), 10, None),
     ("grouped", RecallParams(), 10, 2),
     ("grouped", RecallParams(), 5, 1),
     ("recency", RecallParams(lam=0.1, tau_days=30), 8, None),
@@ -147,6 +172,13 @@ PARAMS = [
     ("composite", RecallParams(tau_days=14, floor=0.0), 10, 2),
     ("composite", RecallParams(tau_days=365, floor=0.9), 153, None),  # every row: the full order
     ("composite", RecallParams(tau_days=60, floor=0.6, importance_floor=0.8), 9, 2),
+    # Demotion that fires: the population's rows are ~0.5-0.75 cosine-similar to each other.
+    ("grouped", RecallParams(demote_similarity=0.6, demote_penalty=0.1, demote_pool=40), 10, 2),
+    ("recency", RecallParams(lam=0.1, tau_days=30, demote_similarity=0.6, demote_penalty=0.05,
+                             demote_pool=25, importance_weight=0.05), 12, None),
+    ("recency", RecallParams(demote_similarity=0.55, demote_penalty=0.3, demote_pool=8), 12, 3),  # pool < k
+    ("composite", RecallParams(tau_days=60, floor=0.6, importance_floor=0.8, demote_similarity=0.6,
+                               demote_penalty=0.08, demote_pool=200, importance_weight=0.1), 153, None),
 ]
 
 
@@ -163,13 +195,37 @@ def test_sql_top_k_equals_brute_force(population, strategy, params, k, cap):
     assert all(row_id in {r["id"] for r in population["profile"]} for row_id, _ in got)  # never bob's
 
 
+def test_demotion_fires_in_the_population_and_the_score_parts_add_up(population):
+    """The brute-force comparison above is only worth something if demotion changes the order there."""
+    q = population["query"]
+    params = RecallParams(strategy="recency", lam=0.1, tau_days=30, demote_similarity=0.6, demote_penalty=0.05,
+                          demote_pool=25, importance_weight=0.05)
+    on = brute_force(population["profile"], q, "recency", params, 12, None)
+    off = brute_force(population["profile"], q, "recency", params, 12, None, demote=False)
+    assert [i for i, _ in on] != [i for i, _ in off]
+    for strategy in ("grouped", "recency", "composite"):
+        rows = sql_rows("profile", strategy, "alice", q, replace(params, floor=0.6, importance_floor=0.8), 153, None)
+        assert {r["demotion"] for r in rows} == {0.0, 0.05}
+        assert sum(r["demotion"] > 0 for r in rows) <= 25  # only pool rows
+        for r in rows:
+            assert r["similarity"] == pytest.approx(1 - r["distance"])
+            assert r["score"] == pytest.approx(r["similarity"] + r["recency_term"] + r["importance_term"]
+                                               - r["demotion"], abs=1e-12)
+            if strategy == "grouped":
+                assert r["recency_term"] == 0
+            if strategy != "composite":
+                assert r["importance_term"] == pytest.approx(0.05 * (0.5 if r["importance"] is None
+                                                                     else r["importance"]))
+
+
 @pytest.mark.parametrize("strategy", ["grouped", "recency", "composite"])
 def test_relationship_layer_equals_brute_force(population, strategy):
-    params = RecallParams(lam=0.2, tau_days=20, floor=0.3)
-    got = sql_ids("relationship", strategy, "alice", population["query"], params, 7, None,
-                  instance=population["instance"])
-    want = brute_force(population["relationship"], population["query"], strategy, params, 7, None)
-    assert [i for i, _ in got] == [i for i, _ in want]
+    params = RecallParams(lam=0.2, tau_days=20, floor=0.3, demote_similarity=0.5, demote_penalty=0.2)
+    rows = sql_rows("relationship", strategy, "alice", population["query"], params, 7, None,
+                    instance=population["instance"])
+    want = brute_force(population["relationship"], population["query"], strategy, params, 7, None, demote=False)
+    assert [r["id"] for r in rows] == [i for i, _ in want]
+    assert all(r["demotion"] == 0 for r in rows)  # raw utterances: never demoted
 
 
 def test_exact_ties_are_broken_by_id(db):
@@ -182,7 +238,7 @@ def test_exact_ties_are_broken_by_id(db):
     for strategy in ("grouped", "recency", "composite"):
         got = sql_ids("profile", strategy, "alice", q, RecallParams(), 4, None)
         assert [i for i, _ in got] == ids[:4]
-        assert len({s for _, s in got}) == 1
+        assert len({s for _, s in got}) == 1  # and identical rows of one age never demote each other
 
 
 def test_missing_importance_counts_as_half(db):
@@ -193,7 +249,7 @@ def test_missing_importance_counts_as_half(db):
     none = insert(db, "alice", "none", emb, importance=None, age_days=1)
     half = insert(db, "alice", "half", emb, importance=0.5, age_days=1)
     high = insert(db, "alice", "high", emb, importance=0.75, age_days=1)
-    got = sql_ids("profile", "composite", "alice", q, RecallParams(), 10, None)
+    got = sql_ids("profile", "composite", "alice", q, RecallParams(importance_weight=0.0), 10, None)
     middle = sorted([none["id"], half["id"]])
     assert [i for i, _ in got] == [high["id"], *middle, low["id"]]
     assert got[1][1] == got[2][1]
@@ -300,6 +356,116 @@ def test_relationship_rows_stay_with_their_persona_instance(db):
     got = recall.recall("alice", mine, q, now=NOW, params=RecallParams(strategy="composite"))
     assert [m["id"] for m in got.relationship] == [kept["id"]]
     assert recall.recall("alice", None, q, now=NOW).relationship == []
+
+
+# --- the read-time safety net: demotion and importance ------------------------------------------------
+
+def plane(*coords: float) -> list[float]:
+    """A unit vector in the first few dimensions: cosines chosen exactly, as angles."""
+    norm = math.sqrt(sum(c * c for c in coords))
+    return f32([c / norm for c in coords] + [0.0] * (DIM - len(coords)))
+
+
+def at_angle(degrees: float, axis: int = 1) -> list[float]:
+    """cos(degrees) to the query e0, turned towards e<axis>."""
+    coords = [0.0] * 4
+    coords[0], coords[axis] = math.cos(math.radians(degrees)), math.sin(math.radians(degrees))
+    return plane(*coords)
+
+
+QUERY = plane(1.0)
+SAFETY = RecallParams(strategy="recency", lam=0.002, tau_days=365, importance_weight=0.0, demote_similarity=0.9,
+                      demote_penalty=0.2, demote_pool=32)
+
+
+def profile_of(got) -> list[uuid.UUID]:
+    return [m["id"] for m in got.profile]
+
+
+def test_an_older_near_row_of_the_same_category_is_demoted_below_the_newer_one(db):
+    # Shanghai is nearer the question (cos 0.94) than Tokyo (0.77); they are 20 degrees apart (cos 0.94:
+    # close enough to demote, not so close that hygiene takes them for one row).
+    shanghai = insert(db, "alice", "Lives in Shanghai", at_angle(20), category="fact", importance=0.7, age_days=300)
+    tokyo = insert(db, "alice", "Moved to Tokyo recently", at_angle(40), category="fact", importance=0.7,
+                   age_days=10)
+    other = insert(db, "alice", "Likes mocha", at_angle(60, axis=2), category="preference", importance=0.7,
+                   age_days=400)
+    off = recall.recall("alice", None, QUERY, now=NOW, params=replace(SAFETY, demote_similarity=2.0))
+    assert profile_of(off) == [shanghai["id"], tokyo["id"], other["id"]]
+    on = recall.recall("alice", None, QUERY, now=NOW, params=SAFETY)
+    assert profile_of(on) == [tokyo["id"], shanghai["id"], other["id"]]  # demoted, still there
+    by_id = {m["id"]: m for m in on.profile}
+    assert by_id[shanghai["id"]]["demotion"] == pytest.approx(0.2)
+    assert by_id[tokyo["id"]]["demotion"] == 0 and by_id[other["id"]]["demotion"] == 0
+    # Asked before the move, Tokyo did not exist yet: nothing newer, nothing demoted.
+    before = recall.recall("alice", None, QUERY, now=NOW - timedelta(days=30), params=SAFETY)
+    assert profile_of(before) == [shanghai["id"], other["id"]] and before.profile[0]["demotion"] == 0
+    # A newer row that consolidation already superseded is history: it demotes nothing.
+    db.execute("UPDATE engine.companion_memories SET superseded_at = %s, superseded_reason = 'changed'"
+               " WHERE id = %s", (NOW, tokyo["id"]))
+    assert recall.recall("alice", None, QUERY, now=NOW, params=SAFETY).profile[0]["demotion"] == 0
+
+
+def test_a_near_row_of_another_category_does_not_demote(db):
+    daughter = insert(db, "alice", "Has a daughter, Mia", at_angle(20), category="relation", importance=0.9,
+                      age_days=700)
+    school = insert(db, "alice", "Mia started school this week", at_angle(40), category="event", importance=0.6,
+                    age_days=3)
+    got = recall.recall("alice", None, QUERY, now=NOW, params=SAFETY)
+    assert profile_of(got) == [daughter["id"], school["id"]]
+    assert all(m["demotion"] == 0 for m in got.profile)
+
+
+def test_a_stable_old_fact_with_no_newer_close_row_is_not_buried_by_the_defaults(db):
+    """'Has a daughter', said years ago, under many newer rows of its category that are not about it."""
+    daughter = insert(db, "alice", "Has a daughter, Lily", at_angle(10), category="relation", importance=0.9,
+                      age_days=900)
+    newer = [insert(db, "alice", f"friend {i}", plane(math.cos(math.radians(30)), 0, math.sin(math.radians(30)) *
+                                                     math.cos(i), math.sin(math.radians(30)) * math.sin(i)),
+                    category="relation", importance=0.9, age_days=i + 1) for i in range(8)]
+    assert all(cosine(daughter["embedding"], n["embedding"]) < 0.86 for n in newer)
+    play = insert(db, "alice", "Daughter's school play is Friday", at_angle(32), category="event", importance=0.5,
+                  age_days=1)  # close (cos 0.93), newer, but another category
+    assert cosine(daughter["embedding"], play["embedding"]) > 0.92
+    defaults = RecallParams.from_settings(recall.settings())
+    assert defaults.demote_similarity > 0.86 and defaults.demote_penalty > 0
+    for strategy in ("grouped", "recency", "composite"):
+        got = recall.recall("alice", None, QUERY, now=NOW, params=replace(defaults, strategy=strategy))
+        assert got.profile[0]["id"] == daughter["id"] and got.profile[0]["demotion"] == 0, strategy
+
+
+def test_a_row_outside_the_pool_is_not_compared(db):
+    """The pairwise check is bounded: only the pool's best rows are compared with each other."""
+    old = insert(db, "alice", "Works at a bank", at_angle(60), category="fact", importance=0.5, age_days=300)
+    new = insert(db, "alice", "Works at a school", at_angle(65), category="fact", importance=0.5, age_days=5)
+    for i in range(3):  # better rows that fill a pool of 3
+        insert(db, "alice", f"close {i}", at_angle(10 + i, axis=2), category="preference", importance=0.5)
+    small = recall.recall("alice", None, QUERY, now=NOW, params=replace(SAFETY, demote_pool=3, dedupe_similarity=2))
+    assert {m["id"]: m["demotion"] for m in small.profile}[old["id"]] == 0
+    assert profile_of(small)[-2:] == [old["id"], new["id"]]
+    large = recall.recall("alice", None, QUERY, now=NOW, params=replace(SAFETY, demote_pool=5, dedupe_similarity=2))
+    assert {m["id"]: m["demotion"] for m in large.profile}[old["id"]] == pytest.approx(0.2)
+    assert profile_of(large)[-2:] == [new["id"], old["id"]]
+
+
+def test_importance_breaks_a_tie(db):
+    same = at_angle(30)
+    low_id, high_id = sorted(uuid.uuid4() for _ in range(2))  # without importance, low would win the tie on id
+    low = insert(db, "alice", "Mother likes gardening", same, category="relation", importance=0.2, age_days=20,
+                 memory_id=low_id)
+    high = insert(db, "alice", "Mother keeps pushing her to marry", same, category="relation", importance=0.9,
+                  age_days=20, memory_id=high_id)
+    for strategy in ("grouped", "recency"):
+        plain = recall.recall("alice", None, QUERY, now=NOW,
+                              params=replace(SAFETY, strategy=strategy, importance_weight=0.0, dedupe_similarity=2))
+        assert profile_of(plain) == [low["id"], high["id"]]
+        weighted = recall.recall("alice", None, QUERY, now=NOW,
+                                 params=replace(SAFETY, strategy=strategy, importance_weight=0.02,
+                                                dedupe_similarity=2))
+        assert profile_of(weighted) == [high["id"], low["id"]]
+        top = weighted.profile[0]
+        assert top["importance_term"] == pytest.approx(0.02 * 0.9)
+        assert top["score"] - weighted.profile[1]["score"] == pytest.approx(0.02 * 0.7)
 
 
 # --- hygiene ------------------------------------------------------------------------------------------

@@ -43,19 +43,28 @@ def test_a_turn_recalls_profile_and_relationship_without_repeats(db, env, strate
 def test_the_configured_parameters_reach_recall(env):
     env(RECALL_STRATEGY="composite", RECALL_TOP_K="6", RECALL_CATEGORY_CAP="2", RECALL_DECAY_TAU_DAYS="45",
         RECALL_DECAY_FLOOR="0.4", RECALL_IMPORTANCE_FLOOR="0.7", RECALL_DECAY_LAMBDA="0.03",
-        RECALL_DEDUPE_SIMILARITY="0.9", RELATIONSHIP_TOP_K="3")
+        RECALL_DEDUPE_SIMILARITY="0.9", RELATIONSHIP_TOP_K="3", RECALL_IMPORTANCE_WEIGHT="0.04",
+        RECALL_DEMOTE_SIMILARITY="1.5", RECALL_DEMOTE_PENALTY="0.2", RECALL_DEMOTE_POOL="12")
     from eros.config import settings
 
     assert RecallParams.from_settings(settings()) == RecallParams(
         strategy="composite", per_category=2, top_k=6, category_cap=2, relationship_top_k=3, lam=0.03,
-        tau_days=45.0, floor=0.4, importance_floor=0.7, dedupe_similarity=0.9)
+        tau_days=45.0, floor=0.4, importance_floor=0.7, dedupe_similarity=0.9, importance_weight=0.04,
+        demote_similarity=1.5, demote_penalty=0.2, demote_pool=12)
 
 
 def test_bad_recall_settings_are_rejected():
     for bad in ({"recall_strategy": "newest"}, {"recall_decay_tau_days": 0}, {"recall_decay_floor": 1.5},
-                {"recall_top_k": 0}):
+                {"recall_top_k": 0}, {"recall_importance_weight": -0.01}, {"recall_importance_weight": 1.5},
+                {"recall_demote_similarity": 0}, {"recall_demote_similarity": 2.5},
+                {"recall_demote_penalty": -0.1}, {"recall_demote_penalty": 2}, {"recall_demote_pool": 0},
+                {"recall_demote_pool": 500}):
         with pytest.raises(ValueError):
             Settings.from_env({}, **bad)
+    # The edges are allowed: demotion off (threshold above 1, or no penalty), no importance term.
+    edge = Settings.from_env({}, recall_demote_similarity=2, recall_demote_penalty=0, recall_importance_weight=0,
+                             recall_demote_pool=200)
+    assert (edge.recall_demote_similarity, edge.recall_demote_penalty, edge.recall_importance_weight) == (2, 0, 0)
 
 
 def test_recall_params_defaults_are_the_settings_defaults():

@@ -22,6 +22,13 @@ exp(-age_days / tau)`` and importance 0.5 where a row has none:
 
 ``RECALL_CATEGORY_CAP`` (0: none) optionally caps any one category in the global strategies. The
 defaults are the winners of ``bench/recall_eval.py`` (see ``bench/results/recall_eval.md``).
+
+Every strategy then adds a small importance term, ``w * importance`` (``RECALL_IMPORTANCE_WEIGHT``),
+and subtracts ``RECALL_DEMOTE_PENALTY`` from an older profile row when a newer active row of the
+same category is at least ``RECALL_DEMOTE_SIMILARITY`` cosine-similar to it (checked among the
+``RECALL_DEMOTE_POOL`` best rows only): the read-time safety net for an update that write-time
+consolidation did not catch. It demotes, never hides; the relationship layer is not demoted.
+``eros.store.recall`` has the SQL and the exact rule.
 """
 
 from __future__ import annotations
@@ -53,6 +60,10 @@ class RecallParams:
     floor: float = 0.9
     importance_floor: float = 0.9
     dedupe_similarity: float = 0.95  # >= this cosine between two recalled rows: the same thing
+    importance_weight: float = 0.02  # score += w * importance (0.5 where missing)
+    demote_similarity: float = 0.9  # an older profile row this close to a newer one of its category...
+    demote_penalty: float = 0.05  # ...loses this much score (above 1 or 0: off)
+    demote_pool: int = 32  # ...checked among this many best rows only
 
     @classmethod
     def from_settings(cls, cfg: Settings) -> "RecallParams":
@@ -60,7 +71,9 @@ class RecallParams:
                    category_cap=cfg.recall_category_cap, relationship_top_k=cfg.relationship_top_k,
                    lam=cfg.recall_decay_lambda, tau_days=cfg.recall_decay_tau_days, floor=cfg.recall_decay_floor,
                    importance_floor=cfg.recall_importance_floor,
-                   dedupe_similarity=cfg.recall_dedupe_similarity)
+                   dedupe_similarity=cfg.recall_dedupe_similarity,
+                   importance_weight=cfg.recall_importance_weight, demote_similarity=cfg.recall_demote_similarity,
+                   demote_penalty=cfg.recall_demote_penalty, demote_pool=cfg.recall_demote_pool)
 
 
 @dataclass
@@ -77,16 +90,18 @@ def decay(age_days: float, tau_days: float) -> float:
 
 def score(strategy: str, similarity: float, age_days: float, importance: float | None,
           params: RecallParams) -> float:
+    """A row's undemoted score: the strategy's base score plus the additive importance term."""
+    weight = 0.5 if importance is None else importance
     if strategy == "grouped":
-        return similarity
-    d = decay(age_days, params.tau_days)
-    if strategy == "recency":
-        return similarity + params.lam * d
-    if strategy == "composite":
-        weight = 0.5 if importance is None else importance
-        return (similarity * (params.floor + (1 - params.floor) * d)
+        base = similarity
+    elif strategy == "recency":
+        base = similarity + params.lam * decay(age_days, params.tau_days)
+    elif strategy == "composite":
+        base = (similarity * (params.floor + (1 - params.floor) * decay(age_days, params.tau_days))
                 * (params.importance_floor + (1 - params.importance_floor) * weight))
-    raise ValueError(f"unknown recall strategy {strategy!r}")
+    else:
+        raise ValueError(f"unknown recall strategy {strategy!r}")
+    return base + params.importance_weight * weight
 
 
 # --- hygiene ------------------------------------------------------------------------------------
@@ -174,9 +189,10 @@ def recall(user_id: str, instance_id: UUID | None, query: list[float], *, histor
     # Over-fetch: hygiene may drop a few rows, and the prompt should still get its full quota.
     # The SQL's cost is the scan of the user's rows, not the length of the answer.
     common = {"now": now, "lam": p.lam, "tau_days": p.tau_days, "floor": p.floor,
-              "importance_floor": p.importance_floor}
+              "importance_floor": p.importance_floor, "importance_weight": p.importance_weight}
     profile = recall_store.ranked("profile", p.strategy, user_id, query, k=2 * k,
-                                  cap=2 * cap if cap else None, **common)
+                                  cap=2 * cap if cap else None, demote_similarity=p.demote_similarity,
+                                  demote_penalty=p.demote_penalty, demote_pool=p.demote_pool, **common)
     relationship = recall_store.ranked("relationship", p.strategy, user_id, query, k=2 * rel_k,
                                        instance_id=instance_id, **common) if rel_k > 0 else []
     hygiene = Hygiene([m["content"] for m in history] + ([message] if message else []), p.dedupe_similarity)

@@ -1,19 +1,40 @@
 """Recall ranking SQL: one statement per memory layer, for every strategy.
 
-All three strategies share one statement shape and differ only in the score expression:
+All three strategies share one statement shape and differ only in the base score expression:
 
-* ``grouped``   score = s                            (nearest first; a quota per category)
-* ``recency``   score = s + lambda * d               (a global top-K, optional per-category cap)
-* ``composite`` score = s * (floor + (1 - floor) * d) * (ifloor + (1 - ifloor) * importance)
-                                                     (likewise)
+* ``grouped``   base = s                            (nearest first; a quota per category)
+* ``recency``   base = s + lambda * d               (a global top-K, optional per-category cap)
+* ``composite`` base = s * (floor + (1 - floor) * d) * (ifloor + (1 - ifloor) * importance)
+                                                    (likewise)
 
 where ``s = 1 - (embedding <=> query)`` is the cosine similarity, ``d = exp(-age / tau)`` the
 decay and ``ifloor`` the importance floor (0: the plain ``s x decay x importance``; see
 ``eros.recall`` for why it exists). ``age`` runs from the row's ``created_at`` to "now" (a bound
 parameter, so the evaluation and the tests can ask at any date; the database's statement time
 otherwise). ``grouped`` is the
-same statement with the plain similarity as score, the quota as the per-category cap and no
+same statement with the plain similarity as base, the quota as the per-category cap and no
 global limit to speak of, so the one statement reproduces the original per-category recall.
+
+On top of the base, for every strategy (the read-time safety net of consolidation):
+
+    score = base + w * coalesce(importance, 0.5) - demotion
+
+* ``w`` (``importance_weight``) is a small *additive* importance term: it breaks near-ties toward
+  the important row without multiplying relevance away (a multiplier on e5's compressed cosine
+  scale lets an important but unrelated row win every query).
+* ``demotion`` is ``penalty`` for an older *profile* row that has a newer active row of the same
+  category within ``demote_similarity`` cosine of it (an update that write-time consolidation did
+  not catch: "lives in Shanghai" under "moved to Tokyo"), else 0. The row is demoted, not hidden.
+  The pairwise test runs only inside a bounded candidate pool: the ``pool`` best rows of the layer
+  by their undemoted score (base + importance term), pairs of the same category only. Rows outside
+  the pool keep their undemoted score (they rank below every pool row before demotion anyway). The
+  relationship layer holds raw utterances with no category and is never demoted.
+
+Every row comes back with its score parts, ``similarity``, ``recency_term``, ``importance_term`` and
+``demotion``, with ``score = similarity + recency_term + importance_term - demotion`` for every
+strategy (for ``composite`` the multiplicative factors are written as what they add: ``recency_term
+= s * decay_factor - s`` and the importance term includes ``s * decay_factor * (importance_factor
+- 1)``), so a caller can show why a row ranked.
 
 Ordering is ``score DESC, id``: equal scores fall back to the row's uuid, so the same rows in the
 same database always come back in the same order (the tests compare against a brute-force
@@ -32,15 +53,21 @@ from ..db import connection
 
 Strategy = Literal["grouped", "recency", "composite"]
 
-# The score expressions, over the columns of the `base` subquery below. Constants of ours only:
-# nothing user-supplied is ever formatted into SQL (all values are bound parameters).
-_SCORES: dict[str, str] = {
-    "grouped": "1 - distance",
-    "recency": "(1 - distance) + %(lam)s::float8 * decay",
-    # A row without importance (relationship utterances, rows written before extraction gave
-    # one) counts as 0.5: neither promoted nor buried.
-    "composite": "(1 - distance) * (%(floor)s::float8 + (1 - %(floor)s::float8) * decay)"
-                 " * (%(ifloor)s::float8 + (1 - %(ifloor)s::float8) * coalesce(importance, 0.5)::float8)",
+# The score parts, over the columns of the `base` subquery below: (base score, recency term,
+# importance term), with base + w * importance = similarity + recency term + importance term.
+# Constants of ours only: nothing user-supplied is ever formatted into SQL (all values are bound
+# parameters). A row without importance (relationship utterances, rows written before extraction
+# gave one) counts as 0.5: neither promoted nor buried.
+_IMPORTANCE = "coalesce(importance, 0.5)::float8"
+_TERM = f"%(iw)s::float8 * {_IMPORTANCE}"
+_DECAY_FACTOR = "(%(floor)s::float8 + (1 - %(floor)s::float8) * decay)"
+_IMPORTANCE_FACTOR = f"(%(ifloor)s::float8 + (1 - %(ifloor)s::float8) * {_IMPORTANCE})"
+_SCORES: dict[str, tuple[str, str, str]] = {
+    "grouped": ("1 - distance", "0::float8", _TERM),
+    "recency": ("(1 - distance) + %(lam)s::float8 * decay", "%(lam)s::float8 * decay", _TERM),
+    "composite": (f"(1 - distance) * {_DECAY_FACTOR} * {_IMPORTANCE_FACTOR}",
+                  f"(1 - distance) * {_DECAY_FACTOR} - (1 - distance)",
+                  f"(1 - distance) * {_DECAY_FACTOR} * ({_IMPORTANCE_FACTOR} - 1) + {_TERM}"),
 }
 
 # Which rows a layer recalls.
@@ -56,12 +83,31 @@ _LAYERS: dict[str, str] = {
     "relationship": "user_id = %(user)s AND instance_id = %(instance)s",
 }
 
+# The read-time demotion, profile layer only: `pool` is the layer's `pool` best rows by undemoted
+# score (LIMIT 0 when demotion is off: then it costs nothing), `demoted` those of them with a newer
+# row of the same category in the pool at least `dsim` cosine-similar. Comparing pool rows only
+# bounds the pairwise work at pool^2 / 2 distance computations, whatever the user's row count.
+_DEMOTION: dict[str, tuple[str, str]] = {
+    "profile": ("""
+pool AS (
+    SELECT id, category, created_at, embedding FROM scored ORDER BY undemoted DESC, id LIMIT %(pool)s
+), demoted AS (
+    SELECT a.id FROM pool a
+    WHERE EXISTS (SELECT 1 FROM pool b
+                  WHERE b.category = a.category AND b.created_at > a.created_at
+                    AND 1 - (a.embedding <=> b.embedding) >= %(dsim)s::float8)
+),""", "CASE WHEN id IN (SELECT id FROM demoted) THEN %(penalty)s::float8 ELSE 0::float8 END"),
+    "relationship": ("", "0::float8"),
+}
+
 # The statement. Why it is shaped like this:
 # * `base` computes the distance once per row (pgvector's <=> is the cost that matters) and the
 #   decay. The age is clamped at 0 (a row stamped a moment after the statement began is simply
 #   "new") and the exponent at 700: exp() of a float8 below about -745 raises "value out of
 #   range: underflow" in Postgres instead of returning 0, and a memory many tau old must still
 #   be recalled when it is the relevant one.
+# * `scored` adds the score parts and the undemoted score; the demotion CTEs (profile only) pick
+#   the pool from it; `ranked` subtracts the demotion.
 # * `capped` numbers each category's rows by score: the per-category quota of `grouped`, the
 #   optional cap of the global strategies. Relationship rows have no category: one partition.
 # * The outer ORDER BY ... LIMIT is the global top-K.
@@ -80,38 +126,50 @@ WITH base AS (
       AND superseded_at IS NULL
       AND created_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
 ), scored AS (
-    SELECT *, {score} AS score FROM base
+    SELECT *, {base} + {term} AS undemoted, {recency} AS recency_term, {importance} AS importance_term
+    FROM base
+),{pool}
+ranked AS (
+    SELECT *, undemoted - demotion AS score FROM (SELECT *, {demotion} AS demotion FROM scored) d
 ), capped AS (
     SELECT *, row_number() OVER (PARTITION BY category ORDER BY score DESC, id) AS category_rank
-    FROM scored
+    FROM ranked
 )
-SELECT id, content, category, importance, created_at, embedding, distance, decay, score
+SELECT id, content, category, importance, created_at, embedding, distance, decay,
+       1 - distance AS similarity, recency_term, importance_term, demotion, score
 FROM capped
 WHERE category_rank <= %(cap)s
 ORDER BY score DESC, id
 LIMIT %(k)s
 """
 
-_STATEMENTS = {(layer, strategy): _TEMPLATE.format(layer=where, score=score)
-               for layer, where in _LAYERS.items() for strategy, score in _SCORES.items()}
+_STATEMENTS = {(layer, strategy): _TEMPLATE.format(layer=where, base=base, term=_TERM, recency=recency,
+                                                   importance=importance, pool=_DEMOTION[layer][0],
+                                                   demotion=_DEMOTION[layer][1])
+               for layer, where in _LAYERS.items() for strategy, (base, recency, importance) in _SCORES.items()}
 
 
 def ranked(layer: Literal["profile", "relationship"], strategy: Strategy, user_id: str, query: list[float], *,
            k: int, cap: int | None = None, instance_id: UUID | None = None, now: datetime | None = None,
-           lam: float = 0.0, tau_days: float = 30.0, floor: float = 0.0, importance_floor: float = 0.0
-           ) -> list[dict]:
+           lam: float = 0.0, tau_days: float = 30.0, floor: float = 0.0, importance_floor: float = 0.0,
+           importance_weight: float = 0.0, demote_similarity: float = 2.0, demote_penalty: float = 0.0,
+           demote_pool: int = 0) -> list[dict]:
     """The layer's top ``k`` rows by the strategy's score, at most ``cap`` per category (None: no cap).
 
-    One round trip. Rows carry their embedding (for near-duplicate checks), distance, decay and
-    score. ``now`` None means the database's statement time.
+    One round trip. Rows carry their embedding (for near-duplicate checks), distance, decay, the
+    score parts (similarity, recency_term, importance_term, demotion) and score. ``now`` None means
+    the database's statement time. Demotion (profile layer) is off when ``demote_similarity`` is
+    above 1, the penalty is 0 or the pool is empty; the defaults here are all "off".
     """
     if k <= 0 or (layer == "relationship" and instance_id is None):
         return []
     if tau_days <= 0:
         raise ValueError("tau_days must be positive")
+    demoting = demote_similarity <= 1 and demote_penalty > 0 and demote_pool > 0
     params = {"q": Vector(list(query)), "user": user_id, "instance": instance_id, "now": now, "lam": lam,
-              "tau": tau_days, "floor": floor, "ifloor": importance_floor, "k": k,
-              "cap": cap if cap and cap > 0 else k}
+              "tau": tau_days, "floor": floor, "ifloor": importance_floor, "iw": importance_weight,
+              "dsim": demote_similarity, "penalty": demote_penalty, "pool": demote_pool if demoting else 0,
+              "k": k, "cap": cap if cap and cap > 0 else k}
     # Binary results: the embeddings come back as packed floats, not 512 numbers in text to parse.
     with connection().cursor(binary=True) as cur:
         return cur.execute(_STATEMENTS[(layer, strategy)], params).fetchall()
