@@ -27,7 +27,7 @@ def invoke(function: str, payload: dict) -> dict:
 def test_every_event_file_is_covered_here():
     assert {p.name for p in EVENTS.glob("*.json")} == {
         "chat_health.json", "chat_personas.json", "chat_turn.json", "sweeper_schedule.json",
-        "extract_session.json", "migrate_create.json"}
+        "extract_session.json", "extract_deep_pass.json", "migrate_create.json"}
 
 
 def seed_session_of_the_sample_events(db) -> dict:
@@ -78,6 +78,25 @@ def test_extract_session_event_extracts_the_claimed_session(db):
 
 def test_extract_session_event_without_its_claim_does_nothing(db):
     assert invoke("extract", event("extract_session.json"))["outcome"] == "not-claimed"
+
+
+def test_extract_deep_pass_event_runs_the_claimed_users_pass(db):
+    from pgvector import Vector
+
+    from eros.providers.offline import hash_embed
+
+    sample = event("extract_deep_pass.json")
+    assert invoke("extract", sample)["outcome"] == "not-claimed"  # no such claim: nothing to do
+    for days in (3, 2, 1):  # the same fact noted in three sessions
+        db.execute("INSERT INTO engine.companion_memories (user_id, content, embedding, category, created_at)"
+                   " VALUES (%s, 'Lives in Lisbon', %s, 'fact', now() - make_interval(days => %s))",
+                   (sample["user_id"], Vector(hash_embed("Lives in Lisbon")), days))
+    db.execute("INSERT INTO engine.user_consolidation (user_id, changed_at, claimed_at, attempts)"
+               " VALUES (%s, now() - interval '2 hours', %s, 1)",
+               (sample["user_id"], datetime.fromisoformat(sample["claim_token"])))
+    result = invoke("extract", sample)
+    assert (result["outcome"], result["merged"]) == ("consolidated", 2)
+    assert invoke("extract", sample)["outcome"] == "not-claimed"  # a duplicate delivery
 
 
 @pytest.mark.parametrize("bad", [{}, {"session_id": "x"}, {**event("extract_session.json"), "claim_token": "soon"},

@@ -77,6 +77,16 @@ class Settings(BaseModel):
     dreaming_max_attempts: int = Field(5, ge=1)
     extract_function_name: str | None = None
 
+    # --- deep pass (eros.deep_pass: per-user consolidation across sessions) --------------------
+    deep_pass_quiet_secs: int = Field(3600, ge=0)  # a user's memory unchanged this long before a pass
+    deep_pass_claim_stale_secs: int = Field(600, ge=1)  # a claim older than this is taken again
+    deep_pass_tick_cap: int = Field(200, ge=0)  # most users one sweep claims (0 = no deep pass)
+    deep_pass_max_attempts: int = Field(5, ge=1)
+    deep_pass_max_rows: int = Field(300, ge=2, le=5000)  # the user's most recent active profile rows read
+    deep_pass_similarity: float = Field(0.75, gt=0, le=1)  # cosine at which two rows share a cluster
+    deep_pass_max_shown: int = Field(40, ge=2, le=200)  # rows shown to the model (handles m1..mN)
+    deep_pass_max_supersessions: int = Field(20, ge=0)  # rows one pass may supersede, whatever it is told
+
     # --- local stack ----------------------------------------------------------------
     jwt_issuer: str = "http://127.0.0.1:3000/local"
     jwt_audience: str = "eros-local"

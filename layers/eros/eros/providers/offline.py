@@ -66,7 +66,10 @@ class OfflineChat:
     def complete(self, model: str, messages: list[dict], *, max_tokens: int = 600, temperature: float = 0.7,
                  deadline=None, json_mode: bool = False) -> Completion:
         last_user = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
-        if json_mode:
+        from .. import deep_pass  # the offline deep-pass planner lives with the deep pass
+        if json_mode and messages and messages[0]["content"] == deep_pass.SYSTEM_PROMPT:
+            text = json.dumps({"actions": deep_pass.offline_actions(last_user)}, ensure_ascii=False)
+        elif json_mode:
             from ..extraction import offline_candidates  # the offline extractor lives with extraction
             text = json.dumps({"memories": offline_candidates(last_user)}, ensure_ascii=False)
         else:

@@ -1,0 +1,214 @@
+"""The deep pass's data access: claim users, read a user's candidate clusters, apply a plan guarded.
+
+A user is claimed like a session (``store.dreaming``): one UPDATE ... FOR UPDATE SKIP LOCKED, the
+claim's ``claimed_at`` is the fencing token, and every later write of that pass locks the user's
+``engine.user_consolidation`` row and re-checks the token. A duplicate delivery, a retry after
+success, or a worker whose claim went stale and was re-claimed by another, writes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from uuid import UUID
+
+from psycopg.types.json import Jsonb
+
+from ..db import connection, transaction
+from . import consolidation
+
+_TICK = timedelta(microseconds=1)  # timestamptz resolution
+
+# Due: the memory changed since the last pass. Quiet: not changed for a while (a pass per burst of
+# sessions, not per session). Free, or claimed so long ago that the worker is presumed dead. The
+# claim is stamped with the application clock the cut-offs come from (as sessions are).
+_CLAIM = """
+UPDATE engine.user_consolidation
+SET claimed_at = %(now)s,
+    attempts = attempts + 1
+WHERE user_id IN (
+    SELECT user_id FROM engine.user_consolidation
+    WHERE (consolidated_at IS NULL OR consolidated_at < changed_at)
+      AND changed_at < %(quiet_before)s
+      AND (claimed_at IS NULL OR claimed_at < %(stale_before)s)
+    ORDER BY changed_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING user_id, claimed_at AS claim_token
+"""
+
+
+def claim_users(quiet_before: datetime, stale_before: datetime, limit: int,
+                now: datetime | None = None) -> list[dict]:
+    """Claim up to ``limit`` users whose deep pass is due; ``now`` stamps the claim (the token)."""
+    if limit <= 0:
+        return []
+    now = now or datetime.now(timezone.utc)
+    return connection().execute(_CLAIM, {"quiet_before": quiet_before, "stale_before": stale_before,
+                                         "limit": limit, "now": now}).fetchall()
+
+
+def release(user_id: str, claim_token: datetime) -> bool:
+    """Give a claim back (its invoke failed), the attempt not counted."""
+    row = connection().execute(
+        "UPDATE engine.user_consolidation SET claimed_at = NULL, attempts = greatest(attempts - 1, 0)"
+        " WHERE user_id = %s AND claimed_at = %s RETURNING user_id",
+        (user_id, claim_token),
+    ).fetchone()
+    return row is not None
+
+
+def claimed_user(user_id: str, claim_token: datetime) -> dict | None:
+    """The user's consolidation row if this claim still holds it (None: duplicate, done, re-claimed)."""
+    return connection().execute(
+        "SELECT user_id, changed_at, attempts FROM engine.user_consolidation"
+        " WHERE user_id = %s AND claimed_at = %s",
+        (user_id, claim_token),
+    ).fetchone()
+
+
+def record_failure(user_id: str, claim_token: datetime, error: str) -> None:
+    """Note a retryable failure; the claim stays (Lambda's retry reuses it; if all fail it goes stale)."""
+    connection().execute(
+        "UPDATE engine.user_consolidation SET error = %s WHERE user_id = %s AND claimed_at = %s",
+        (error[:1000], user_id, claim_token),
+    )
+
+
+# --- what the pass reads ----------------------------------------------------------------------------
+@dataclass
+class Snapshot:
+    """The user's recent active profile rows and the close pairs among them, as read at ``read_at``.
+
+    ``seen_changed_at`` is the user's ``changed_at`` read just before the rows: if it moved by the
+    time the plan is applied, something changed that the pass may not have seen."""
+
+    read_at: datetime
+    seen_changed_at: datetime | None
+    rows: dict[UUID, dict] = field(default_factory=dict)
+    pairs: list[tuple[UUID, UUID, float]] = field(default_factory=list)
+
+
+# The user's most recent active profile rows (an exact scan through the partial profile index), and
+# every pair among them at least ``similarity`` apart by cosine. 300 rows are 45k distances of
+# 512-d vectors: a few tens of milliseconds, computed where the vectors are.
+_ROWS = """
+SELECT id, content, category, importance, mention_count, created_at, last_confirmed_at
+FROM engine.companion_memories
+WHERE user_id = %(user)s AND instance_id IS NULL AND superseded_at IS NULL
+ORDER BY created_at DESC, id
+LIMIT %(limit)s
+"""
+_PAIRS = """
+WITH recent AS (
+    SELECT id, embedding FROM engine.companion_memories
+    WHERE id = ANY(%(ids)s) AND user_id = %(user)s AND instance_id IS NULL
+)
+SELECT a.id AS a, b.id AS b, 1 - (a.embedding <=> b.embedding) AS similarity
+FROM recent a JOIN recent b ON a.id < b.id
+WHERE (a.embedding <=> b.embedding) <= 1 - %(similarity)s
+"""
+
+
+def snapshot(user_id: str, max_rows: int, similarity: float) -> Snapshot:
+    conn = connection()
+    state = conn.execute(
+        "SELECT clock_timestamp() AS read_at,"
+        " (SELECT changed_at FROM engine.user_consolidation WHERE user_id = %s) AS changed_at",
+        (user_id,),
+    ).fetchone()
+    rows = conn.execute(_ROWS, {"user": user_id, "limit": max_rows}).fetchall()
+    found = Snapshot(read_at=state["read_at"], seen_changed_at=state["changed_at"],
+                     rows={r["id"]: r for r in rows})
+    if len(rows) >= 2:
+        pairs = conn.execute(_PAIRS, {"ids": list(found.rows), "user": user_id,
+                                      "similarity": similarity}).fetchall()
+        found.pairs = [(p["a"], p["b"], float(p["similarity"])) for p in pairs]
+    return found
+
+
+# --- the one guarded write --------------------------------------------------------------------------
+@dataclass
+class Applied:
+    merged: int = 0  # rows superseded as duplicates of a kept row
+    superseded: int = 0  # rows superseded as changed facts
+    ignored: int = 0  # asked for, but not applicable when written (superseded meanwhile, not the user's)
+
+
+def _lock(conn, user_id: str, claim_token: datetime) -> dict | None:
+    return conn.execute(
+        "SELECT user_id, changed_at FROM engine.user_consolidation WHERE user_id = %s AND claimed_at = %s"
+        " FOR UPDATE",
+        (user_id, claim_token),
+    ).fetchone()
+
+
+def _stamp(conn, user_id: str, consolidated_at, error: str | None) -> None:
+    conn.execute(
+        "UPDATE engine.user_consolidation SET consolidated_at = %s, claimed_at = NULL, attempts = 0, error = %s"
+        " WHERE user_id = %s",
+        (consolidated_at, error and error[:1000], user_id),
+    )
+
+
+def apply(user_id: str, claim_token: datetime, actions: list[tuple[str, UUID, list[UUID]]],
+          snap: Snapshot, error: str | None = None) -> Applied | None:
+    """ONE transaction: apply the plan and stamp the user, only if the claim still holds.
+
+    ``actions`` are (kind, survivor, targets) in order, kind ``duplicate`` (targets merged into the
+    survivor, which is confirmed with their mentions) or ``changed`` (targets replaced by the
+    survivor). Only the user's own active profile rows are touched; a survivor that is no longer
+    active drops its action. The user is stamped consolidated as of ``snap.read_at``, or just before
+    the change that moved ``changed_at`` since the rows were read, so that change makes the user due
+    again. Returns None when the claim was lost (nothing written).
+    """
+    applied = Applied()
+    with transaction() as conn:
+        state = _lock(conn, user_id, claim_token)
+        if state is None:
+            return None
+        ids = list({i for _, survivor, targets in actions for i in (survivor, *targets)})
+        live = {r["id"]: r for r in conn.execute(
+            "SELECT id, mention_count, importance FROM engine.companion_memories"
+            " WHERE id = ANY(%s) AND user_id = %s AND instance_id IS NULL AND superseded_at IS NULL"
+            " ORDER BY id FOR UPDATE",
+            (ids, user_id),
+        ).fetchall()} if ids else {}
+        for kind, survivor, targets in actions:
+            if survivor not in live:
+                applied.ignored += len(targets)
+                continue
+            done = consolidation.supersede(conn, user_id, survivor, targets, kind)
+            applied.ignored += len(targets) - len(done)
+            if not done:
+                continue
+            conn.execute(
+                "UPDATE engine.companion_memories SET metadata = metadata || %s WHERE id = ANY(%s)",
+                (Jsonb({"superseded_in": "deep_pass"}), done),
+            )
+            gone = [live.pop(i) for i in done]
+            if kind == "duplicate":
+                applied.merged += len(done)
+                importance = max((g["importance"] for g in gone if g["importance"] is not None), default=None)
+                consolidation.confirm(conn, user_id, survivor, importance, sum(g["mention_count"] for g in gone))
+            else:
+                applied.superseded += len(done)
+        consolidated_at = snap.read_at
+        if snap.seen_changed_at is None or state["changed_at"] != snap.seen_changed_at:
+            consolidated_at = min(snap.read_at, state["changed_at"] - _TICK)
+        _stamp(conn, user_id, consolidated_at, error)
+    return applied
+
+
+def give_up(user_id: str, claim_token: datetime, error: str) -> bool:
+    """Stamp the user with the error without a pass (attempts exhausted); the next change retries."""
+    with transaction() as conn:
+        if _lock(conn, user_id, claim_token) is None:
+            return False
+        conn.execute(
+            "UPDATE engine.user_consolidation SET consolidated_at = greatest(now(), changed_at),"
+            " claimed_at = NULL, attempts = 0, error = %s WHERE user_id = %s",
+            (error[:1000], user_id),
+        )
+    return True
