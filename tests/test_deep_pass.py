@@ -25,7 +25,7 @@ import pytest
 from pgvector import Vector
 from pydantic import ValidationError
 
-from eros import deep_pass
+from eros import deep_pass, dreaming
 from eros.config import settings
 from eros.local import LambdaContext, load_function
 from eros.providers import ProviderError
@@ -33,6 +33,7 @@ from eros.providers.offline import hash_embed
 from eros.store import consolidation
 from eros.store import deep_pass as store
 from fakes import Status, fake_llm, fake_voyage  # noqa: F401 (pytest fixtures)
+from test_sweeper_fanout import FUNCTION, Invocations, aws, emitted_metrics, sweeper, tick  # noqa: F401
 
 UTC = timezone.utc
 EVENTS = Path(__file__).resolve().parents[1] / "events"
@@ -472,7 +473,46 @@ def test_a_claim_beyond_the_attempts_cap_gives_up_without_a_model_call(db, llm, 
     assert not state(db, "alice")["is_due"]
 
 
-# --- the handler ---------------------------------------------------------------------------------
+# --- the sweep and the handler ---------------------------------------------------------------------------------
+
+def test_sweep_claims_due_users_after_sessions_and_runs_their_pass_in_process(db, env):
+    env(DEEP_PASS_TICK_CAP=2, DREAMING_BATCH_SIZE=1)
+    for user in ("alice", "bob", "carol"):
+        copies(db, user, "Lives in Shanghai", 3)
+        due(db, user)
+    invoker = dreaming.InProcessInvoker(load_function("extract").lambda_handler)
+    result = dreaming.sweep(settings(), invoker)
+    invoker.wait()
+    assert (result.claimed, result.users_claimed, result.deep_pass_invoked, result.deep_pass_invoke_failures) == (
+        0, 2, 2, 0)
+    assert sorted(u for u in ("alice", "bob", "carol") if len(active(db, u)) == 1) == ["alice", "bob"]
+    assert dreaming.sweep_locally(settings())["users_claimed"] == 1  # the tick cap left carol for the next tick
+    assert len(active(db, "carol")) == 1 and active(db, "carol")[0]["mention_count"] == 3
+    assert dreaming.sweep_locally(settings())["users_claimed"] == 0
+
+
+def test_sweep_invokes_deep_pass_payloads_through_lambda_and_releases_failed_ones(aws, db, capsys):
+    copies(db, "alice", "Lives in Shanghai", 2)
+    copies(db, "bob", "Lives in Shanghai", 2)
+    due(db, "alice", changed_ago=timedelta(hours=3))
+    due(db, "bob", changed_ago=timedelta(hours=2))
+    aws.fail = lambda payload: payload["user_id"] == "bob"
+    capsys.readouterr()
+    result = tick()
+    assert (result["users_claimed"], result["deep_pass_invoked"], result["deep_pass_invoke_failures"]) == (2, 1, 1)
+    found = emitted_metrics(capsys.readouterr().out)
+    assert (found["UsersClaimed"], found["DeepPassInvoked"], found["DeepPassInvokeFailures"]) == (2, 1, 1)
+    [call] = aws.calls
+    assert (call["function"], call["type"], call["status"]) == (FUNCTION, "Event", 202)
+    sent = call["received"]
+    assert sent == {"kind": "deep_pass", "user_id": "alice", "claim_token": sent["claim_token"]}
+    assert datetime.fromisoformat(sent["claim_token"]) == state(db, "alice")["claimed_at"]
+    assert state(db, "bob")["claimed_at"] is None and state(db, "bob")["attempts"] == 0  # released
+    # What moto's Lambda received is what the extract function runs on.
+    assert extract(sent)["merged"] == 1 and len(active(db, "alice")) == 1
+    aws.fail = None
+    assert tick()["deep_pass_invoked"] == 1 and aws.calls[-1]["received"]["user_id"] == "bob"
+
 
 def test_the_sample_deep_pass_event_is_what_the_sweeper_sends(db):
     sample = json.loads((EVENTS / "extract_deep_pass.json").read_text())
@@ -553,3 +593,58 @@ def test_offline_planner_merges_repeats_and_lets_the_newest_slot_value_win():
     assert deep_pass.offline_actions(deep_pass.render(groups)) == [
         {"keep": "m1", "duplicates": ["m2"]}, {"current": "m3", "supersedes": ["m1"]},
         {"keep": "m6", "duplicates": ["m5"]}]
+
+
+def test_template_parameters_are_the_codes_defaults():
+    import yaml
+
+    from eros.config import Settings
+    from test_template import CfnLoader
+
+    template = yaml.load((EVENTS.parent / "template.yaml").read_text(), Loader=CfnLoader)
+    params, defaults = template["Parameters"], Settings()
+    assert params["DeepPassQuietSecs"]["Default"] == defaults.deep_pass_quiet_secs == 3600
+    assert params["DeepPassTickCap"]["Default"] == defaults.deep_pass_tick_cap
+    variables = template["Globals"]["Function"]["Environment"]["Variables"]
+    assert variables["DEEP_PASS_QUIET_SECS"] == {"Ref": "DeepPassQuietSecs"}
+    assert variables["DEEP_PASS_TICK_CAP"] == {"Ref": "DeepPassTickCap"}
+    assert variables["DEEP_PASS_CLAIM_STALE_SECS"] == {"Ref": "DreamingClaimStaleSecs"}  # >= extract's lifetime
+
+
+# --- end to end ---------------------------------------------------------------------------------------------
+
+def test_what_two_sessions_wrote_twice_is_merged_by_the_next_quiet_sweep(db, env, fake_llm, fake_voyage):
+    """Chat, dreaming and the deep pass through the real handlers: the extraction model misses that a fact
+    is already known (two rows); once the user has been quiet for DEEP_PASS_QUIET_SECS a sweep runs the
+    pass, one LLM call, and one row is left, confirmed twice."""
+    from apiclient import Api
+
+    wordings = iter(["Lives in Shanghai", "Lives in Shanghai, China"])
+
+    def model(body):
+        if body["messages"][0]["content"] == deep_pass.SYSTEM_PROMPT:
+            return json.dumps({"actions": [{"keep": "m1", "duplicates": ["m2"]}]})
+        if body.get("response_format"):
+            return json.dumps({"memories": [{"content": next(wordings), "category": "fact", "importance": 0.6}]})
+        return "fake reply"
+
+    fake_llm.responder = model
+    env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="k", EMBED_BASE_URL=fake_voyage.url, VOYAGE_API_KEY="k",
+        PROVIDER_MAX_RETRIES=0)
+    api = Api()
+    for said in ("I live in Shanghai.", "Shanghai is home for me."):
+        sid = api.session()
+        assert api.call("POST", f"/v1/sessions/{sid}/turns", {"content": said})[0] == 200
+        db.execute("UPDATE engine.chat_sessions SET last_active_at = last_active_at - interval '1 hour'")
+        assert dreaming.sweep_locally(settings())["invoked"] == 1
+    assert len(active(db, "alice")) == 2 and state(db, "alice")["is_due"]
+    assert dreaming.sweep_locally(settings())["users_claimed"] == 0  # changed just now: not quiet yet
+
+    db.execute("UPDATE engine.user_consolidation SET changed_at = changed_at - interval '2 hours'")
+    calls = fake_llm.calls
+    result = dreaming.sweep_locally(settings())
+    assert (result["claimed"], result["users_claimed"], result["deep_pass_invoked"]) == (0, 1, 1)
+    assert fake_llm.calls == calls + 1
+    [kept] = active(db, "alice")
+    assert (kept["content"], kept["mention_count"]) == ("Lives in Shanghai", 2)
+    assert dreaming.sweep_locally(settings())["users_claimed"] == 0

@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FUNCTION = "eros-extract"
 UTC = timezone.utc
 PAYLOAD_KEYS = {"session_id", "user_id", "instance_id", "claim_token"}
+NO_USERS = {"users_claimed": 0, "deep_pass_invoked": 0, "deep_pass_invoke_failures": 0}  # no deep pass due
+NO_USER_METRICS = {"UsersClaimed": 0, "DeepPassInvoked": 0, "DeepPassInvokeFailures": 0}
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -181,9 +183,9 @@ def test_scheduled_tick_invokes_extract_once_per_claimed_session_and_extract_acc
     capsys.readouterr()
 
     result = tick()
-    assert result == {"claimed": 5, "invoked": 5, "invoke_failures": 0, "batches": 1, "stopped_by": "drained"}
+    assert result == {"claimed": 5, "invoked": 5, "invoke_failures": 0, "batches": 1, "stopped_by": "drained"} | NO_USERS
     assert emitted_metrics(capsys.readouterr().out) == {"SessionsClaimed": 5, "ExtractInvoked": 5,
-                                                        "ExtractInvokeFailures": 0}
+                                                        "ExtractInvokeFailures": 0} | NO_USER_METRICS
 
     assert len(aws.calls) == 5
     for call in aws.calls:
@@ -228,9 +230,9 @@ def test_failed_invoke_releases_that_claim_and_stops_the_tick(aws, sweeper, env,
     capsys.readouterr()
     result = tick(timeout_secs=15)  # a hot loop would spin for the whole (5 s) budget
     assert result == {"claimed": 2, "invoked": 1, "invoke_failures": 1, "batches": 1,
-                      "stopped_by": "invoke failures"}  # no further batch: no hot loop
+                      "stopped_by": "invoke failures"} | NO_USERS  # no further batch: no hot loop
     assert emitted_metrics(capsys.readouterr().out) == {"SessionsClaimed": 2, "ExtractInvoked": 1,
-                                                        "ExtractInvokeFailures": 1}
+                                                        "ExtractInvokeFailures": 1} | NO_USER_METRICS
     [sent] = aws.received
     state = claims(db)
     released = next(s for s in first_batch if str(s) == failing[0])
@@ -254,7 +256,7 @@ def test_invoking_a_missing_extract_function_releases_every_claim(sweeper, env, 
         for _ in range(2):  # and the next tick finds them claimable again
             result = tick(timeout_secs=15)
             assert result == {"claimed": 3, "invoked": 0, "invoke_failures": 3, "batches": 1,
-                              "stopped_by": "invoke failures"}
+                              "stopped_by": "invoke failures"} | NO_USERS
             assert claims(db) == {s: (None, 0) for s in sessions}
 
 
@@ -274,7 +276,7 @@ def test_one_tick_drains_a_backlog_many_batches_long(aws, env, db, capsys):
     capsys.readouterr()
     result = tick()
     assert result == {"claimed": 1250, "invoked": 1250, "invoke_failures": 0, "batches": 13,
-                      "stopped_by": "drained"}
+                      "stopped_by": "drained"} | NO_USERS
     assert emitted_metrics(capsys.readouterr().out)["SessionsClaimed"] == 1250
     sent = [p["session_id"] for p in aws.received]
     assert len(sent) == len(set(sent)) == 1250 and set(sent) == {str(s) for s in sessions}
@@ -284,11 +286,11 @@ def test_one_tick_drains_a_backlog_many_batches_long(aws, env, db, capsys):
 def test_tick_cap_stops_the_sweep_and_the_next_tick_continues_oldest_first(aws, env, db):
     env(DREAMING_BATCH_SIZE=100, DREAMING_TICK_CAP=250)
     sessions = idle_sessions(db, 600)
-    assert tick() == {"claimed": 250, "invoked": 250, "invoke_failures": 0, "batches": 3, "stopped_by": "tick cap"}
+    assert tick() == {"claimed": 250, "invoked": 250, "invoke_failures": 0, "batches": 3, "stopped_by": "tick cap"} | NO_USERS
     assert {p["session_id"] for p in aws.received} == {str(s) for s in sessions[:250]}  # the longest idle first
     assert tick()["claimed"] == 250
     assert {p["session_id"] for p in aws.received[250:]} == {str(s) for s in sessions[250:500]}
-    assert tick() == {"claimed": 100, "invoked": 100, "invoke_failures": 0, "batches": 1, "stopped_by": "drained"}
+    assert tick() == {"claimed": 100, "invoked": 100, "invoke_failures": 0, "batches": 1, "stopped_by": "drained"} | NO_USERS
 
 
 def test_time_budget_stops_the_sweep_between_batches(aws, env, db):
@@ -344,7 +346,7 @@ def test_extract_session_event_is_not_claimed_until_its_session_holds_that_claim
 def test_sweeper_schedule_event_runs_a_sweep_through_the_handler(aws, db):
     sample = event("sweeper_schedule.json")
     assert sample["detail-type"] == "Scheduled Event"
-    assert tick() == {"claimed": 0, "invoked": 0, "invoke_failures": 0, "batches": 0, "stopped_by": "drained"}
+    assert tick() == {"claimed": 0, "invoked": 0, "invoke_failures": 0, "batches": 0, "stopped_by": "drained"} | NO_USERS
     [sid] = idle_sessions(db, 1)
     assert tick()["invoked"] == 1
     assert [p["session_id"] for p in aws.received] == [str(sid)]

@@ -23,7 +23,8 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Callable
 from uuid import UUID
 
 from .config import Settings
@@ -332,3 +333,39 @@ def _give_up(user_id: str, claim_token: datetime, error: str) -> DeepPassResult:
     metrics.add_metric(name="DeepPassGaveUp", unit="Count", value=1)
     return DeepPassResult(user_id, "gave-up")
 
+
+# --- the sweep's part -------------------------------------------------------------------------------------
+@dataclass
+class UserSweep:
+    claimed: int = 0
+    invoked: int = 0
+    invoke_failures: int = 0
+
+
+def sweep_users(cfg: Settings, invoke: Callable[[dict], None], now: Callable[[], datetime],
+                out_of_time: Callable[[], bool]) -> UserSweep:
+    """Claim users whose deep pass is due, batch after batch up to DEEP_PASS_TICK_CAP, and invoke one
+    deep pass each (the extract function, ``kind: deep_pass``). A failed invoke gives its claim back
+    and ends this part of the tick (no hot loop)."""
+    swept = UserSweep()
+    while swept.claimed < cfg.deep_pass_tick_cap and not out_of_time():
+        moment = now()
+        batch = store.claim_users(quiet_before=moment - timedelta(seconds=cfg.deep_pass_quiet_secs),
+                                  stale_before=moment - timedelta(seconds=cfg.deep_pass_claim_stale_secs),
+                                  limit=min(cfg.dreaming_batch_size, cfg.deep_pass_tick_cap - swept.claimed),
+                                  now=moment)
+        if not batch:
+            break
+        swept.claimed += len(batch)
+        for row in batch:
+            try:
+                invoke(payload(row))
+                swept.invoked += 1
+            except Exception as exc:  # any invoke failure: give the claim back for the next tick
+                swept.invoke_failures += 1
+                store.release(row["user_id"], row["claim_token"])
+                logger.warning("deep-pass invoke failed; claim released",
+                               extra={"user_id": row["user_id"], "error": repr(exc)[:300]})
+        if swept.invoke_failures:
+            break
+    return swept

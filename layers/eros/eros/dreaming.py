@@ -43,7 +43,10 @@ class SweepResult:
     invoked: int = 0
     invoke_failures: int = 0
     batches: int = 0
-    stopped_by: str = "drained"
+    stopped_by: str = "drained"  # what ended the sessions' part of the tick
+    users_claimed: int = 0  # the deep pass: users claimed and invoked (kind "deep_pass") after the sessions
+    deep_pass_invoked: int = 0
+    deep_pass_invoke_failures: int = 0
 
 
 def extract_payload(row: dict) -> dict:
@@ -53,7 +56,10 @@ def extract_payload(row: dict) -> dict:
 
 def sweep(cfg: Settings, invoke: Invoker, *, now: Callable[[], datetime] | None = None,
           time_budget_secs: float = 60.0) -> SweepResult:
-    """Claim idle sessions batch after batch and invoke one extraction per session."""
+    """Claim idle sessions batch after batch and invoke one extraction per session; then, unless the
+    tick ran out of time or invokes fail, claim users whose deep pass is due and invoke one pass each."""
+    from . import deep_pass  # the per-user pass rides on the same tick and the same extract function
+
     now = now or (lambda: datetime.now(timezone.utc))
     started = time.monotonic()
     result = SweepResult()
@@ -86,9 +92,16 @@ def sweep(cfg: Settings, invoke: Invoker, *, now: Callable[[], datetime] | None 
         if result.invoke_failures > failed_before:
             result.stopped_by = "invoke failures"  # don't re-claim the released sessions in a hot loop
             break
+    if result.stopped_by in ("drained", "tick cap"):
+        users = deep_pass.sweep_users(cfg, invoke, now, lambda: time.monotonic() - started > time_budget_secs)
+        result.users_claimed, result.deep_pass_invoked = users.claimed, users.invoked
+        result.deep_pass_invoke_failures = users.invoke_failures
     metrics.add_metric(name="SessionsClaimed", unit="Count", value=result.claimed)
     metrics.add_metric(name="ExtractInvoked", unit="Count", value=result.invoked)
     metrics.add_metric(name="ExtractInvokeFailures", unit="Count", value=result.invoke_failures)
+    metrics.add_metric(name="UsersClaimed", unit="Count", value=result.users_claimed)
+    metrics.add_metric(name="DeepPassInvoked", unit="Count", value=result.deep_pass_invoked)
+    metrics.add_metric(name="DeepPassInvokeFailures", unit="Count", value=result.deep_pass_invoke_failures)
     logger.info("sweep done", extra=asdict(result))
     return result
 
