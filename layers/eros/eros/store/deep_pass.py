@@ -165,9 +165,8 @@ def apply(user_id: str, claim_token: datetime, actions: list[tuple[str, UUID, li
     """
     applied = Applied()
     with transaction() as conn:
-        state = _lock(conn, user_id, claim_token)
-        if state is None:
-            return None
+        # The memory rows first, then the user's row: the order session-end dreaming takes them in
+        # (it supersedes rows, then marks the user changed), so the two never wait on each other in a cycle.
         ids = list({i for _, survivor, targets in actions for i in (survivor, *targets)})
         live = {r["id"]: r for r in conn.execute(
             "SELECT id, mention_count, importance FROM engine.companion_memories"
@@ -175,6 +174,9 @@ def apply(user_id: str, claim_token: datetime, actions: list[tuple[str, UUID, li
             " ORDER BY id FOR UPDATE",
             (ids, user_id),
         ).fetchall()} if ids else {}
+        state = _lock(conn, user_id, claim_token)
+        if state is None:
+            return None
         for kind, survivor, targets in actions:
             if survivor not in live:
                 applied.ignored += len(targets)
