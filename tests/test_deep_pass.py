@@ -491,6 +491,28 @@ def test_sweep_claims_due_users_after_sessions_and_runs_their_pass_in_process(db
     assert dreaming.sweep_locally(settings())["users_claimed"] == 0
 
 
+def test_no_user_is_claimed_when_the_sessions_part_of_the_tick_failed_or_ran_out_of_time(db, env):
+    copies(db, "alice", "Lives in Shanghai", 2)
+    due(db, "alice")
+    inst = db.execute("INSERT INTO engine.persona_instances (user_id, persona_id) VALUES ('bob', 'luna')"
+                      " RETURNING id").fetchone()["id"]
+    db.execute("INSERT INTO engine.chat_sessions (user_id, instance_id, last_active_at)"
+               " VALUES ('bob', %s, now() - interval '2 hours')", (inst,))
+
+    def throttled(payload):
+        raise RuntimeError("Rate exceeded")
+
+    result = dreaming.sweep(settings(), throttled)
+    assert (result.stopped_by, result.users_claimed) == ("invoke failures", 0)
+    result = dreaming.sweep(settings(), lambda payload: None, time_budget_secs=-1)
+    assert (result.stopped_by, result.claimed, result.users_claimed) == ("time budget", 0, 0)
+    assert state(db, "alice")["claimed_at"] is None
+    sent = []
+    result = dreaming.sweep(settings(), sent.append)
+    assert (result.claimed, result.users_claimed) == (1, 1)
+    assert [p.get("kind") for p in sent] == [None, "deep_pass"]  # sessions first, then users
+
+
 def test_sweep_invokes_deep_pass_payloads_through_lambda_and_releases_failed_ones(aws, db, capsys):
     copies(db, "alice", "Lives in Shanghai", 2)
     copies(db, "bob", "Lives in Shanghai", 2)

@@ -167,6 +167,8 @@ def run_local_sweeper(cfg: Settings) -> threading.Thread:
                 result = sweep(cfg, invoker)
                 if result.claimed:
                     print(f"[dreaming] claimed {result.claimed} idle session(s), extracting", flush=True)
+                if result.users_claimed:
+                    print(f"[dreaming] claimed {result.users_claimed} user(s) for a deep pass", flush=True)
             except Exception as exc:
                 logger.exception("local sweep failed", extra={"error": repr(exc)[:300]})
 
