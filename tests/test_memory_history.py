@@ -10,6 +10,8 @@ utterance from a real chat turn; bob has his own chain X -> Y.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import threading
 import time
 import uuid
@@ -289,24 +291,46 @@ def test_restoring_an_active_memory_is_409(api, db, world):
     assert snapshot(db) == before
 
 
+def containers(n: int) -> list[Api]:
+    """n Lambda containers of the chat function, each its own copy of functions/chat/app.py: a
+    resolver keeps the request it is handling in its own state, so concurrent requests (which AWS gives
+    to different containers) must not share one in-process copy."""
+    from eros.local import ROOT
+
+    apis = []
+    for i in range(n):
+        spec = importlib.util.spec_from_file_location(f"eros_function_chat_container_{i}",
+                                                      ROOT / "functions" / "chat" / "app.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # as eros.local.load_function does: annotations resolve through it
+        spec.loader.exec_module(module)
+        api = Api()
+        api.function = module
+        apis.append(api)
+    return apis
+
+
 def test_concurrent_restores_of_one_memory_one_wins(api, db, database_url, world):
     from eros import db as eros_db
     from eros.db import connect
 
     results: list[int] = []
 
-    def restore():
+    def restore(container: Api):
         try:
-            results.append(api.call("POST", f"/v1/memories/{world.b}/restore")[0])
+            results.append(container.call("POST", f"/v1/memories/{world.b}/restore")[0])
         finally:
             eros_db.reset()  # this thread's connection
 
-    # Hold the row so that both requests are inside their transaction, waiting for it, before either
-    # reads it: without the lock and the re-check, both would find it superseded and both "restore".
+    # Hold the row so that both requests are inside their transaction, waiting (for the row or for the
+    # user's restore lock), before either reads it: without the locks and the re-check, both would find
+    # it superseded and both "restore".
+    # The waits are polled from another connection: inside the holder's transaction pg_stat_activity is
+    # a snapshot frozen at its first read.
     with connect(database_url) as holder:
         with holder.transaction():
             holder.execute("SELECT 1 FROM engine.companion_memories WHERE id = %s FOR UPDATE", (world.b,))
-            threads = [threading.Thread(target=restore) for _ in range(2)]
+            threads = [threading.Thread(target=restore, args=(c,)) for c in containers(2)]
             for thread in threads:
                 thread.start()
             deadline = time.monotonic() + 20
@@ -320,6 +344,48 @@ def test_concurrent_restores_of_one_memory_one_wins(api, db, database_url, world
     assert active_ids(api) == {world.b, world.e, world.f, world.rel}
     c = api.call("GET", f"/v1/memories/{world.c}")[1]
     assert (c["superseded_by"], c["superseded_reason"]) == (world.b, "reverted")
+
+
+def test_concurrent_restores_of_two_versions_leave_one_active(api, db, database_url, world):
+    # A -> B -> C; "restore A" and "restore B" at once. Each alone would retire C; together, each must see
+    # the other's outcome, or both A and B end up active.
+    from eros import db as eros_db
+    from eros.db import connect
+
+    results: dict[str, int] = {}
+
+    def restore(container: Api, memory_id: str):
+        try:
+            results[memory_id] = container.call("POST", f"/v1/memories/{memory_id}/restore")[0]
+        finally:
+            eros_db.reset()
+
+    with connect(database_url) as holder:
+        with holder.transaction():
+            holder.execute("SELECT 1 FROM engine.companion_memories WHERE id = %s FOR UPDATE", (world.c,))
+            threads = [threading.Thread(target=restore, args=(container, memory_id))
+                       for container, memory_id in zip(containers(2), (world.a, world.b))]
+            for thread in threads:
+                thread.start()
+            deadline = time.monotonic() + 20
+            while db.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                             " AND datname = current_database()").fetchone()["n"] < 2:
+                assert time.monotonic() < deadline, "the two restores never queued"
+                time.sleep(0.05)
+    for thread in threads:
+        thread.join(30)
+    assert results == {world.a: 200, world.b: 200}
+    active = active_ids(api) & {world.a, world.b, world.c}
+    assert len(active) == 1 and active <= {world.a, world.b}, active
+
+
+def test_restoring_the_retired_version_again_swaps_back(api, world):
+    assert api.call("POST", f"/v1/memories/{world.b}/restore")[0] == 200  # C retired: 'reverted' by B
+    status, body = api.call("POST", f"/v1/memories/{world.c}/restore")  # "no, Tokyo after all"
+    assert status == 200 and body["superseded_at"] is None
+    b = body["history"][ids(body["history"]).index(world.b)]
+    assert (b["superseded_by"], b["superseded_reason"]) == (world.c, "reverted")
+    assert active_ids(api) == {world.c, world.e, world.f, world.rel}
 
 
 # --- deletion -------------------------------------------------------------------------------------

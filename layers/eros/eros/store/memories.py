@@ -117,7 +117,9 @@ def restore_memory(user_id: str, memory_id: UUID) -> dict | None:
     """Undo a supersession: the user says the old version is still true.
 
     In one transaction, with the row locked (a concurrent restore of the same row waits, then finds
-    it active): the row becomes active and confirmed now. Unless it was merged as a duplicate, the
+    it active) and the user's restores serialised (two restores of versions of one fact, at once,
+    would each retire the version that was current when they looked and leave both active; in turn,
+    the second retires the first): the row becomes active and confirmed now. Unless it was merged as a duplicate, the
     current version of the fact (the first active row following superseded_by from it) is superseded
     by the restored row with reason 'reverted', so that two versions of one fact are never both
     active. A duplicate is only reactivated: its twin stays as it is. The user's profile is marked
@@ -125,6 +127,7 @@ def restore_memory(user_id: str, memory_id: UUID) -> dict | None:
     such memory; raises ``NotSuperseded`` if it is active.
     """
     with transaction() as conn:
+        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"eros.memories.restore:{user_id}",))
         row = conn.execute(
             "SELECT superseded_at, superseded_by, superseded_reason FROM engine.companion_memories"
             " WHERE id = %s AND user_id = %s FOR UPDATE", (memory_id, user_id),
