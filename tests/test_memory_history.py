@@ -62,6 +62,7 @@ class World:
     f: str
     rel: str
     session: str
+    rel_message: int
     x: str
     y: str
 
@@ -69,7 +70,7 @@ class World:
 @pytest.fixture
 def world(api, db) -> World:
     session = api.session("alice")
-    status, _ = api.call("POST", f"/v1/sessions/{session}/turns", {"content": "we talked about my garden"})
+    status, turn = api.call("POST", f"/v1/sessions/{session}/turns", {"content": "we talked about my garden"})
     assert status == 200
     rel = str(db.execute("SELECT id FROM engine.companion_memories WHERE user_id = 'alice'").fetchone()["id"])
     a = insert(db, "alice", "lives in Berlin", days_ago=30, session_id=session, messages=(1, 1),
@@ -86,7 +87,7 @@ def world(api, db) -> World:
     x = insert(db, "bob", "works at a bakery", days_ago=5)
     y = insert(db, "bob", "works at a bank", days_ago=1)
     supersede(db, x, y)
-    return World(a, b, c, d, e, f, rel, session, x, y)
+    return World(a, b, c, d, e, f, rel, session, turn["user_message_id"], x, y)
 
 
 def ids(memories: list[dict]) -> list[str]:
@@ -112,7 +113,7 @@ def test_listing_shows_active_memories_only_by_default_with_provenance(api, worl
     rel = listed[world.rel]
     assert (rel["layer"], rel["source"], rel["persona_id"], rel["session_id"]) == (
         "relationship", "utterance", "luna", world.session)
-    assert rel["from_message_id"] == rel["through_message_id"] == 1
+    assert rel["from_message_id"] == rel["through_message_id"] == world.rel_message
 
 
 def test_include_superseded_lists_history_with_its_links(api, world):
