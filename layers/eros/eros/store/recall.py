@@ -28,7 +28,8 @@ On top of the base, for every strategy (the read-time safety net of consolidatio
   The pairwise test runs only inside a bounded candidate pool: the ``pool`` best rows of the layer
   by their undemoted score (base + importance term), pairs of the same category only. Rows outside
   the pool keep their undemoted score (they rank below every pool row before demotion anyway). The
-  relationship layer holds raw utterances with no category and is never demoted.
+  relationship layer holds raw utterances with no category and is never demoted. With demotion
+  off, the statement carries none of this (no pool, no pairwise join).
 
 Every row comes back with its score parts, ``similarity``, ``recency_term``, ``importance_term`` and
 ``demotion``, with ``score = similarity + recency_term + importance_term - demotion`` for every
@@ -83,26 +84,30 @@ _LAYERS: dict[str, str] = {
     "relationship": "user_id = %(user)s AND instance_id = %(instance)s",
 }
 
-# The read-time demotion, profile layer only: `pool` is the layer's `pool` best rows by undemoted
-# score (LIMIT 0 when demotion is off: then it costs nothing), `demoted` those of them with a newer
-# row of the same category in the pool at least `dsim` cosine-similar. Comparing pool rows only
-# bounds the pairwise work at pool^2 / 2 distance computations, whatever the user's row count.
-_DEMOTION: dict[str, tuple[str, str]] = {
-    "profile": ("""
+# The read-time demotion, profile layer only, in its own statement (when demotion is off, or for
+# the relationship layer, the statement has none of it and costs nothing extra): `pool` is the
+# layer's `pool` best rows by undemoted score, `demoted` those of them with a newer row of the same
+# category in the pool at least `dsim` cosine-similar. Comparing pool rows only bounds the
+# pairwise work at pool^2 / 2 distance computations (same-category pairs only), whatever the
+# user's row count. `demoted` is MATERIALIZED: the demotion is read twice (the score in the window
+# and in the outer sort), and the pairwise join must run once.
+_DEMOTION = ("""
 pool AS (
     SELECT id, category, created_at, embedding FROM scored ORDER BY undemoted DESC, id LIMIT %(pool)s
-), demoted AS (
+), demoted AS MATERIALIZED (
     SELECT a.id FROM pool a
     WHERE EXISTS (SELECT 1 FROM pool b
                   WHERE b.category = a.category AND b.created_at > a.created_at
                     AND 1 - (a.embedding <=> b.embedding) >= %(dsim)s::float8)
-),""", "CASE WHEN id IN (SELECT id FROM demoted) THEN %(penalty)s::float8 ELSE 0::float8 END"),
-    "relationship": ("", "0::float8"),
-}
+),""", "CASE WHEN id IN (SELECT id FROM demoted) THEN %(penalty)s::float8 ELSE 0::float8 END")
+_NO_DEMOTION = ("", "0::float8")
 
 # The statement. Why it is shaped like this:
 # * `base` computes the distance once per row (pgvector's <=> is the cost that matters) and the
-#   decay. The age is clamped at 0 (a row stamped a moment after the statement began is simply
+#   decay. `OFFSET 0` keeps it a separate plan node: without it the planner pulls the subquery up
+#   and substitutes the distance and decay expressions into every column that reads them, so each
+#   row's <=> and exp() would be computed once per reference (the score parts read them several
+#   times; measured: ~0.5 ms per statement at 100 rows). The age is clamped at 0 (a row stamped a moment after the statement began is simply
 #   "new") and the exponent at 700: exp() of a float8 below about -745 raises "value out of
 #   range: underflow" in Postgres instead of returning 0, and a memory many tau old must still
 #   be recalled when it is the relevant one.
@@ -125,6 +130,7 @@ WITH base AS (
     WHERE {layer}
       AND superseded_at IS NULL
       AND created_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+    OFFSET 0
 ), scored AS (
     SELECT *, {base} + {term} AS undemoted, {recency} AS recency_term, {importance} AS importance_term
     FROM base
@@ -143,10 +149,13 @@ ORDER BY score DESC, id
 LIMIT %(k)s
 """
 
-_STATEMENTS = {(layer, strategy): _TEMPLATE.format(layer=where, base=base, term=_TERM, recency=recency,
-                                                   importance=importance, pool=_DEMOTION[layer][0],
-                                                   demotion=_DEMOTION[layer][1])
-               for layer, where in _LAYERS.items() for strategy, (base, recency, importance) in _SCORES.items()}
+# (layer, strategy, demoting) -> statement; the relationship layer is never demoted.
+_STATEMENTS = {(layer, strategy, demoting): _TEMPLATE.format(
+                   layer=where, base=base, term=_TERM, recency=recency, importance=importance,
+                   pool=(_DEMOTION if demoting else _NO_DEMOTION)[0],
+                   demotion=(_DEMOTION if demoting else _NO_DEMOTION)[1])
+               for layer, where in _LAYERS.items() for strategy, (base, recency, importance) in _SCORES.items()
+               for demoting in ((False, True) if layer == "profile" else (False,))}
 
 
 def ranked(layer: Literal["profile", "relationship"], strategy: Strategy, user_id: str, query: list[float], *,
@@ -165,11 +174,11 @@ def ranked(layer: Literal["profile", "relationship"], strategy: Strategy, user_i
         return []
     if tau_days <= 0:
         raise ValueError("tau_days must be positive")
-    demoting = demote_similarity <= 1 and demote_penalty > 0 and demote_pool > 0
+    demoting = layer == "profile" and demote_similarity <= 1 and demote_penalty > 0 and demote_pool > 0
     params = {"q": Vector(list(query)), "user": user_id, "instance": instance_id, "now": now, "lam": lam,
               "tau": tau_days, "floor": floor, "ifloor": importance_floor, "iw": importance_weight,
-              "dsim": demote_similarity, "penalty": demote_penalty, "pool": demote_pool if demoting else 0,
+              "dsim": demote_similarity, "penalty": demote_penalty, "pool": demote_pool,
               "k": k, "cap": cap if cap and cap > 0 else k}
     # Binary results: the embeddings come back as packed floats, not 512 numbers in text to parse.
     with connection().cursor(binary=True) as cur:
-        return cur.execute(_STATEMENTS[(layer, strategy)], params).fetchall()
+        return cur.execute(_STATEMENTS[(layer, strategy, demoting)], params).fetchall()
