@@ -17,8 +17,27 @@ utterances, and queries in the user's own voice (what the chat turn embeds). Wha
 * distractors: recent trivia, other people's cities and jobs, paraphrased duplicates, and every
   other user's rows (recall is per user, so those must never appear).
 
+What consolidation must get right and must not break (issue 7), drawn from a second random
+stream per user so that every row and query above stays exactly as it was:
+
+* update chains A -> B -> C (a habit that changed twice: exercise, diet, commute); asked after C,
+  C must beat both A and B; asked between B and C, B is the answer;
+* the same fact repeated in three sessions (paraphrases weeks apart: training for a marathon,
+  learning Japanese, saving for a flat): one fact, three rows, until consolidation merges them;
+* over-invalidation traps: a newer memory that is related but contradicts nothing ("adopted a
+  second cat" after "has a cat named Mochi", "also allergic to cats" after "allergic to peanuts",
+  "Lily lost her first tooth" after "has a daughter named Lily"); the old fact stays true, and
+  queries about it (tag ``trap``) must still find it.
+
+Memories carry truth labels saying what a correct consolidation would do when the row is written:
+``supersedes`` (ids of older rows this one replaces: a changed fact), ``same_as`` (the id of a
+known row this one restates: no new row, the known one is confirmed), and ``fact`` (one key shared
+by every row that states the same fact, for counting active duplicates). bench/recall_eval.py
+``--consolidation oracle`` applies them.
+
 Each query also carries ``tags`` (``update``, ``stable``, ``importance``, ``event``,
-``relationship``, ``as_of``, ``en``/``zh``) for the per-slice tables of bench/recall_eval.py.
+``relationship``, ``as_of``, ``chain``, ``repeat``, ``trap``, ``en``/``zh``) for the per-slice
+tables of bench/recall_eval.py.
 
     .venv/bin/python bench/data/make_recall_dev.py      # then bench/embed_recall_dev.py adds embeddings
 """
@@ -112,6 +131,39 @@ EN = {
                         "Best friend just started dating someone new", "Tried {d2} once and did not like it",
                         "Went to a friend's school reunion", "Watched a play on TV last night"],
         "friends": ["Anna", "Jake", "Nina", "Sam", "Ivy", "Oscar"],
+        # Update chains A -> B -> C, one topic per user; queries after C, and between B and C.
+        "chains": [
+            ("diet", ["Eats a lot of meat and loves a good steak", "Became vegetarian this year",
+                      "Has gone fully vegan now, no dairy or eggs either"],
+             ["I'm cooking for myself tonight, any ideas?", "What do I eat these days?"]),
+            ("commute", ["Drives to work every day", "Sold the car and takes the subway to work now",
+                         "Cycles to work every day now"],
+             ["My commute this morning was awful.", "How do I get to work these days?"]),
+            ("exercise", ["Goes to the gym three times a week", "Quit the gym and goes running every morning",
+                          "Stopped running after a knee injury and does yoga instead"],
+             ["How should I stay fit this week?", "What's my workout routine these days?"]),
+        ],
+        # The same fact said in three sessions.
+        "repeats": [
+            (["Is training for a marathon in the spring", "Still training hard for the spring marathon",
+              "Marathon training is going well; the race is in the spring"],
+             "My legs are so sore from this morning's training run."),
+            (["Is learning Japanese", "Keeps studying Japanese every evening",
+              "Still learning Japanese, a little every night"],
+             "Can you help me practise the language I'm studying?"),
+            (["Is saving up to buy a flat", "Still saving money every month for a flat of their own",
+              "Putting money aside every month to buy a flat"],
+             "Should I splurge on a new phone this month?"),
+        ],
+        # Traps: a newer related memory that contradicts nothing (category of the new row).
+        "trap_pet": ("Adopted a second {k}, Luna, who gets along with {x}", "fact"),
+        "trap_pet_q": "{x} has been hiding under the bed all day, should I worry?",
+        "trap_allergy": ("Found out {o} is also allergic to cats", "fact"),
+        "trap_allergy_q": {"peanuts": "Can I eat the peanut butter cookies my coworker baked?",
+                           "shellfish": "Is it OK for me to try the shrimp dumplings at the new place?",
+                           "penicillin": "The pharmacist offered me amoxicillin for my sore throat."},
+        "trap_child": ("{x} lost a first tooth this week", "event"),
+        "trap_child_q": "Do you remember my kid's name? I told you about them ages ago.",
     },
 }
 
@@ -183,6 +235,30 @@ ZH = {
                         "表姐的工作是{j2}", "好朋友最近开始谈恋爱了", "试过一次{d2}，不喜欢",
                         "参加了朋友的同学聚会", "昨晚在电视上看了一场话剧"],
         "friends": ["安娜", "小杰", "妮妮", "阿森", "小艾", "奥斯卡"],
+        "chains": [
+            ("diet", ["很爱吃肉，尤其喜欢牛排", "今年开始吃素了", "现在完全吃纯素，连蛋和奶都不吃了"],
+             ["今晚自己做饭，有什么建议？", "我现在平时吃什么来着？"]),
+            ("commute", ["每天开车上班", "把车卖了，现在坐地铁上班", "现在每天骑自行车上班"],
+             ["今天早上通勤太痛苦了。", "我现在是怎么去上班的？"]),
+            ("exercise", ["每周去健身房三次", "不去健身房了，改成每天早上跑步", "膝盖受伤后不跑步了，改练瑜伽"],
+             ["这周该怎么锻炼身体？", "我最近的运动习惯是什么？"]),
+        ],
+        "repeats": [
+            (["在准备春天的马拉松", "还在为春天的马拉松努力训练", "马拉松训练很顺利，比赛在春天"],
+             "今天早上训练跑完腿好酸。"),
+            (["在学日语", "每天晚上都坚持学日语", "还在学日语，每晚学一点"],
+             "能帮我练练我在学的那门语言吗？"),
+            (["在攒钱买房", "每个月还在存钱，想买自己的房子", "每个月都存一笔钱准备买房"],
+             "这个月要不要狠心买个新手机？"),
+        ],
+        "trap_pet": ("又领养了一只{k}，叫露娜，和{x}相处得很好", "fact"),
+        "trap_pet_q": "{x}一整天都躲在床底下，我要担心吗？",
+        "trap_allergy": ("发现{o}对猫也过敏", "fact"),
+        "trap_allergy_q": {"花生": "同事烤的花生酱饼干我能吃吗？",
+                          "海鲜": "新开的那家店的虾饺我能尝尝吗？",
+                          "青霉素": "药剂师给我推荐了阿莫西林治嗓子疼。"},
+        "trap_child": ("{x}这周掉了第一颗牙", "event"),
+        "trap_child_q": "你还记得我孩子叫什么名字吗？我很久以前跟你说过。",
     },
 }
 
@@ -203,6 +279,7 @@ def build() -> tuple[list[dict], list[dict]]:
             at = ANCHOR + timedelta(days=n * 3, hours=n)
             obj = OBJECT[lang][n % 2]
             mems: dict[str, dict] = {}
+            labels: dict[str, dict] = {}  # memory key -> truth labels, merged in at the end
 
             def mem(key, content, category, importance, age_days, layer="profile"):
                 m = {"id": f"{uid}-{key}", "user_id": uid, "content": content, "category": category,
@@ -243,8 +320,12 @@ def build() -> tuple[list[dict], list[dict]]:
                                old_age)]
                 ids_new = [mem(f"{topic}-new", new_text, "fact" if topic != "taste" else "preference", imp,
                                new_age)]
+                labels[f"{topic}-new"] = {"supersedes": ids_old}
                 if dup:
                     ids_new.append(mem(f"{topic}-new2", dup, "fact", imp, max(1.0, new_age - rng.uniform(1, 20))))
+                    # A restatement of the new fact: a correct consolidation adds no row.
+                    labels[f"{topic}-new"]["fact"] = f"{uid}-{topic}-current"
+                    labels[f"{topic}-new2"] = {"same_as": ids_new[0], "fact": f"{uid}-{topic}-current"}
                 return ids_old, ids_new, new_age
 
             c_old, c_new, city_age = update("city", rng.choice(t["city_old"]).format(x=city_old),
@@ -301,6 +382,56 @@ def build() -> tuple[list[dict], list[dict]]:
             query(t["event_q"], [ev_new], ["event"])  # ev_old: a look-alike, not a superseded fact
             query(t["rel_song_q"], [song], ["relationship"])
             query(t["rel_trip_q"], [trip], ["relationship"])
+
+            # --- what consolidation must get right and must not break (its own random stream) ----------
+            rng2 = random.Random(f"consolidation-{uid}")
+
+            def mem2(key, content, category, importance, age_days, **label):
+                m = {"id": f"{uid}-{key}", "user_id": uid, "content": content, "category": category,
+                     "importance": importance, "created_at": (at - timedelta(days=age_days)).isoformat(),
+                     "layer": "profile"}
+                mems[key] = m
+                if label:
+                    labels[key] = label
+                return m["id"]
+
+            # Update chain A -> B -> C: C 5-60 days old, B 60-300 days before it, A 100-400 before B.
+            _, (a_text, b_text, c_text), chain_qs = t["chains"][n % 3]
+            c_age = rng2.uniform(5, 60)
+            b_age = c_age + rng2.uniform(60, 300)
+            a_age = b_age + rng2.uniform(100, 400)
+            imp = round(rng2.uniform(0.5, 0.7), 2)
+            chain_a = mem2("chain-a", a_text, "fact", imp, a_age)
+            chain_b = mem2("chain-b", b_text, "fact", imp, b_age, supersedes=[chain_a])
+            chain_c = mem2("chain-c", c_text, "fact", imp, c_age, supersedes=[chain_b, chain_a])
+            for q in chain_qs:
+                query(q, [chain_c], ["update", "chain"], [chain_b, chain_a])
+            between = at - timedelta(days=rng2.uniform(c_age + 2, b_age - 2))
+            query(rng2.choice(chain_qs), [chain_b], ["as_of", "chain"], [chain_a], when=between)
+
+            # The same fact in three sessions, 150-300, 60-150 and 3-60 days ago.
+            texts, repeat_q = t["repeats"][n % 3]
+            fact = f"{uid}-repeat"
+            imp = round(rng2.uniform(0.5, 0.7), 2)
+            first = mem2("repeat-1", texts[0], "event", imp, rng2.uniform(150, 300), fact=fact)
+            copies = [first] + [mem2(f"repeat-{i + 2}", text, "event", imp, age, fact=fact, same_as=first)
+                                for i, (text, age) in enumerate(zip(texts[1:], (rng2.uniform(60, 150),
+                                                                               rng2.uniform(3, 60))))]
+            query(repeat_q, copies, ["repeat"])
+
+            # Traps: newer, related, contradicting nothing (no labels: a correct consolidation keeps both).
+            text, category = t["trap_pet"]
+            mem2("trap-pet", text.format(k=pet_kind, x=pet), category, 0.5, rng2.uniform(5, 90))
+            query(t["trap_pet_q"].format(x=pet), [pet_id], ["stable", "trap", "pet"])
+            text, category = t["trap_allergy"]
+            mem2("trap-allergy", text.format(o=obj), category, 0.7, rng2.uniform(5, 120))
+            query(t["trap_allergy_q"][allergen], [allergy_id], ["stable", "trap", "allergy"])
+            text, category = t["trap_child"]
+            mem2("trap-child", text.format(x=kid), category, 0.5, rng2.uniform(2, 30))
+            query(t["trap_child_q"], [kid_id], ["stable", "trap", "child"])
+
+            for key, label in labels.items():
+                mems[key].update(label)
             memories.extend(mems.values())
     return memories, queries
 
