@@ -17,6 +17,16 @@ import psycopg
 REASONS = ("changed", "duplicate", "reverted", "edited")
 
 
+def lock(conn: psycopg.Connection, user_id: str, ids: Iterable[UUID]) -> None:
+    """Row-lock the user's memory rows a transaction is about to change, in id order. Every writer
+    (dreaming, the deep pass, restore) takes memory rows in this one order before the user's
+    consolidation row, so two writers never wait on each other in a cycle."""
+    ids = sorted(set(ids))
+    if ids:
+        conn.execute("SELECT id FROM engine.companion_memories WHERE id = ANY(%s) AND user_id = %s"
+                     " ORDER BY id FOR UPDATE", (ids, user_id)).fetchall()
+
+
 def supersede(conn: psycopg.Connection, user_id: str, successor: UUID | None, old_ids: Iterable[UUID],
               reason: str) -> list[UUID]:
     """Give the user's active profile rows ``old_ids`` a validity end, replaced by ``successor``.

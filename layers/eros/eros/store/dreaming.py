@@ -146,6 +146,8 @@ def finish(session: dict, claim_token: datetime, memories: list[dict], through_m
     with transaction() as conn:
         if not _locked(conn, session["id"], claim_token):
             return None
+        consolidation.lock(conn, user, [i for m in memories for i in m.get("supersedes") or []]
+                           + [memory_id for memory_id, _ in confirm])
         if memories:
             rows = [m | {"id": m.get("id") or uuid4()} for m in memories]
             with conn.cursor() as cur:
