@@ -60,12 +60,13 @@ def go_idle(db) -> None:
     db.execute("UPDATE engine.chat_sessions SET last_active_at = last_active_at - interval '2 hours'")
 
 
-def session_with(db, text: str, user: str = "alice", persona: str = "luna") -> tuple[str, dict]:
-    """A session with one turn, idle and claimed; returns (session id, extract payload)."""
+def session_with(db, *texts: str, user: str = "alice", persona: str = "luna") -> tuple[str, dict]:
+    """A session with one turn per text, idle and claimed; returns (session id, extract payload)."""
     api = Api()
     sid = api.session(user=user, persona=persona)
-    status, body = api.call("POST", f"/v1/sessions/{sid}/turns", {"content": text}, user=user)
-    assert status == 200, body
+    for text in texts:
+        status, body = api.call("POST", f"/v1/sessions/{sid}/turns", {"content": text}, user=user)
+        assert status == 200, body
     go_idle(db)
     now = datetime.now(timezone.utc)
     rows = [r for r in store.claim(now, now - timedelta(seconds=600), 50) if str(r["id"]) == sid]
@@ -76,8 +77,8 @@ def extract(payload: dict) -> dict:
     return load_function("extract").lambda_handler(dict(payload), LambdaContext("extract", timeout_secs=120))
 
 
-def dream(db, text: str, user: str = "alice") -> dict:
-    return extract(session_with(db, text, user)[1])
+def dream(db, *texts: str, user: str = "alice") -> dict:
+    return extract(session_with(db, *texts, user=user)[1])
 
 
 def profile(db, user: str = "alice") -> list[dict]:
@@ -304,26 +305,75 @@ def test_handles_are_local_to_one_extraction():
 
 # --- offline: what `make run` shows with no keys ------------------------------------------------------
 
+def utterances(db, user: str = "alice") -> dict[str, list]:
+    """Relationship-layer rows by content: their supersession states."""
+    out: dict[str, list] = {}
+    for r in db.execute("SELECT content, superseded_at, superseded_by, superseded_reason FROM engine.companion_memories"
+                        " WHERE user_id = %s AND instance_id IS NOT NULL ORDER BY created_at", (user,)):
+        out.setdefault(r["content"], []).append(r)
+    return out
+
+
+def recalled_contents(db, body: dict) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {"profile": [], "relationship": []}
+    for r in body["recalled"]:
+        row = db.execute("SELECT content FROM engine.companion_memories WHERE id = %s", (r["id"],)).fetchone()
+        out[r["layer"]].append(row["content"])
+    return out
+
+
 def test_offline_same_statement_twice_is_one_memory_and_a_move_supersedes(db):
-    for text in ("I live in Shanghai.", "I live in Shanghai."):
-        dream(db, text)
-    [row] = profile(db)
-    assert row["mention_count"] == 2 and row["superseded_at"] is None
+    """The issue's scenario with no keys, all with one persona: the later turn about home is reminded
+    of Tokyo only, in the profile and in what the user said to the persona."""
+    dream(db, "I live in Shanghai.", "I really love mocha.")
+    dream(db, "I live in Shanghai.")
+    [home, mocha] = sorted(profile(db), key=lambda r: "mocha" in r["content"])
+    assert home["mention_count"] == 2 and home["superseded_at"] is None and mocha["mention_count"] == 1
 
     dream(db, "I moved to Tokyo.")
-    assert active(db) == ["The user said: I moved to Tokyo."]
+    assert active(db) == ["The user said: I moved to Tokyo.", "The user said: I really love mocha."]
     old = next(r for r in profile(db) if "Shanghai" in r["content"])
     assert old["superseded_reason"] == "changed" and old["superseded_by"] is not None
+    # Both utterances that stated Shanghai (the first session's and the repeat's) left recall with it;
+    # the mocha utterance of the same session did not.
+    said = utterances(db)
+    assert [(r["superseded_reason"], r["superseded_by"]) for r in said["I live in Shanghai."]] == [
+        ("outdated", old["id"])] * 2
+    assert [r["superseded_at"] for r in said["I really love mocha."] + said["I moved to Tokyo."]] == [None, None]
 
-    # A later turn about home, with another persona: the profile it is reminded of is Tokyo only.
     api = Api()
-    sid = api.session(persona="kai")
+    sid = api.session(persona="luna")
     status, body = api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "Where is home for me these days?"})
     assert status == 200
-    profile_ids = [r["id"] for r in body["recalled"] if r["layer"] == "profile"]
-    contents = [db.execute("SELECT content FROM engine.companion_memories WHERE id = %s", (i,)).fetchone()["content"]
-                for i in profile_ids]
-    assert contents == ["The user said: I moved to Tokyo."]
+    recalled = recalled_contents(db, body)
+    assert "The user said: I moved to Tokyo." in recalled["profile"]
+    assert not any("Shanghai" in text for layer in recalled.values() for text in layer)
+
+
+def test_restoring_the_old_fact_brings_its_utterances_back_and_outdates_the_new_ones(db):
+    dream(db, "I live in Shanghai.")
+    dream(db, "I moved to Tokyo.")
+    old = next(r for r in profile(db) if "Shanghai" in r["content"])
+    status, body = Api().call("POST", f"/v1/memories/{old['id']}/restore")
+    assert status == 200, body
+    said = utterances(db)
+    assert said["I live in Shanghai."][0]["superseded_at"] is None
+    assert said["I moved to Tokyo."][0]["superseded_reason"] == "outdated"
+    assert active(db) == ["The user said: I live in Shanghai."]
+    # The history chain of the profile fact shows profile versions only, not the utterances.
+    status, body = Api().call("GET", f"/v1/memories/{old['id']}")
+    assert {m["layer"] for m in body["history"]} == {"profile"} and body["supersedes"]
+
+
+def test_restoring_an_outdated_utterance_touches_no_profile_row(db):
+    dream(db, "I live in Shanghai.")
+    dream(db, "I moved to Tokyo.")
+    before = [(r["content"], r["superseded_at"]) for r in profile(db)]
+    utterance = db.execute("SELECT id FROM engine.companion_memories WHERE content = 'I live in Shanghai.'"
+                           " AND instance_id IS NOT NULL").fetchone()["id"]
+    status, body = Api().call("POST", f"/v1/memories/{utterance}/restore")
+    assert status == 200 and body["superseded_at"] is None
+    assert [(r["content"], r["superseded_at"]) for r in profile(db)] == before
 
 
 def test_offline_related_but_true_statements_are_both_kept(db):

@@ -224,7 +224,7 @@ def extract_session(cfg: Settings, session_id: UUID, claim_token: datetime,
 
     # Zero candidates or unparsable output still stamp: a poison pill must not loop.
     error = "; ".join(problems) or (None if rows or decided.confirm else "no memories in this session")
-    counts = store.finish(session, claim_token, rows, through, error, decided.confirm)
+    counts = store.finish(session, claim_token, rows, through, error, decided.confirm, first)
     if counts is None:
         logger.info("claim lost before writing; another worker owns the session", extra={"session_id": sid})
         return ExtractResult(sid, "not-claimed", llm_calls=calls)

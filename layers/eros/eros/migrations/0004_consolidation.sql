@@ -4,6 +4,9 @@
 -- ("lives in Shanghai" after "moved to Tokyo") or a repeat merged into its twin gets a validity
 -- end (superseded_at), the row that replaced it (superseded_by) and why (superseded_reason). It
 -- stays listable as history and can be restored; recall reads active rows only.
+-- The relationship layer's raw utterances that stated a fact which changed ("I live in Shanghai")
+-- leave recall with it: reason 'outdated', superseded_by naming the profile row they stated, so
+-- that restoring that row brings them back.
 -- Real columns rather than metadata keys, so that recall's filter and the partial indexes below
 -- are plain column predicates, and the history is a foreign key that can be followed both ways.
 
@@ -51,7 +54,7 @@ ALTER TABLE engine.companion_memories
         CHECK ((superseded_at IS NULL AND superseded_by IS NULL AND superseded_reason IS NULL)
                OR (superseded_at IS NOT NULL AND superseded_reason IS NOT NULL)),
     ADD CONSTRAINT companion_memories_superseded_reason_check
-        CHECK (superseded_reason IN ('changed', 'duplicate', 'reverted', 'edited')),
+        CHECK (superseded_reason IN ('changed', 'duplicate', 'reverted', 'edited', 'outdated')),
     ADD CONSTRAINT companion_memories_not_self_superseded CHECK (superseded_by <> id),
     ADD CONSTRAINT companion_memories_mention_count_check CHECK (mention_count >= 1);
 

@@ -5,6 +5,14 @@ memory API. Every function takes the connection of a transaction the caller alre
 claim-guarded one), and re-checks ownership in SQL: a row is touched only if it belongs to the
 user, is in the profile layer, and is still active. What a model names beyond that is ignored
 and counted by the caller (applied < asked).
+
+Provenance follows a fact: a profile row knows the message range it was distilled from
+(``session_id``, ``from_message_id``..``through_message_id``), and ``metadata.confirmed_in`` lists
+the ranges of the sessions that repeated it (and of the duplicates merged into it). When the fact
+changes, the relationship layer's raw utterances in those ranges that stated it -- those whose
+nearest profile memory is the old fact, not the new one nor any other -- leave recall with it
+(reason ``outdated``): otherwise "I live in Shanghai", said to a persona, would still be recalled
+next to the profile's "moved to Tokyo".
 """
 
 from __future__ import annotations
@@ -13,8 +21,65 @@ from typing import Iterable
 from uuid import UUID
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 REASONS = ("changed", "duplicate", "reverted", "edited")
+_OUTDATES = ("changed", "reverted")  # the old fact is no longer true: its utterances go with it
+MAX_CONFIRMED_IN = 50  # ranges kept per memory, newest last
+
+# Append ranges to a row's metadata.confirmed_in, keeping the newest MAX_CONFIRMED_IN.
+_APPEND_RANGES = """
+jsonb_set(metadata, '{confirmed_in}', (
+    SELECT coalesce(jsonb_agg(e ORDER BY n), '[]'::jsonb) FROM (
+        SELECT e, n FROM jsonb_array_elements(coalesce(metadata->'confirmed_in', '[]'::jsonb) || %(ranges)s::jsonb)
+             WITH ORDINALITY AS t(e, n)
+        ORDER BY n DESC LIMIT %(cap)s) newest))
+"""
+
+# The utterances that stated the superseded rows `ids`: in one of their ranges, still active, and
+# nearer to the old fact than to any active profile row (the new fact included).
+_OUTDATE_UTTERANCES = """
+WITH x AS (
+    SELECT id, embedding, session_id, from_message_id, through_message_id, metadata
+    FROM engine.companion_memories WHERE id = ANY(%(ids)s) AND user_id = %(user)s AND instance_id IS NULL
+), ranges AS (
+    SELECT id AS xid, session_id, from_message_id AS lo, through_message_id AS hi FROM x
+    UNION ALL
+    SELECT x.id, (e->>'session_id')::uuid, (e->>'from')::bigint, (e->>'through')::bigint
+    FROM x, jsonb_array_elements(coalesce(x.metadata->'confirmed_in', '[]'::jsonb)) e
+), stated AS (
+    SELECT DISTINCT ON (r.id) r.id, rg.xid, r.embedding, r.embedding <=> x.embedding AS distance
+    FROM ranges rg
+    JOIN x ON x.id = rg.xid
+    JOIN engine.companion_memories r ON r.session_id = rg.session_id AND r.user_id = %(user)s
+         AND r.instance_id IS NOT NULL AND r.superseded_at IS NULL
+         AND r.from_message_id BETWEEN rg.lo AND rg.hi
+    ORDER BY r.id, distance
+)
+UPDATE engine.companion_memories u
+SET superseded_at = now(), superseded_by = s.xid, superseded_reason = 'outdated'
+FROM stated s
+WHERE u.id = s.id
+  AND NOT EXISTS (SELECT 1 FROM engine.companion_memories p
+                  WHERE p.user_id = %(user)s AND p.instance_id IS NULL AND p.superseded_at IS NULL
+                    AND p.category IS NOT NULL AND (p.embedding <=> s.embedding) < s.distance)
+RETURNING u.id
+"""
+
+# A duplicate merged into its twin hands over where it was said, so the twin's ranges cover it.
+_HANDED_OVER = """(
+    SELECT coalesce(jsonb_agg(r), '[]'::jsonb) FROM (
+        SELECT jsonb_build_object('session_id', g.session_id, 'from', g.from_message_id,
+                                  'through', g.through_message_id) AS r
+        FROM engine.companion_memories g
+        WHERE g.id = ANY(%(gone)s) AND g.session_id IS NOT NULL AND g.from_message_id IS NOT NULL
+        UNION ALL
+        SELECT e FROM engine.companion_memories g, jsonb_array_elements(coalesce(g.metadata->'confirmed_in',
+                                                                                   '[]'::jsonb)) e
+        WHERE g.id = ANY(%(gone)s)) handed)"""
+_HAND_OVER_RANGES = ("UPDATE engine.companion_memories SET metadata = "
+                     + _APPEND_RANGES.replace("%(ranges)s::jsonb", _HANDED_OVER)
+                     + " WHERE id = %(successor)s AND user_id = %(user)s")
 
 
 def lock(conn: psycopg.Connection, user_id: str, ids: Iterable[UUID]) -> None:
@@ -45,20 +110,30 @@ def supersede(conn: psycopg.Connection, user_id: str, successor: UUID | None, ol
         " RETURNING id",
         {"successor": successor, "reason": reason, "ids": ids, "user": user_id},
     ).fetchall()
-    return [r["id"] for r in rows]
+    done = [r["id"] for r in rows]
+    if done and reason in _OUTDATES:
+        conn.execute(_OUTDATE_UTTERANCES, {"ids": done, "user": user_id})
+    if done and reason == "duplicate" and successor is not None:
+        conn.execute(_HAND_OVER_RANGES, {"gone": done, "successor": successor, "user": user_id,
+                                         "cap": MAX_CONFIRMED_IN})
+    return done
 
 
 def confirm(conn: psycopg.Connection, user_id: str, memory_id: UUID, importance: float | None = None,
-            mentions: int = 1) -> bool:
-    """A repeat of a known active memory: stamp ``last_confirmed_at``, count the mention(s), and
-    let the importance rise (never fall) to what the repeat says. False: not the user's active row."""
+            mentions: int = 1, said_in: tuple[UUID, int, int] | None = None) -> bool:
+    """A repeat of a known active memory: stamp ``last_confirmed_at``, count the mention(s), let the
+    importance rise (never fall) to what the repeat says, and note where it was said again
+    (``said_in``: session, first and last message id). False: not the user's active row."""
+    ranges = [{"session_id": str(said_in[0]), "from": said_in[1], "through": said_in[2]}] if said_in else []
     row = conn.execute(
         "UPDATE engine.companion_memories SET last_confirmed_at = now(), mention_count = mention_count + %(n)s,"
         " importance = CASE WHEN %(importance)s::real IS NULL THEN importance"
-        "                   ELSE greatest(coalesce(importance, 0), %(importance)s::real) END"
+        "                   ELSE greatest(coalesce(importance, 0), %(importance)s::real) END,"
+        " metadata = " + _APPEND_RANGES +
         " WHERE id = %(id)s AND user_id = %(user)s AND instance_id IS NULL AND superseded_at IS NULL"
         " RETURNING id",
-        {"n": max(1, mentions), "importance": importance, "id": memory_id, "user": user_id},
+        {"n": max(1, mentions), "importance": importance, "id": memory_id, "user": user_id,
+         "ranges": Jsonb(ranges), "cap": MAX_CONFIRMED_IN},
     ).fetchone()
     return row is not None
 

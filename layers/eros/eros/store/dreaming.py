@@ -130,12 +130,14 @@ def _locked(conn, session_id: UUID, claim_token: datetime) -> bool:
 
 
 def finish(session: dict, claim_token: datetime, memories: list[dict], through_message_id: int | None,
-           error: str | None, confirm: list[tuple[UUID, float]] = ()) -> dict | None:
+           error: str | None, confirm: list[tuple[UUID, float]] = (), from_message_id: int | None = None
+           ) -> dict | None:
     """ONE transaction: insert the profile rows, apply their consolidation, and stamp the session,
     only if the claim still holds.
 
     Each memory may carry ``id`` and ``supersedes`` (ids of known rows it replaces); ``confirm`` are
-    known rows the session repeated. Only the user's own active profile rows are touched; whatever
+    known rows the session repeated (noted with the session's message range, ``from_message_id`` to
+    ``through_message_id``). Only the user's own active profile rows are touched; whatever
     else was asked is counted as ``ignored``. The session is stamped ``classified_at`` unless
     messages beyond ``through_message_id`` exist (turns that arrived meanwhile, or windows not read
     yet): then it stays eligible for the next sweep, which starts from the new watermark.
@@ -164,8 +166,10 @@ def finish(session: dict, claim_token: datetime, memories: list[dict], through_m
                 done = consolidation.supersede(conn, user, m["id"], asked, "changed") if asked else []
                 counts["superseded"] += len(done)
                 counts["ignored"] += len(asked) - len(done)
+        said_in = (session["id"], from_message_id, through_message_id) if from_message_id and through_message_id \
+            else None
         for memory_id, importance in confirm:
-            ok = consolidation.confirm(conn, user, memory_id, importance)
+            ok = consolidation.confirm(conn, user, memory_id, importance, said_in=said_in)
             counts["confirmed" if ok else "ignored"] += 1
         if memories or counts["superseded"]:
             consolidation.mark_changed(conn, user)

@@ -30,7 +30,7 @@ _FIELDS = """
     m.from_message_id, m.through_message_id, m.metadata->>'model' AS model, m.last_confirmed_at,
     m.mention_count, m.superseded_at, m.superseded_by, m.superseded_reason,
     ARRAY(SELECT s.id FROM engine.companion_memories s
-          WHERE s.superseded_by = m.id AND s.user_id = m.user_id
+          WHERE s.superseded_by = m.id AND s.user_id = m.user_id AND s.superseded_reason <> 'outdated'
           ORDER BY s.created_at, s.id) AS supersedes
 """
 _FROM = " FROM engine.companion_memories m LEFT JOIN engine.persona_instances i ON i.id = m.instance_id"
@@ -56,6 +56,7 @@ WITH RECURSIVE earlier(id, depth) AS (
   UNION
     SELECT p.id, e.depth + 1 FROM earlier e
     JOIN engine.companion_memories p ON p.superseded_by = e.id AND p.user_id = %(user)s
+         AND p.superseded_reason <> 'outdated'
     WHERE e.depth < %(depth)s
 ), later(id, next, depth) AS (
     SELECT id, superseded_by, 0 FROM engine.companion_memories WHERE id = %(id)s AND user_id = %(user)s
@@ -140,7 +141,13 @@ def restore_memory(user_id: str, memory_id: UUID) -> dict | None:
             "UPDATE engine.companion_memories SET superseded_at = NULL, superseded_by = NULL,"
             " superseded_reason = NULL, last_confirmed_at = now() WHERE id = %s", (memory_id,),
         )
-        if row["superseded_reason"] != "duplicate" and row["superseded_by"] is not None:
+        # The utterances that stated this fact left recall with it (reason 'outdated'): they come back too.
+        conn.execute(
+            "UPDATE engine.companion_memories SET superseded_at = NULL, superseded_by = NULL, superseded_reason = NULL"
+            " WHERE superseded_by = %s AND user_id = %s AND superseded_reason = 'outdated'", (memory_id, user_id),
+        )
+        # An utterance restored on its own ('outdated') or a merged duplicate is only reactivated.
+        if row["superseded_reason"] not in ("duplicate", "outdated") and row["superseded_by"] is not None:
             head = conn.execute(_ACTIVE_HEAD, {"id": row["superseded_by"], "user": user_id,
                                                "depth": MAX_CHAIN_DEPTH}).fetchone()
             if head is not None:
