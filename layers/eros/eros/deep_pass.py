@@ -20,7 +20,6 @@ does not parse is stamped with the reason (a poison pill must not loop); attempt
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -28,6 +27,8 @@ from typing import Callable
 from uuid import UUID
 
 from .config import Settings
+from .dreaming import fan_out
+from .model_answers import handle, json_values
 from .observability import logger, metrics
 from .prompt import neutralise
 from .providers import Deadline, ProviderError, chat_client
@@ -36,8 +37,6 @@ from .store import deep_pass as store
 
 KIND = "deep_pass"  # the extract event's "kind" that asks for a deep pass
 _MAX_ANSWER_CHARS = 100_000
-_MAX_DECODE_STARTS = 64
-_HANDLE = re.compile(r"^m([1-9][0-9]{0,2})$")
 
 SYSTEM_PROMPT = """You tidy up the long-term memory that a companion chat app keeps about one user.
 You are shown groups of the user's stored memories that look alike. Each memory has a handle (m1, m2, ...),
@@ -141,24 +140,6 @@ class Unparsable(ValueError):
     """The answer holds no JSON list of actions."""
 
 
-def _json_values(text: str):
-    try:
-        yield json.loads(text)
-    except ValueError:
-        pass
-    for block in re.findall(r"```(?:json|JSON)?\s*(.*?)```", text, flags=re.S):
-        try:
-            yield json.loads(block)
-        except ValueError:
-            pass
-    decoder = json.JSONDecoder()
-    for start in [m.start() for m in re.finditer(r"[\[{]", text)][:_MAX_DECODE_STARTS]:
-        try:
-            yield decoder.raw_decode(text, start)[0]
-        except ValueError:
-            continue
-
-
 def _action_list(value) -> list | None:
     if isinstance(value, list):
         return value
@@ -173,23 +154,16 @@ def _action_list(value) -> list | None:
     return None
 
 
-def _handle(value) -> str | None:
-    if not isinstance(value, str):
-        return None
-    value = value.strip().lower()
-    return value if _HANDLE.match(value) else None
-
-
 def _handles(value) -> list[str | None]:
     values = value if isinstance(value, list) else [value]
-    return [_handle(v) for v in values]
+    return [handle(v) for v in values]
 
 
 def parse_actions(answer: str) -> list[tuple[str, str | None, list[str | None]]]:
     """The model's answer as (kind, survivor handle, target handles), kind ``duplicate`` or ``changed``.
     Handles that are not handle-shaped come back as None (to be counted as ignored). Items that are
     neither kind are skipped. Raises Unparsable if no list of actions is found."""
-    for value in _json_values(answer[:_MAX_ANSWER_CHARS]):
+    for value in json_values(answer[:_MAX_ANSWER_CHARS]):
         items = _action_list(value)
         if items is None:
             continue
@@ -199,9 +173,9 @@ def parse_actions(answer: str) -> list[tuple[str, str | None, list[str | None]]]
                 continue
             item = {str(k).strip().lower(): v for k, v in item.items()}
             if "keep" in item:
-                actions.append(("duplicate", _handle(item["keep"]), _handles(item.get("duplicates", []))))
+                actions.append(("duplicate", handle(item["keep"]), _handles(item.get("duplicates", []))))
             elif "current" in item:
-                actions.append(("changed", _handle(item["current"]), _handles(item.get("supersedes", []))))
+                actions.append(("changed", handle(item["current"]), _handles(item.get("supersedes", []))))
         return actions
     raise Unparsable("no JSON list of actions in the answer")
 
@@ -357,15 +331,10 @@ def sweep_users(cfg: Settings, invoke: Callable[[dict], None], now: Callable[[],
         if not batch:
             break
         swept.claimed += len(batch)
-        for row in batch:
-            try:
-                invoke(payload(row))
-                swept.invoked += 1
-            except Exception as exc:  # any invoke failure: give the claim back for the next tick
-                swept.invoke_failures += 1
-                store.release(row["user_id"], row["claim_token"])
-                logger.warning("deep-pass invoke failed; claim released",
-                               extra={"user_id": row["user_id"], "error": repr(exc)[:300]})
-        if swept.invoke_failures:
+        invoked, failed = fan_out(batch, invoke, payload,
+                                  lambda row: store.release(row["user_id"], row["claim_token"]))
+        swept.invoked += invoked
+        swept.invoke_failures += failed
+        if failed:
             break
     return swept

@@ -79,17 +79,11 @@ def sweep(cfg: Settings, invoke: Invoker, *, now: Callable[[], datetime] | None 
             break
         result.batches += 1
         result.claimed += len(batch)
-        failed_before = result.invoke_failures
-        for row in batch:
-            try:
-                invoke(extract_payload(row))
-                result.invoked += 1
-            except Exception as exc:  # any invoke failure: give the claim back for the next tick
-                result.invoke_failures += 1
-                store.release(row["id"], row["claim_token"])
-                logger.warning("extract invoke failed; claim released",
-                               extra={"session_id": str(row["id"]), "error": repr(exc)[:300]})
-        if result.invoke_failures > failed_before:
+        invoked, failed = fan_out(batch, invoke, extract_payload,
+                                  lambda row: store.release(row["id"], row["claim_token"]))
+        result.invoked += invoked
+        result.invoke_failures += failed
+        if failed:
             result.stopped_by = "invoke failures"  # don't re-claim the released sessions in a hot loop
             break
     if result.stopped_by in ("drained", "tick cap"):
@@ -104,6 +98,23 @@ def sweep(cfg: Settings, invoke: Invoker, *, now: Callable[[], datetime] | None 
     metrics.add_metric(name="DeepPassInvokeFailures", unit="Count", value=result.deep_pass_invoke_failures)
     logger.info("sweep done", extra=asdict(result))
     return result
+
+
+def fan_out(batch: list[dict], invoke: Invoker, payload: Callable[[dict], dict],
+            release: Callable[[dict], object]) -> tuple[int, int]:
+    """Invoke one job per claimed row; a failed invoke gives its claim back at once (the next tick
+    takes it) instead of leaving it to go stale. Returns (invoked, failed)."""
+    invoked = failed = 0
+    for row in batch:
+        job = payload(row)
+        try:
+            invoke(job)
+            invoked += 1
+        except Exception as exc:  # any invoke failure: give the claim back for the next tick
+            failed += 1
+            release(row)
+            logger.warning("invoke failed; claim released", extra={"job": job, "error": repr(exc)[:300]})
+    return invoked, failed
 
 
 class LambdaInvoker:

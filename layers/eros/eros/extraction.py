@@ -12,7 +12,6 @@ keeps at most ``MAX_CANDIDATES``, and collapses any category outside the fixed v
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from uuid import UUID
 from pydantic import BaseModel, ValidationError, field_validator
 
 from .config import CATEGORIES
+from .model_answers import handle, json_values
 from .prompt import neutralise
 from .providers.offline import statement_key, topic_slot
 
@@ -30,9 +30,7 @@ MAX_CONTENT_CHARS = 500
 MAX_KNOWN = 30  # known memories shown to the model (handles m1..m30)
 MAX_SUPERSEDES_PER_MEMORY = 3
 MAX_SUPERSEDED_PER_SESSION = 5  # a confused or hostile "supersede everything" answer stops here
-_HANDLE = re.compile(r"^m([1-9][0-9]{0,2})$")
 _MAX_ANSWER_CHARS = 200_000  # a real answer is a few KB; never scan megabytes of garbage
-_MAX_DECODE_STARTS = 64
 
 _ALIASES = {"facts": "fact", "preferences": "preference", "likes": "preference", "dislikes": "preference",
             "events": "event", "emotions": "emotion", "feeling": "emotion", "feelings": "emotion",
@@ -117,13 +115,6 @@ def windows(messages: list[dict], budget_chars: int) -> list[list[dict]]:
     return out
 
 
-def _handle(value) -> str | None:
-    if not isinstance(value, str):
-        return None
-    value = value.strip().lower()
-    return value if _HANDLE.match(value) else None
-
-
 class Candidate(BaseModel):
     content: str
     category: str = "fact"
@@ -136,7 +127,7 @@ class Candidate(BaseModel):
     def _supersedes(cls, value):
         """Handles only (a single one is accepted bare); anything else is dropped, at most a few."""
         values = value if isinstance(value, list) else [value]
-        found = [h for h in map(_handle, values) if h]
+        found = [h for h in map(handle, values) if h]
         return list(dict.fromkeys(found))[:MAX_SUPERSEDES_PER_MEMORY]
 
     @field_validator("same_as", mode="before")
@@ -144,7 +135,7 @@ class Candidate(BaseModel):
     def _same_as(cls, value):
         if isinstance(value, list):
             value = value[0] if len(value) == 1 else None
-        return _handle(value)
+        return handle(value)
 
     @field_validator("content", mode="before")
     @classmethod
@@ -175,26 +166,6 @@ class Unparsable(ValueError):
     """The answer holds no JSON we can read as a list of memories."""
 
 
-def _json_values(text: str):
-    """JSON values found in the text: the whole text, fenced blocks, then objects/arrays within prose."""
-    try:
-        yield json.loads(text)
-    except ValueError:
-        pass
-    for block in re.findall(r"```(?:json|JSON)?\s*(.*?)```", text, flags=re.S):
-        try:
-            yield json.loads(block)
-        except ValueError:
-            pass
-    decoder = json.JSONDecoder()
-    starts = [m.start() for m in re.finditer(r"[\[{]", text)][:_MAX_DECODE_STARTS]
-    for start in starts:
-        try:
-            yield decoder.raw_decode(text, start)[0]
-        except ValueError:
-            continue
-
-
 def _items(value) -> list | None:
     if isinstance(value, list):
         return value
@@ -213,7 +184,7 @@ def _items(value) -> list | None:
 def parse_candidates(answer: str) -> list[Candidate]:
     """The model's answer as at most MAX_CANDIDATES candidates. Raises Unparsable if no list is found."""
     text = answer[:_MAX_ANSWER_CHARS]
-    for value in _json_values(text):
+    for value in json_values(text):
         items = _items(value)
         if items is None:
             continue
