@@ -342,6 +342,9 @@ def test_offline_same_statement_twice_is_one_memory_and_a_move_supersedes(db):
     assert [r["superseded_at"] for r in said["I really love mocha."] + said["I moved to Tokyo."]] == [None, None]
 
     api = Api()
+    status, body = api.call("GET", "/v1/memories?include=superseded")  # history, utterances included
+    assert status == 200, body
+    assert {m["superseded_reason"] for m in body["memories"]} == {None, "changed", "outdated"}
     sid = api.session(persona="luna")
     status, body = api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "Where is home for me these days?"})
     assert status == 200

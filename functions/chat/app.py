@@ -66,7 +66,10 @@ class Memory(BaseModel):
     mention_count: int
     superseded_at: datetime | None = Field(description="validity end; null while the memory is active")
     superseded_by: UUID | None = Field(description="the memory that replaced it (null once that one is deleted)")
-    superseded_reason: Literal["changed", "duplicate", "reverted", "edited"] | None
+    superseded_reason: Literal["changed", "duplicate", "reverted", "edited", "outdated"] | None = Field(
+        description="changed: a newer fact replaced it; duplicate: merged into its twin; reverted: the user restored"
+                    " an older version; outdated: an utterance that stated a fact which changed (superseded_by"
+                    " names that fact)")
     supersedes: list[UUID] = Field(description="ids of the memories this one replaced")
 
 
