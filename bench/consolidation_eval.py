@@ -41,9 +41,11 @@ is left; ``after`` -- consolidation as built. Figures:
 * provider calls per extracted session, LLM + embedding (target: 2 with new memories, 1 when the
   session only repeats known memories or has nothing to remember).
 
-A stored row is attributed to a fact version by the version's regular expression (traps first): exact
-for the scripted model, approximate for real models (unlabelled rows are counted). Results:
-``bench/results/consolidation_eval_<llm>.md`` (``--out``).
+A stored row is attributed to a fact version by the version's regular expression (traps first, the
+newest version of a chain first): exact for the scripted model, approximate for real models
+(unlabelled rows are counted). Results: ``bench/results/consolidation_eval_<llm>.md`` (``--out``);
+text below its ``<!-- notes -->`` line is hand-written and kept by re-runs. The bench's own database
+(``--pgdata``) is migrated from scratch every run; ``--database-url`` (the tests) is only truncated.
 """
 
 from __future__ import annotations
@@ -205,8 +207,12 @@ def run(argv: list[str] | None = None) -> dict:
     report = render(args, command, users, arms, figures)
     out = args.out or str(RESULTS / f"consolidation_eval_{args.llm}.md")
     if out != "-":
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(report)
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and "<!-- notes -->" in path.read_text():  # hand-written notes survive re-runs
+            report = report.split("<!-- notes -->", 1)[0] + "<!-- notes -->" + path.read_text().split(
+                "<!-- notes -->", 1)[1]
+        path.write_text(report)
     print(report)
     return figures
 
@@ -226,6 +232,8 @@ def _run(args, users: list[dict], arms: list[Arm], configured: dict) -> dict:
         import pgserver
 
         url = pgserver.get_server(args.pgdata, cleanup_mode=None).get_uri()
+        with eros_db.connect(url, vector=False) as conn:  # the bench's own database: migrate it from scratch,
+            conn.execute("DROP SCHEMA IF EXISTS engine CASCADE")  # so an edited migration cannot go stale here
     migrate(url)
     with eros_db.connect(url, vector=False) as conn:  # every run starts from an empty engine
         conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions,"
@@ -402,7 +410,8 @@ def _score_user(arm: Arm, user: dict, uid: str, conn, providers, recall) -> None
         current = next((i for i, x in enumerate(ranks) if x == (probe["fact"], last)), None)
         old = next((i for i, x in enumerate(ranks) if x and x[0] == probe["fact"] and x[1] < last), None)
         arm.probes.append({"user": uid, "query": probe["query"], "current": current, "old": old,
-                           "injected": len(recalled)})
+                           "injected": len(recalled), "expected": facts[probe["fact"]]["versions"][last]["content"],
+                           "top": [r["content"] for r in recalled[:4]]})
 
 
 # --- figures ------------------------------------------------------------------------------------
@@ -461,6 +470,7 @@ def summarise(arms: list[Arm]) -> dict:
             "ignored": sum(s["ignored"] for s in sessions),
             "script": dict(arm.script),
             "misses": len(arm.misses),
+            "probe_details": probes,
             "wire_matches_seam": all((s["llm"], s["embed"]) == (s["seam_llm"], s["seam_embed"]) for s in sessions),
         }
     return out
@@ -557,6 +567,17 @@ def render(args, command: str, users: list[dict], arms: list[Arm], figures: dict
                     + " / ".join(f"“{t}”" for t in m["turns"]) for m in arms[-1].misses[:20]],
                   f"* Sessions whose outcome matches the script (new rows iff the script writes a new memory): "
                   + ", ".join(f"{n} {_pct(a[n]['expected_matches_outcome'])}" for n in names) + "."]
+    failed = [p for p in arms[-1].probes if p["current"] is None or p["old"] is not None]
+    if failed:
+        lines += ["", f"## Probes where a superseded version reached the prompt or the current one was missing "
+                      f"({arms[-1].name} arm, first 15 of {len(failed)})", "",
+                  "| user | probe | current (expected) | its rank | best superseded rank | top recalled |",
+                  "| --- | --- | --- | ---: | ---: | --- |"]
+        for p in failed[:15]:
+            top = " · ".join(t.replace("|", "/") for t in p["top"])
+            lines.append(f"| {p['user']} | {p['query']} | {p['expected']} | "
+                         f"{'—' if p['current'] is None else p['current'] + 1} | "
+                         f"{'—' if p['old'] is None else p['old'] + 1} | {top} |")
     lines += ["", "<!-- notes -->", ""]
     return "\n".join(lines)
 

@@ -12,7 +12,14 @@ transcript and the memory texts carry a session marker). The chat turns' own cal
 
 Goal: exactly 2 calls per extracted session — 1 LLM call for the whole session and 1 embedding batch
 for all of its memories. A session with nothing worth remembering costs the LLM call only. A second
-sweep must cost nothing. Results go to stdout and ``bench/results/extract_calls.md``.
+sweep must cost nothing.
+
+Round 2 exercises write-time consolidation: for the same users, three more sweeps of one session per
+user each, whose extraction (answering from the ``<known_memories>`` block of the actual request)
+repeats a known memory only (``same_as``: confirmed, no new row -- 1 call, the LLM), changes one
+(``supersedes``: a new row replaces it -- 2 calls), or repeats one and adds a new memory (2 calls).
+The known memories are found by SQL from the turns' stored embeddings: consolidation adds no call.
+Results go to stdout and ``bench/results/extract_calls.md``.
 """
 
 from __future__ import annotations
@@ -54,6 +61,34 @@ MEMORIES = [("Is under heavy work pressure; the boss is the source", "emotion", 
             ("Family pressure to marry", "relation", 0.9)]
 
 
+ROUND2 = ("repeat", "change", "mixed")  # round 2's three sweeps, one session per user each
+KNOWN = re.compile(r"^- (m\d+) \((\w+), noted [0-9-]+\): (.*)$", re.M)
+
+
+def session_marker(request: dict) -> int | None:
+    """The session an extraction request is about: the marker inside its <session> block (the known
+    memories shown above it carry the markers of earlier sessions)."""
+    text = str(request["messages"][-1].get("content") or "")
+    found = MARKER.search(text.split("<session>", 1)[-1])
+    return int(found.group(1)) if found else None
+
+
+def consolidating_answer(session_no: int, kind: str, known_block: str) -> str:
+    """Round 2: repeat the nearest known memory, change it, or repeat it and add a new one."""
+    handles = [h for h, _, _ in KNOWN.findall(known_block)]
+    if not handles:  # nothing known about this user: nothing to repeat or change
+        return json.dumps({"memories": [] if kind == "repeat" else [
+            {"content": f"Moved to a new flat in Lisbon [s{session_no}]", "category": "fact", "importance": 0.7}]})
+    memories = {
+        "repeat": [{"content": f"Restates a known memory [s{session_no}]", "category": "fact", "same_as": handles[0]}],
+        "change": [{"content": f"Moved to a new flat in Lisbon [s{session_no}]", "category": "fact",
+                    "importance": 0.7, "supersedes": [handles[0]]}],
+        "mixed": [{"content": f"Restates a known memory [s{session_no}]", "category": "fact", "same_as": handles[0]},
+                  {"content": f"Started running on Sundays [s{session_no}]", "category": "event", "importance": 0.4}],
+    }[kind]
+    return json.dumps({"memories": memories})
+
+
 def extraction_answer(session_no: int, empty_every: int) -> str:
     """What the fake extraction model answers for session n: 1-5 memories, or none every `empty_every`."""
     if empty_every and session_no % empty_every == empty_every - 1:
@@ -68,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--turns", type=int, default=3, help="chat turns per session (1-5)")
+    parser.add_argument("--users", type=int, default=10, help="users the sessions belong to (round 2: one each)")
     parser.add_argument("--empty-every", type=int, default=10,
                         help="every n-th session's extraction answers no memories (0: never)")
     parser.add_argument("--workers", type=int, default=4, help="in-process extract invocations at once")
@@ -76,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = ".venv/bin/python bench/extract_calls.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     args.turns = max(1, min(args.turns, len(TURNS)))
+    args.users = max(1, min(args.users, args.sessions))
 
     sys.path.insert(0, str(ROOT / "tests"))
     import pgserver
@@ -88,17 +125,25 @@ def main(argv: list[str] | None = None) -> int:
     from fakes import FakeOpenRouter, FakeVoyage
 
     url = pgserver.get_server(args.pgdata, cleanup_mode=None).get_uri()
+    with eros_db.connect(url, vector=False) as conn:  # the bench's own database: migrated from scratch every run,
+        conn.execute("DROP SCHEMA IF EXISTS engine CASCADE")  # so an edited migration cannot go stale here
     migrate(url)
     with eros_db.connect(url, vector=False) as conn:  # every run starts from an empty engine
         conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions, engine.user_consolidation,"
                      " engine.persona_instances CASCADE")
 
+    kinds: dict[int, str] = {}  # round 2's sessions: number -> repeat | change | mixed
+
     def respond(request: dict) -> str:
         system = str(request["messages"][0].get("content") or "")
         if system != SYSTEM_PROMPT:
             return "That sounds like a lot. I'm here."  # a chat turn's reply
-        transcript = " ".join(str(m.get("content") or "") for m in request["messages"][1:])
-        return extraction_answer(int(MARKER.search(transcript).group(1)), args.empty_every)
+        n = session_marker(request)
+        if n in kinds:
+            text = str(request["messages"][-1].get("content") or "")
+            block = text.split("</known_memories>", 1)[0] if "<known_memories>" in text else ""
+            return consolidating_answer(n, kinds[n], block)
+        return extraction_answer(n, args.empty_every)
 
     llm, voyage = FakeOpenRouter(respond), FakeVoyage()
     os.environ.update({"DATABASE_URL": url, "LLM_BASE_URL": llm.url, "OPENROUTER_API_KEY": "bench",
@@ -107,47 +152,45 @@ def main(argv: list[str] | None = None) -> int:
     settings.cache_clear()
     providers.reset()
     eros_db.reset()
-    try:
-        # 1. Chat: N sessions of a few turns each through the chat Lambda's handler.
-        chat = load_function("chat")
+    chat = load_function("chat")
+    cfg = settings()
 
-        def call(method: str, path: str, body: dict, user: str) -> dict:
-            event = http_api_event(method, path, {"content-type": "application/json"}, json.dumps(body).encode(),
-                                   {"sub": user, "iss": "bench", "aud": "bench"})
-            result = chat.lambda_handler(event, LambdaContext("chat"))
-            assert result["statusCode"] in (200, 201), result
-            return json.loads(result["body"])
+    def call(method: str, path: str, body: dict, user: str) -> dict:
+        event = http_api_event(method, path, {"content-type": "application/json"}, json.dumps(body).encode(),
+                               {"sub": user, "iss": "bench", "aud": "bench"})
+        result = chat.lambda_handler(event, LambdaContext("chat"))
+        assert result["statusCode"] in (200, 201), result
+        return json.loads(result["body"])
 
+    def chat_sessions(numbers: list[int]) -> None:
         started = time.monotonic()
-        for n in range(args.sessions):
-            user = f"bench-user-{n % 10}"
+        for n in numbers:
+            user = f"bench-user-{n % args.users}"
             sid = call("POST", "/v1/sessions", {"persona_id": ("luna", "kai", "mei")[n % 3]}, user)["id"]
             for t in range(args.turns):
-                call("POST", f"/v1/sessions/{sid}/turns", {"content": TURNS[t].format(m=f"[s{n}]")}, user)
-        chat_calls = (llm.calls, voyage.calls)
-        print(f"chatted {args.sessions} sessions x {args.turns} turns in {time.monotonic() - started:.1f} s "
-              f"({chat_calls[0]} LLM, {chat_calls[1]} embedding calls: not counted)", flush=True)
+                call("POST", f"/v1/sessions/{sid}/turns", {"content": TURNS[(t + n) % len(TURNS)].format(m=f"[s{n}]")},
+                     user)
+        print(f"chatted {len(numbers)} sessions x {args.turns} turns in {time.monotonic() - started:.1f} s "
+              f"({llm.calls} LLM, {voyage.calls} embedding calls: not counted)", flush=True)
         time.sleep(1.5)  # the sessions go idle (DREAMING_IDLE_SECS=1)
         llm.reset()
         voyage.reset()
 
-        # 2. One sweep: claim, then the extract handler once per session, in process.
-        cfg = settings()
+    def sweep_and_count(per_session: dict) -> tuple:
+        """One sweep, the extract handler once per claimed session, in process; every provider request
+        attributed to its session. Returns (sweep result, seconds, unattributed requests)."""
         invoker = dreaming.InProcessInvoker(load_function("extract").lambda_handler, workers=args.workers)
         started = time.monotonic()
-        sweep = dreaming.sweep(cfg, invoker)
+        result = dreaming.sweep(cfg, invoker)
         invoker.wait()
-        sweep_secs = time.monotonic() - started
-
-        # 3. Attribute every provider request to its session.
-        per_session = collections.defaultdict(lambda: {"llm": 0, "embed": 0, "inputs": 0})
+        seconds = time.monotonic() - started
         unattributed = 0
         for r in llm.requests:
-            found = MARKER.search(json.dumps(r["json"], ensure_ascii=False))
-            if found:
-                per_session[int(found.group(1))]["llm"] += 1
-            else:
+            n = session_marker(r["json"])
+            if n is None:
                 unattributed += 1
+            else:
+                per_session[n]["llm"] += 1
         for r in voyage.requests:
             found = {int(m) for text in r["json"]["input"] for m in MARKER.findall(text)}
             if len(found) == 1:
@@ -156,63 +199,119 @@ def main(argv: list[str] | None = None) -> int:
                 entry["inputs"] += len(r["json"]["input"])
             else:
                 unattributed += 1
+        llm.reset()
+        voyage.reset()
+        return result, seconds, unattributed
+
+    per_session = collections.defaultdict(lambda: {"llm": 0, "embed": 0, "inputs": 0})
+    sweeps: list[tuple] = []
+    try:
+        # Round 1: N sessions of a few turns each through the chat Lambda's handler, then one sweep.
+        round1 = list(range(args.sessions))
+        chat_sessions(round1)
+        sweeps.append(("round 1",) + sweep_and_count(per_session))
+        # Round 2: per kind, one session per user (so no two extractions of a user race), then a sweep.
+        round2: dict[str, list[int]] = {}
+        for r, kind in enumerate(ROUND2):
+            numbers = [args.sessions + r * args.users + u for u in range(args.users)]
+            round2[kind] = numbers
+            kinds.update({n: kind for n in numbers})
+            chat_sessions(numbers)
+            sweeps.append((f"round 2: {kind}",) + sweep_and_count(per_session))
         with eros_db.connect(url, vector=False) as conn:
             stored = {int(MARKER.search(r["content"]).group(1)): r["n"] for r in conn.execute(
                 "SELECT min(content) AS content, count(*) AS n FROM engine.companion_memories"
                 " WHERE instance_id IS NULL GROUP BY session_id").fetchall()}
             unstamped = conn.execute("SELECT count(*) AS n FROM engine.chat_sessions WHERE classified_at IS NULL"
                                      ).fetchone()["n"]
+            consolidated = conn.execute(
+                "SELECT count(*) FILTER (WHERE superseded_at IS NOT NULL) AS superseded,"
+                " coalesce(sum(mention_count - 1), 0) AS confirmations, count(*) AS rows"
+                " FROM engine.companion_memories WHERE instance_id IS NULL").fetchone()
 
-        # 4. A second sweep has nothing to do and must cost nothing.
+        # A last sweep has nothing to do and must cost nothing.
         before = (llm.calls, voyage.calls)
         again = dreaming.sweep(cfg, dreaming.InProcessInvoker(load_function("extract").lambda_handler))
-        second_sweep_calls = (llm.calls - before[0]) + (voyage.calls - before[1])
+        last_sweep_calls = (llm.calls - before[0]) + (voyage.calls - before[1])
     finally:
         llm.close()
         voyage.close()
         eros_db.reset()
 
-    with_memories = [n for n in range(args.sessions) if json.loads(extraction_answer(n, args.empty_every))["memories"]]
-    empty = [n for n in range(args.sessions) if n not in with_memories]
-    totals = lambda ns: [per_session[n]["llm"] + per_session[n]["embed"] for n in ns]  # noqa: E731
-    calls_with = collections.Counter(totals(with_memories))
-    calls_empty = collections.Counter(totals(empty))
-    exact = all(per_session[n]["llm"] == 1 and per_session[n]["embed"] == 1 for n in with_memories)
-    batched = all(per_session[n]["inputs"] == stored.get(n, 0) for n in with_memories)
-    ok = (exact and batched and all(per_session[n]["llm"] == 1 and per_session[n]["embed"] == 0 for n in empty)
-          and unattributed == 0 and unstamped == 0 and second_sweep_calls == 0 and sweep.claimed == args.sessions)
-    total_llm = sum(e["llm"] for e in per_session.values())
-    total_embed = sum(e["embed"] for e in per_session.values())
-    memories = sum(stored.values())
+    total = lambda n: per_session[n]["llm"] + per_session[n]["embed"]  # noqa: E731
+    everything = round1 + [n for ns in round2.values() for n in ns]
+    # What each session should cost follows from what it wrote: new rows -> LLM + one embedding batch;
+    # no new row (nothing to remember, or only repeats of known memories) -> the LLM call alone.
+    exact = all((per_session[n]["llm"], per_session[n]["embed"]) == ((1, 1) if stored.get(n) else (1, 0))
+                for n in everything)
+    batched = all(per_session[n]["inputs"] == stored.get(n, 0) for n in everything)
+    with_known = [u for u in range(args.users) if any(stored.get(n) for n in round1 if n % args.users == u)]
+    # Round 2 did consolidate: each user with known memories had the nearest confirmed in "repeat" and
+    # one superseded in "change"; in "mixed" every user has known memories (at least the change's row).
+    expected = {"superseded": len(with_known), "confirmations": len(with_known) + args.users}
+    consolidation_ok = (consolidated["superseded"] == expected["superseded"]
+                        and consolidated["confirmations"] == expected["confirmations"]
+                        and not any(stored.get(n) for n in round2["repeat"] if n % args.users in with_known))
+    unattributed = sum(s[3] for s in sweeps)
+    ok = (exact and batched and consolidation_ok and unattributed == 0 and unstamped == 0 and last_sweep_calls == 0
+          and all(s[1].claimed == len(ns) for s, ns in zip(sweeps, [round1, *round2.values()])))
 
-    def dist(counter) -> str:
-        return ", ".join(f"{calls} call{'s' if calls != 1 else ''}: {n} session{'s' if n != 1 else ''}"
-                         for calls, n in sorted(counter.items())) or "—"
+    def dist(ns: list[int]) -> str:
+        counter = collections.Counter(total(n) for n in ns)
+        return ", ".join(f"{calls} call{'s' if calls != 1 else ''}: {k} session{'s' if k != 1 else ''}"
+                         for calls, k in sorted(counter.items())) or "—"
 
+    def line(title: str, ns: list[int], goal: str) -> str:
+        return (f"| {title} | {len(ns)} | {sum(per_session[n]['llm'] for n in ns)} | "
+                f"{sum(per_session[n]['embed'] for n in ns)} | {dist(ns)} | {goal} |")
+
+    new_rows = [n for n in everything if stored.get(n)]
+    no_rows = [n for n in everything if not stored.get(n)]
+    r1_with = [n for n in round1 if stored.get(n)]
+    r1_empty = [n for n in round1 if not stored.get(n)]
+    total_llm = sum(per_session[n]["llm"] for n in everything)
+    total_embed = sum(per_session[n]["embed"] for n in everything)
     report = "\n".join([
         "# Provider calls per extracted session", "",
         f"* **Command:** `{command.strip()}`",
         f"* **Date:** {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"* **Machine:** {machine.describe(with_load=False)}",
-        f"* **Setup:** {args.sessions} sessions × {args.turns} turns chatted through the chat handler, idle, then one "
-        f"sweep (`eros.dreaming.sweep`, in-process invoker, {args.workers} workers) running the extract handler per "
-        "session; fake OpenRouter and Voyage from `tests/fakes.py` (real HTTP on loopback) count the calls. "
-        f"Every {args.empty_every}th session's extraction answers no memories.", "",
+        f"* **Setup:** round 1: {args.sessions} sessions × {args.turns} turns of {args.users} users chatted through the "
+        f"chat handler, idle, then one sweep (`eros.dreaming.sweep`, in-process invoker, {args.workers} workers) "
+        "running the extract handler per session; every "
+        f"{args.empty_every}th session's extraction answers no memories. Round 2 (consolidation): three more sweeps "
+        f"of one session per user each, whose extraction answers from the `<known_memories>` block of the actual "
+        "request: repeat the nearest known memory only (`same_as`), change it (`supersedes`), or repeat it and add "
+        "a new memory. Fake OpenRouter and Voyage from `tests/fakes.py` (real HTTP on loopback) count the calls.", "",
         "| | sessions | LLM calls | embedding calls | calls per session | goal |",
         "| --- | ---: | ---: | ---: | --- | --- |",
-        f"| sessions with memories | {len(with_memories)} | {sum(per_session[n]['llm'] for n in with_memories)} | "
-        f"{sum(per_session[n]['embed'] for n in with_memories)} | {dist(calls_with)} | exactly 2 "
-        f"({'met' if exact else 'NOT met'}) |",
-        f"| sessions with nothing to remember | {len(empty)} | {sum(per_session[n]['llm'] for n in empty)} | "
-        f"{sum(per_session[n]['embed'] for n in empty)} | {dist(calls_empty)} | 1 (the LLM call) |",
-        f"| second sweep (nothing eligible) | 0 | — | — | {second_sweep_calls} calls in all | 0 |", "",
-        f"* {memories} profile memories written, each session's memories embedded in one batch: "
+        line("round 1: sessions with memories", r1_with, "exactly 2"),
+        line("round 1: sessions with nothing to remember", r1_empty, "1 (the LLM call)"),
+        line("round 2: repeat only (`same_as`, no new row)", round2["repeat"],
+             "1 (the LLM call)" + ("" if len(with_known) == args.users else
+                                   f"; {args.users - len(with_known)} user(s) with nothing known answer nothing")),
+        line("round 2: changed fact (`supersedes`)", round2["change"], "exactly 2"),
+        line("round 2: repeat + a new memory", round2["mixed"], "exactly 2"),
+        f"| **all sessions that wrote new rows** | {len(new_rows)} | {sum(per_session[n]['llm'] for n in new_rows)} | "
+        f"{sum(per_session[n]['embed'] for n in new_rows)} | {dist(new_rows)} | exactly 2 "
+        f"({'met' if all(total(n) == 2 for n in new_rows) else 'NOT met'}) |",
+        f"| **all sessions that wrote no row** | {len(no_rows)} | {sum(per_session[n]['llm'] for n in no_rows)} | "
+        f"{sum(per_session[n]['embed'] for n in no_rows)} | {dist(no_rows)} | 1 "
+        f"({'met' if all(total(n) == 1 for n in no_rows) else 'NOT met'}) |",
+        f"| last sweep (nothing eligible) | 0 | — | — | {last_sweep_calls} calls in all | 0 |", "",
+        f"* {sum(stored.values())} profile memories written, each session's memories embedded in one batch: "
         f"{'yes' if batched else 'NO'}; sessions left unstamped: {unstamped}; requests not attributable to one "
         f"session: {unattributed}.",
-        f"* Sweep: claimed {sweep.claimed}, invoked {sweep.invoked}, {sweep.batches} batch(es), "
-        f"{sweep_secs:.2f} s including the extractions; second sweep claimed {again.claimed}.",
-        f"* Totals: {total_llm} LLM + {total_embed} embedding calls for {args.sessions} sessions = "
-        f"{(total_llm + total_embed) / max(1, args.sessions):.2f} per session on average.",
+        f"* Consolidation applied in round 2: {consolidated['superseded']} rows superseded and "
+        f"{consolidated['confirmations']} confirmations (mention count) for {len(with_known)} users with known "
+        f"memories before round 2 (expected {expected['superseded']} and {expected['confirmations']}: one "
+        "confirmation per repeat-only session of those users, one per mixed session): "
+        f"{'yes' if consolidation_ok else 'NO'}.",
+        *[f"* Sweep {name}: claimed {res.claimed}, invoked {res.invoked}, {res.batches} batch(es), {secs:.2f} s "
+          "including the extractions." for name, res, secs, _ in sweeps],
+        f"* Last sweep claimed {again.claimed}.",
+        f"* Totals: {total_llm} LLM + {total_embed} embedding calls for {len(everything)} sessions = "
+        f"{(total_llm + total_embed) / max(1, len(everything)):.2f} per session on average.",
         f"* **Result: {'PASS' if ok else 'FAIL'}**", ""])
     print()
     print(report)
