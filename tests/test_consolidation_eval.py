@@ -3,7 +3,7 @@ model on a few users, both arms, through the real chat handler, claim, extract h
 
 from __future__ import annotations
 
-import json
+import collections
 import sys
 from pathlib import Path
 
@@ -76,3 +76,40 @@ def test_configured_model_is_refused_without_a_key(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(SystemExit, match="OPENROUTER_API_KEY"):
         consolidation_eval.run(["--llm", "configured", "--out", "-"])
+
+
+def test_configured_mode_runs_a_configured_server_and_the_before_arm_strips_its_consolidation(
+        database_url, tmp_path, monkeypatch):
+    """--llm configured with LLM_BASE_URL pointing at an OpenAI-compatible server (here a fake that answers
+    like the script, found by the session's turns): the answers reach the engine through the configured
+    client, calls are counted at the client seam, and the before arm drops supersedes/same_as itself."""
+    from fakes import FakeOpenRouter
+
+    from eros.extraction import SYSTEM_PROMPT
+
+    user = consolidation_eval.load_users(only=["zh-03"])[0]
+    by_turns = {tuple(s["turns"]): s for s in user["sessions"]}
+    asked = []
+
+    def respond(body):
+        assert body["messages"][0]["content"] == SYSTEM_PROMPT  # chat replies never reach the configured model
+        text = body["messages"][-1]["content"]
+        turns = tuple(line[len("user: "):] for line in text.split("<session>", 1)[1].splitlines()
+                      if line.startswith("user: "))
+        block = text.split("</known_memories>", 1)[0] if "<known_memories>" in text else ""
+        asked.append(turns)
+        return consolidation_eval.scripted_answer(by_turns[turns], user["facts"], block, True, collections.Counter())
+
+    server = FakeOpenRouter(respond)
+    try:
+        monkeypatch.setenv("LLM_BASE_URL", server.url)
+        monkeypatch.setenv("OPENROUTER_API_KEY", "k")
+        figures = consolidation_eval.run(["--llm", "configured", "--users", "zh-03", "--database-url", database_url,
+                                          "--out", str(tmp_path / "configured.md")])
+    finally:
+        server.close()
+    after, before = figures["arms"]["after"], figures["arms"]["before"]
+    assert len(asked) == 2 * len(user["sessions"]) == server.calls  # one extraction call per session and arm
+    assert after["current_above_superseded"] == 1.0 and after["stale_active_rows"] == 0
+    assert after["superseded_rows"] > 0 and after["calls_met"]
+    assert before["superseded_rows"] == 0 and before["stale_active_rows"] > 0 and before["calls_met"]
