@@ -89,7 +89,9 @@ def transcript(session_id: UUID, after_id: int | None, context_messages: int, li
 # session already has its vector in the relationship layer (the chat turn paid for it), so the
 # active profile rows nearest to those turns are what the session is likely to confirm or change.
 # Per turn the nearest ``limit`` (an exact scan of the user's active rows through the partial
-# profile index), then the best of those overall.
+# profile index), then the best of those overall. Rows at the same distance (a lexical embedder puts
+# every row that shares no word with the session at one distance) go by importance, then the newest:
+# the facts a change is most likely to touch ("lives in", "works at") are the important ones.
 _TOUCHED = """
 WITH turns AS (
     SELECT embedding FROM engine.companion_memories
@@ -108,7 +110,7 @@ WITH turns AS (
 SELECT id, content, category, importance, created_at, min(distance) AS distance
 FROM near
 GROUP BY id, content, category, importance, created_at
-ORDER BY min(distance), id
+ORDER BY min(distance), importance DESC NULLS LAST, created_at DESC, id
 LIMIT %(limit)s
 """
 
