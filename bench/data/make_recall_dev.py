@@ -31,9 +31,10 @@ stream per user so that every row and query above stays exactly as it was:
 
 Memories carry truth labels saying what a correct consolidation would do when the row is written:
 ``supersedes`` (ids of older rows this one replaces: a changed fact), ``same_as`` (the id of a
-known row this one restates: no new row, the known one is confirmed), and ``fact`` (one key shared
-by every row that states the same fact, for counting active duplicates). bench/recall_eval.py
-``--consolidation oracle`` applies them.
+known row this one restates: no new row, the known one is confirmed), ``fact`` (one key shared
+by every row that states the same fact, for counting active duplicates) and, on the traps,
+``related_to`` (the older row it is about but does not contradict: both stay active).
+bench/recall_eval.py ``--consolidation oracle`` applies them.
 
 Each query also carries ``tags`` (``update``, ``stable``, ``importance``, ``event``,
 ``relationship``, ``as_of``, ``chain``, ``repeat``, ``trap``, ``en``/``zh``) for the per-slice
@@ -419,15 +420,18 @@ def build() -> tuple[list[dict], list[dict]]:
                                                                                rng2.uniform(3, 60))))]
             query(repeat_q, copies, ["repeat"])
 
-            # Traps: newer, related, contradicting nothing (no labels: a correct consolidation keeps both).
+            # Traps: newer, related, contradicting nothing (related_to, no supersedes: a correct consolidation
+            # keeps both).
             text, category = t["trap_pet"]
-            mem2("trap-pet", text.format(k=pet_kind, x=pet), category, 0.5, rng2.uniform(5, 90))
+            mem2("trap-pet", text.format(k=pet_kind, x=pet), category, 0.5, rng2.uniform(5, 90),
+                 related_to=[pet_id])
             query(t["trap_pet_q"].format(x=pet), [pet_id], ["stable", "trap", "pet"])
             text, category = t["trap_allergy"]
-            mem2("trap-allergy", text.format(o=obj), category, 0.7, rng2.uniform(5, 120))
+            mem2("trap-allergy", text.format(o=obj), category, 0.7, rng2.uniform(5, 120),
+                 related_to=[allergy_id])
             query(t["trap_allergy_q"][allergen], [allergy_id], ["stable", "trap", "allergy"])
             text, category = t["trap_child"]
-            mem2("trap-child", text.format(x=kid), category, 0.5, rng2.uniform(2, 30))
+            mem2("trap-child", text.format(x=kid), category, 0.5, rng2.uniform(2, 30), related_to=[kid_id])
             query(t["trap_child_q"], [kid_id], ["stable", "trap", "child"])
 
             for key, label in labels.items():

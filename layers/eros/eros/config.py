@@ -58,15 +58,18 @@ class Settings(BaseModel):
     recall_decay_tau_days: float = Field(365.0, gt=0, le=36500)  # decay = exp(-age_days / tau)
     recall_decay_floor: float = Field(0.9, ge=0, le=1)  # composite: what a very old row keeps of its score
     recall_importance_floor: float = Field(0.9, ge=0, le=1)  # composite: weight = f + (1 - f) * importance
-    recall_dedupe_similarity: float = Field(0.95, gt=0, le=1)  # two recalled rows this close: one is dropped
+    recall_dedupe_similarity: float = Field(0.97, gt=0, le=1)  # two recalled rows this close: one is dropped
     # Read-time safety net (issue 7 §2): an older profile row with a newer active row of the same
     # category at least this cosine-similar is demoted by the penalty (not hidden; above 1: off),
     # checked among the pool best rows only; plus w * importance added to every score. Tuned on the
-    # e5 dev set (bench/results/recall_eval_e5.md): the threshold is on the embedder's cosine scale.
-    recall_demote_similarity: float = Field(0.9, gt=0, le=2)
-    recall_demote_penalty: float = Field(0.05, ge=0, le=1)
+    # e5 dev set (bench/results/recall_summary.md), which is also where hygiene's near-duplicate
+    # threshold moved from 0.95 to 0.97: e5 puts a stable fact and a newer related one ("has a
+    # cat, Mochi" / "adopted a second cat") above 0.95, and hygiene dropped the old one. The
+    # threshold is on the embedder's cosine scale: re-tune with the production embedder.
+    recall_demote_similarity: float = Field(0.84, gt=0, le=2)
+    recall_demote_penalty: float = Field(0.01, ge=0, le=1)
     recall_demote_pool: int = Field(32, ge=1, le=200)
-    recall_importance_weight: float = Field(0.02, ge=0, le=1)
+    recall_importance_weight: float = Field(0.05, ge=0, le=1)
 
     # --- dreaming -------------------------------------------------------------------
     dreaming_idle_secs: int = Field(1800, ge=1)

@@ -59,10 +59,10 @@ class RecallParams:
     tau_days: float = 365.0
     floor: float = 0.9
     importance_floor: float = 0.9
-    dedupe_similarity: float = 0.95  # >= this cosine between two recalled rows: the same thing
-    importance_weight: float = 0.02  # score += w * importance (0.5 where missing)
-    demote_similarity: float = 0.9  # an older profile row this close to a newer one of its category...
-    demote_penalty: float = 0.05  # ...loses this much score (above 1 or 0: off)
+    dedupe_similarity: float = 0.97  # >= this cosine between two recalled rows: the same thing
+    importance_weight: float = 0.05  # score += w * importance (0.5 where missing)
+    demote_similarity: float = 0.84  # an older profile row this close to a newer one of its category...
+    demote_penalty: float = 0.01  # ...loses this much score (above 1 or 0: off)
     demote_pool: int = 32  # ...checked among this many best rows only
 
     @classmethod
