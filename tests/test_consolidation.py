@@ -173,6 +173,21 @@ def test_the_model_sees_only_the_users_own_active_profile_rows_by_handle_and_at_
     assert not re.search(r"[0-9a-f]{8}-[0-9a-f]{4}-", request["json"]["messages"][-1]["content"])  # no uuids
 
 
+def test_rows_at_the_same_distance_go_by_importance_then_the_newest(db, online):
+    """A lexical embedder puts every row that shares no word with the session at one distance: the
+    important fact ("lives in", a relation) must win a slot over trivia, not a random uuid."""
+    llm, _ = online
+    # The relation sorts after the preferences in the profile index: scan order would leave it out.
+    rows = [("Mother pushes her to marry", "relation", 1.0)] + [(f"Likes snack {i}", "preference", 0.2)
+                                                                 for i in range(79)]
+    for content, category, importance in reversed(rows):  # the fact last: scan order must not decide
+        db.execute("INSERT INTO engine.companion_memories (user_id, content, embedding, category, importance)"
+                   " VALUES ('alice', %s, %s, %s, %s)", (content, Vector(hash_embed(content)), category, importance))
+    shown = script(llm, lambda known: [])
+    dream(db, "Got the keys to my new flat in Berlin")
+    assert "Mother pushes her to marry" in shown[0] and len(shown[0]) == 30
+
+
 def test_no_known_memories_means_no_known_block(db, online):
     llm, _ = online
     shown = script(llm, lambda known: [memory("Likes tea", "preference")])

@@ -103,7 +103,7 @@ WITH turns AS (
         SELECT id, content, category, importance, created_at, embedding <=> t.embedding AS distance
         FROM engine.companion_memories
         WHERE user_id = %(user)s AND instance_id IS NULL AND superseded_at IS NULL AND category IS NOT NULL
-        ORDER BY distance
+        ORDER BY distance, importance DESC NULLS LAST, created_at DESC, id
         LIMIT %(limit)s
     ) m
 )
