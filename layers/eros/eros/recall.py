@@ -21,14 +21,16 @@ exp(-age_days / tau)`` and importance 0.5 where a row has none:
   (bench/results/recall_eval_e5.md measures it).
 
 ``RECALL_CATEGORY_CAP`` (0: none) optionally caps any one category in the global strategies. The
-defaults are the winners of ``bench/recall_eval.py`` (see ``bench/results/recall_eval.md``).
+defaults are the winners of ``bench/recall_eval.py`` (see ``bench/results/recall_summary.md``).
 
 Every strategy then adds a small importance term, ``w * importance`` (``RECALL_IMPORTANCE_WEIGHT``),
 and subtracts ``RECALL_DEMOTE_PENALTY`` from an older profile row when a newer active row of the
 same category is at least ``RECALL_DEMOTE_SIMILARITY`` cosine-similar to it (checked among the
 ``RECALL_DEMOTE_POOL`` best rows only): the read-time safety net for an update that write-time
 consolidation did not catch. It demotes, never hides; the relationship layer is not demoted.
-``eros.store.recall`` has the SQL and the exact rule.
+``eros.store.recall`` has the SQL and the exact rule. With e5 embeddings a memory's cosine to a
+newer one does not tell an update from a related-but-true fact, so the default penalty is small
+(bench/results/recall_summary.md).
 """
 
 from __future__ import annotations
