@@ -107,10 +107,10 @@ _NO_DEMOTION = ("", "0::float8")
 #   decay. `OFFSET 0` keeps it a separate plan node: without it the planner pulls the subquery up
 #   and substitutes the distance and decay expressions into every column that reads them, so each
 #   row's <=> and exp() would be computed once per reference (the score parts read them several
-#   times; measured: ~0.5 ms per statement at 100 rows). The age is clamped at 0 (a row stamped a moment after the statement began is simply
-#   "new") and the exponent at 700: exp() of a float8 below about -745 raises "value out of
-#   range: underflow" in Postgres instead of returning 0, and a memory many tau old must still
-#   be recalled when it is the relevant one.
+#   times; measured: ~0.5 ms per statement at 100 rows). The age is clamped at 0 (a row stamped
+#   a moment after the statement began is simply "new") and the exponent at 700: exp() of a
+#   float8 below about -745 raises "value out of range: underflow" in Postgres instead of
+#   returning 0, and a memory many tau old must still be recalled when it is the relevant one.
 # * `scored` adds the score parts and the undemoted score; the demotion CTEs (profile only) pick
 #   the pool from it; `ranked` subtracts the demotion.
 # * `capped` numbers each category's rows by score: the per-category quota of `grouped`, the
