@@ -222,7 +222,8 @@ def _run(args, users: list[dict], arms: list[Arm], configured: dict) -> dict:
 
     from eros import db as eros_db, dreaming, extraction, providers, recall
     from eros.config import settings
-    from eros.local import LambdaContext, http_api_event, load_function
+    from apiclient import Api
+    from eros.local import LambdaContext, load_function
     from eros.migrate import migrate
     from eros.store import dreaming as store
 
@@ -284,16 +285,15 @@ def _run(args, users: list[dict], arms: list[Arm], configured: dict) -> dict:
             return [c.model_copy(update={"supersedes": [], "same_as": None}) for c in candidates]
         return candidates
 
-    chat = load_function("chat")
     extract = load_function("extract")
     eros_db.reset()
 
+    api = Api()  # tests/apiclient.py: the chat handler with API Gateway events, as the tests call it
+
     def call(method: str, path: str, body: dict, user: str) -> dict:
-        event = http_api_event(method, path, {"content-type": "application/json"}, json.dumps(body).encode(),
-                               {"sub": user, "iss": "bench", "aud": "bench"})
-        result = chat.lambda_handler(event, LambdaContext("chat"))
-        assert result["statusCode"] in (200, 201), result
-        return json.loads(result["body"])
+        status, answer = api.call(method, path, body, user=user)
+        assert status in (200, 201), answer
+        return answer
 
     extraction.parse_candidates = parse_for_arm
     try:

@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     from eros import db as eros_db, dreaming, providers
     from eros.config import settings
     from eros.extraction import SYSTEM_PROMPT
-    from eros.local import LambdaContext, http_api_event, load_function
+    from apiclient import Api
+    from eros.local import load_function
     from eros.migrate import migrate
     from fakes import FakeOpenRouter, FakeVoyage
 
@@ -152,15 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     settings.cache_clear()
     providers.reset()
     eros_db.reset()
-    chat = load_function("chat")
     cfg = settings()
 
+    api = Api()  # tests/apiclient.py: the chat handler with API Gateway events, as the tests call it
+
     def call(method: str, path: str, body: dict, user: str) -> dict:
-        event = http_api_event(method, path, {"content-type": "application/json"}, json.dumps(body).encode(),
-                               {"sub": user, "iss": "bench", "aud": "bench"})
-        result = chat.lambda_handler(event, LambdaContext("chat"))
-        assert result["statusCode"] in (200, 201), result
-        return json.loads(result["body"])
+        status, answer = api.call(method, path, body, user=user)
+        assert status in (200, 201), answer
+        return answer
 
     def chat_sessions(numbers: list[int]) -> None:
         started = time.monotonic()
