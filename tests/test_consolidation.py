@@ -311,6 +311,28 @@ def test_another_users_rows_cannot_be_touched_even_by_id(db, online):
     assert profile(db, "bob")[0]["superseded_at"] is None and profile(db, "bob")[0]["mention_count"] == 1
 
 
+def test_relationship_rows_and_history_cannot_be_superseded_or_confirmed_even_by_id(db, online):
+    llm, _ = online
+    script(llm, lambda known: [memory("Lives in Lima")], lambda known: [memory("Lives in Quito",
+                                                                                supersedes=[known["Lives in Lima"]])])
+    dream(db, "I live in Lima")
+    dream(db, "I moved to Quito")
+    history = next(r for r in profile(db) if r["content"] == "Lives in Lima")
+    utterance = db.execute("SELECT id FROM engine.companion_memories WHERE user_id = 'alice'"
+                           " AND instance_id IS NOT NULL AND superseded_at IS NULL LIMIT 1").fetchone()["id"]
+    sid, payload = session_with(db, "hello again")
+    token = datetime.fromisoformat(payload["claim_token"])
+    counts = store.finish(store.claimed_session(sid, token), token,
+                          [{"content": "Forged", "category": "fact", "importance": 0.5, "embedding": hash_embed("x"),
+                            "supersedes": [history["id"], utterance], "metadata": {}}],
+                          None, None, confirm=[(history["id"], 1.0), (utterance, 1.0)])
+    assert (counts["superseded"], counts["confirmed"], counts["ignored"]) == (0, 0, 4)
+    again = next(r for r in profile(db) if r["content"] == "Lives in Lima")
+    assert again["superseded_by"] == history["superseded_by"] and again["mention_count"] == 1
+    assert db.execute("SELECT superseded_at FROM engine.companion_memories WHERE id = %s",
+                      (utterance,)).fetchone()["superseded_at"] is None
+
+
 def test_handles_are_local_to_one_extraction():
     rows = [{"id": i, "content": f"c{i}", "category": "fact", "created_at": datetime.now(timezone.utc)}
             for i in range(35)]
