@@ -276,6 +276,43 @@ def test_client_errors_are_provider_errors_but_not_unavailable():
     assert not issubclass(ProviderResponseError, ProviderUnavailable)
 
 
+@pytest.mark.parametrize("code", [401, 402, 403])
+@pytest.mark.parametrize("make", [chat, voyage], ids=["llm", "voyage"])
+def test_bad_key_no_credit_and_forbidden_are_configuration_errors_with_their_status(make, code, fake_llm,
+                                                                                     fake_voyage):
+    # Dreaming holds its work on these (not the session's fault, not worth a retry until fixed).
+    fake = fake_llm if make is chat else fake_voyage
+    fake.push(Status(code))
+    call = (lambda c: c.complete("m", MESSAGES)) if make is chat else (lambda c: c.embed(["x"], "query"))
+    with pytest.raises(providers.ProviderConfigurationError) as caught:
+        call(make(fake, max_retries=3))
+    assert caught.value.status == code and fake.calls == 1
+    assert isinstance(caught.value, ProviderResponseError)
+
+
+@pytest.mark.parametrize("code", [400, 404, 413, 422])
+def test_other_client_errors_are_not_configuration_errors(fake_llm, code):
+    fake_llm.push(Status(code))
+    with pytest.raises(ProviderResponseError) as caught:
+        chat(fake_llm).complete("m", MESSAGES)
+    assert not isinstance(caught.value, providers.ProviderConfigurationError) and caught.value.status == code
+
+
+@pytest.mark.parametrize("code", [402, "401"])
+def test_no_credit_inside_a_200_is_a_configuration_error(fake_llm, code):
+    fake_llm.push(Raw({"error": {"code": code, "message": "Insufficient credits"}}))
+    with pytest.raises(providers.ProviderConfigurationError) as caught:
+        chat(fake_llm).complete("m", MESSAGES)
+    assert caught.value.status == int(code)
+
+
+def test_unavailable_carries_the_status_and_the_retry_after_hint(fake_llm):
+    fake_llm.push(Status(429, retry_after=120))
+    with pytest.raises(ProviderUnavailable) as caught:
+        chat(fake_llm, max_retries=0).complete("m", MESSAGES)
+    assert (caught.value.status, caught.value.retry_after) == (429, 120.0)
+
+
 @pytest.mark.parametrize("behaviour, message", [
     (Malformed(), "not JSON"),
     (Malformed("<html>502 Bad Gateway</html>"), "not JSON"),

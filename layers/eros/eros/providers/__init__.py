@@ -14,13 +14,14 @@ from functools import lru_cache
 from ..config import settings
 from ..observability import logger
 from ..secrets import ConfigurationError, with_provider_keys
-from .base import Deadline, ProviderError, ProviderResponseError, ProviderTimeout, ProviderUnavailable
+from .base import (Deadline, ProviderConfigurationError, ProviderError, ProviderResponseError, ProviderTimeout,
+                   ProviderUnavailable)
 from .embed import VoyageEmbedder
 from .llm import ChatClient
 from .offline import HashingEmbedder, OfflineChat
 
-__all__ = ["Deadline", "ProviderError", "ProviderResponseError", "ProviderTimeout", "ProviderUnavailable",
-           "chat_client", "embedder", "describe"]
+__all__ = ["Deadline", "ProviderConfigurationError", "ProviderError", "ProviderResponseError", "ProviderTimeout",
+           "ProviderUnavailable", "chat_client", "embedder", "describe"]
 
 
 @lru_cache(maxsize=1)

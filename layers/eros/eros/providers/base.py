@@ -15,7 +15,13 @@ from ..observability import logger
 
 
 class ProviderError(Exception):
-    """Base of provider failures."""
+    """Base of provider failures. ``status`` is the provider's HTTP status (or the error code it sent
+    inside a 200), when there was one: what logs and stored errors may name instead of the body."""
+
+    def __init__(self, message: str, *, status: int | None = None, retry_after: float | None = None):
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after  # the provider's Retry-After hint in seconds, if it sent one
 
 
 class ProviderUnavailable(ProviderError):
@@ -28,6 +34,20 @@ class ProviderTimeout(ProviderUnavailable):
 
 class ProviderResponseError(ProviderError):
     """The provider answered, but not with something usable (4xx other than 408/429, a malformed body)."""
+
+
+class ProviderConfigurationError(ProviderResponseError):
+    """401, 402, 403: a bad or missing key, no credit, a forbidden model. Not the request's fault and not
+    worth retrying until someone fixes the configuration (dreaming holds its work and says so in health)."""
+
+
+CONFIGURATION_STATUSES = (401, 402, 403)
+
+
+def client_error(message: str, status: int | None) -> ProviderResponseError:
+    """The error for a provider's 4xx answer (or error code inside a 200) that is not 408/429."""
+    kind = ProviderConfigurationError if status in CONFIGURATION_STATUSES else ProviderResponseError
+    return kind(message, status=status)
 
 
 @dataclass
@@ -79,10 +99,11 @@ def post_json(client: httpx.Client, url: str, payload: dict, *, headers: dict, t
             failure, wait = ProviderUnavailable(f"{what}: connection failed ({type(exc).__name__})"), None
         else:
             if response.status_code in (408, 429) or response.status_code >= 500:
-                failure = ProviderUnavailable(f"{what}: HTTP {response.status_code}")
                 wait = _retry_after(response)
+                failure = ProviderUnavailable(f"{what}: HTTP {response.status_code}", status=response.status_code,
+                                              retry_after=wait)
             elif response.status_code >= 400:
-                raise ProviderResponseError(f"{what}: HTTP {response.status_code}: {response.text[:300]}")
+                raise client_error(f"{what}: HTTP {response.status_code}: {response.text[:300]}", response.status_code)
             else:
                 try:
                     body = response.json()

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from .base import Deadline, ProviderResponseError, ProviderUnavailable, post_json
+from .base import Deadline, ProviderResponseError, ProviderUnavailable, client_error, post_json
 
 
 @dataclass
@@ -65,5 +65,5 @@ def _raise_embedded_error(body: dict, model: str) -> None:
     if isinstance(code, str) and code.isdigit():
         code = int(code)
     if isinstance(code, int) and (code in (408, 429) or code >= 500):
-        raise ProviderUnavailable(f"chat completion ({model}): upstream error {code}: {message}")
-    raise ProviderResponseError(f"chat completion ({model}): error {code}: {message}")
+        raise ProviderUnavailable(f"chat completion ({model}): upstream error {code}: {message}", status=code)
+    raise client_error(f"chat completion ({model}): error {code}: {message}", code if isinstance(code, int) else None)
