@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from eros import chat, health as health_check
 from eros.config import CATEGORIES, settings
-from eros.observability import logger, metrics, tracer
+from eros.observability import logger, metrics
+from eros import tracing
 from eros.store import chat as chat_store
 from eros.store import memories as memory_store
 
@@ -280,7 +281,7 @@ def _as_json_request(event: dict) -> dict | None:
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)
-@tracer.capture_lambda_handler
+@tracing.lambda_handler(tracing.chat_annotations)  # no reply, page or listing in traces
 @metrics.log_metrics
 def lambda_handler(event: dict, context) -> dict:
     return _as_json_request(event) or app.resolve(event, context)

@@ -11,7 +11,8 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from eros import deep_pass, dreaming
 from eros.config import settings
-from eros.observability import logger, metrics, tracer
+from eros.observability import logger, metrics
+from eros import tracing
 
 
 class ExtractEvent(BaseModel):
@@ -33,7 +34,7 @@ class DeepPassEvent(BaseModel):
 
 
 @logger.inject_lambda_context
-@tracer.capture_lambda_handler
+@tracing.lambda_handler(tracing.extract_annotations)  # no response or error in traces
 @metrics.log_metrics
 def lambda_handler(event: dict, context) -> dict:
     # A malformed event raises: Lambda's retries then the OnFailure DLQ keep it for inspection.

@@ -6,7 +6,8 @@ from dataclasses import asdict
 
 from eros import dreaming
 from eros.config import settings
-from eros.observability import logger, metrics, tracer
+from eros.observability import logger, metrics
+from eros import tracing
 
 _invoker: dreaming.LambdaInvoker | None = None  # one boto3 client per container
 
@@ -22,7 +23,7 @@ def invoker() -> dreaming.LambdaInvoker:
 
 
 @logger.inject_lambda_context
-@tracer.capture_lambda_handler
+@tracing.lambda_handler(tracing.sweeper_annotations)  # no response or error in traces
 @metrics.log_metrics
 def lambda_handler(event: dict, context) -> dict:
     budget = max(1.0, context.get_remaining_time_in_millis() / 1000 - 10)  # leave time to report

@@ -53,7 +53,7 @@ def _replay(turn: dict[str, dict], client_turn_id: str) -> TurnResult:
                       recalled=meta.get("recalled", []), model=meta.get("model", ""), replayed=True)
 
 
-@tracer.capture_method
+@tracer.capture_method(capture_response=False, capture_error=False)  # a reply is content
 def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str | None) -> TurnResult:
     cfg = settings()
     session = chat_store.get_session(user_id, session_id)
