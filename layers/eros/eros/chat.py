@@ -60,11 +60,13 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
     if session is None:
         raise NotFound("session not found")
     turn_id = client_turn_id or str(uuid.uuid4())
-    earlier = chat_store.find_turn(session_id, turn_id) if client_turn_id else {}
-    if "user" in earlier and earlier["user"]["content"] != content:
+    # The message is stored (and the turn id claimed for it) before any model call: of concurrent senders
+    # of one turn id, exactly one owns it; the others are a conflict or, with the same message, its replay.
+    turn = chat_store.claim_turn(session_id, content, turn_id)
+    if turn["user"]["content"] != content:
         raise TurnConflict("client_turn_id was already used in this session for a different message")
-    if "assistant" in earlier:
-        return _replay(earlier, turn_id)
+    if "assistant" in turn:
+        return _replay(turn, turn_id)
 
     deadline = Deadline.after(cfg.turn_budget_secs)
     try:
@@ -77,7 +79,6 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
         completion = chat_client().complete(cfg.chat_model, messages, max_tokens=cfg.chat_max_tokens,
                                             deadline=deadline)
     except ProviderError as exc:
-        chat_store.keep_user_message(session_id, content, turn_id)
         metrics.add_metric(name="TurnProviderFailures", unit="Count", value=1)
         logger.warning("chat turn failed at a provider", extra={"error": str(exc), "session_id": str(session_id)})
         status = 504 if isinstance(exc, ProviderTimeout) else 503 if isinstance(exc, ProviderUnavailable) else 502
@@ -86,7 +87,7 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
     recalled = ([{"id": str(m["id"]), "layer": "profile", "category": m["category"]} for m in profile]
                 + [{"id": str(m["id"]), "layer": "relationship", "category": m["category"]} for m in relationship])
     stored = chat_store.record_turn(
-        session, user_id, content, turn_id, completion.text,
+        session, user_id, turn["user"]["id"], content, turn_id, completion.text,
         {"recalled": recalled, "model": completion.model, "usage": completion.usage, "offline": completion.offline},
         query.vectors[0], query.model,
     )

@@ -87,33 +87,45 @@ def list_messages(session_id: UUID, limit: int, before: int | None) -> list[dict
     ).fetchall()
 
 
-def keep_user_message(session_id: UUID, content: str, client_turn_id: str) -> None:
-    """Store the user's message of a turn whose model call failed, so that nothing typed is lost."""
-    with transaction() as conn:
-        _insert_message(conn, session_id, "user", content, client_turn_id, {})
-        _touch(conn, session_id)
+def claim_turn(session_id: UUID, content: str, client_turn_id: str) -> dict[str, dict]:
+    """Store the user's message of a turn before any model call, claiming ``client_turn_id`` for it.
+
+    The message is committed first, so that nothing typed is lost whatever happens to the model call,
+    and so that the UNIQUE (session_id, client_turn_id, role) constraint decides which of several
+    concurrent senders of one turn id owns it: exactly one insert wins; the others (they wait for the
+    winner's commit) find its message. Returns the turn's messages by role, as ``find_turn`` does: the
+    caller compares the stored user message with its own (another content is a conflict) and replays a
+    stored reply."""
+    for _ in range(3):
+        with transaction() as conn:
+            row = _insert_message(conn, session_id, "user", content, client_turn_id, {})
+            if row is not None:
+                _touch(conn, session_id)
+                return {"user": {"id": row["id"], "role": "user", "content": content, "metadata": {}}}
+        turn = find_turn(session_id, client_turn_id)
+        if "user" in turn:
+            return turn
+        # The conflicting row went away between the two statements (its session was deleted): try again.
+    raise RuntimeError(f"could not claim turn {client_turn_id!r}")
 
 
-def record_turn(session: dict, user_id: str, content: str, client_turn_id: str, reply: str,
-                reply_metadata: dict, embedding: list[float], embed_model: str) -> dict:
-    """One transaction: the user's message (unless a failed attempt kept it), the reply, the session's
-    activity, and the utterance in the relationship layer. Returns both message ids."""
+def record_turn(session: dict, user_id: str, user_message_id: int, content: str, client_turn_id: str,
+                reply: str, reply_metadata: dict, embedding: list[float], embed_model: str) -> dict:
+    """One transaction: the reply to the user's message (stored by ``claim_turn``), the session's
+    activity, and the utterance in the relationship layer. Returns both message ids, or ``replayed`` when
+    a concurrent sender of the same message recorded its reply first (keep that one)."""
     with transaction() as conn:
-        user_row = _insert_message(conn, session["id"], "user", content, client_turn_id, {}) or conn.execute(
-            "SELECT id FROM engine.chat_messages WHERE session_id = %s AND client_turn_id = %s AND role = 'user'",
-            (session["id"], client_turn_id),
-        ).fetchone()
         assistant = _insert_message(conn, session["id"], "assistant", reply, client_turn_id, reply_metadata)
-        if assistant is None:  # a concurrent retry of the same turn won the race: keep its result
+        if assistant is None:
             return {"replayed": True}
         _touch(conn, session["id"])
         conn.execute(
             "INSERT INTO engine.companion_memories (session_id, user_id, instance_id, content, embedding, source,"
             " from_message_id, through_message_id, metadata) VALUES (%s, %s, %s, %s, %s, 'utterance', %s, %s, %s)",
-            (session["id"], user_id, session["instance_id"], content, Vector(embedding), user_row["id"],
-             user_row["id"], Jsonb({"message_id": user_row["id"], "embed_model": embed_model})),
+            (session["id"], user_id, session["instance_id"], content, Vector(embedding), user_message_id,
+             user_message_id, Jsonb({"message_id": user_message_id, "embed_model": embed_model})),
         )
-    return {"replayed": False, "user_message_id": user_row["id"], "assistant_message_id": assistant["id"]}
+    return {"replayed": False, "user_message_id": user_message_id, "assistant_message_id": assistant["id"]}
 
 
 def _insert_message(conn, session_id, role, content, client_turn_id, metadata) -> dict | None:
