@@ -57,7 +57,7 @@ def db(database_url, monkeypatch):
     reset_process_state()
     with connect(database_url) as conn:
         conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions, engine.user_consolidation,"
-                     " engine.persona_instances CASCADE")
+                     " engine.persona_instances, engine.provider_blocks CASCADE")
         yield conn
     reset_process_state()
 

@@ -184,7 +184,10 @@ def _claimed_session(api, db):
 
 
 @pytest.mark.parametrize("failure", [Status(500), Status(429, retry_after=0), Delay(3)], ids=["500", "429", "timeout"])
-def test_provider_outage_is_raised_and_not_stamped(online, db, env, failure):
+def test_provider_outage_is_backed_off_not_stamped_not_counted_then_extracted(online, db, env, failure):
+    # Policy change (issue 8 item 3): an outage no longer raises for Lambda's hot retries of the same event;
+    # the claim goes back with a backoff (the world's fault: a retry, never one of the session's attempts)
+    # and a sweep after the backoff extracts it.
     fake_llm, _ = online
     env(LLM_TIMEOUT_SECS=1)
     api = Api()
@@ -192,18 +195,26 @@ def test_provider_outage_is_raised_and_not_stamped(online, db, env, failure):
     fake_llm.push(failure)
     from eros.local import LambdaContext, load_function
 
-    from eros.providers import ProviderUnavailable
-
-    with pytest.raises(ProviderUnavailable):  # timeouts included (ProviderTimeout is one)
-        load_function("extract").lambda_handler(payload, LambdaContext("extract"))
-    row = session_row(db, sid)
-    assert row["classified_at"] is None and row["classification_error"]
-    assert row["classification_claimed_at"] is not None  # Lambda's retry reuses the claim
-    assert profile_rows(db) == []
-    # Lambda's async retry of the same event succeeds once the provider is back.
     result = load_function("extract").lambda_handler(payload, LambdaContext("extract"))
+    assert (result["outcome"], result["fault"]) == ("retry-later", "world")
+    row = session_row(db, sid)
+    assert row["classified_at"] is None and row["classification_claimed_at"] is None
+    assert (row["classification_attempts"], row["classification_retries"]) == (0, 1)
+    assert row["classification_error"].startswith("Provider") and "fake provider error" not in row["classification_error"]
+    retry_at = row["classification_next_attempt_at"]
+    assert retry_at.isoformat() == result["retry_at"]
+    assert 30 <= (retry_at - row["classification_retrying_since"]).total_seconds() <= 60  # base 60 s, jittered
+    assert profile_rows(db) == []
+    # Lambda's async retry of the same event costs nothing: the claim is no longer its.
+    assert load_function("extract").lambda_handler(payload, LambdaContext("extract"))["outcome"] == "not-claimed"
+    sent = []
+    assert dreaming.sweep(settings(), sent.append, now=lambda: retry_at - timedelta(seconds=1)).claimed == 0
+    dreaming.sweep(settings(), sent.append, now=lambda: retry_at)  # the backoff is over
+    result = load_function("extract").lambda_handler(sent[0], LambdaContext("extract"))
     assert result["outcome"] == "extracted" and len(profile_rows(db)) == 3
-    assert session_row(db, sid)["classification_error"] is None
+    row = session_row(db, sid)
+    assert row["classification_error"] is None and row["classification_retries"] == 0
+    assert row["classification_next_attempt_at"] is None and row["classification_retrying_since"] is None
 
 
 def test_embedding_outage_writes_nothing(online, db):
@@ -211,33 +222,43 @@ def test_embedding_outage_writes_nothing(online, db):
     api = Api()
     sid, payload = _claimed_session(api, db)
     fake_voyage.push(Status(503))
-    from eros.providers import ProviderUnavailable
-
-    with pytest.raises(ProviderUnavailable):
-        dreaming.extract_session(settings(), session_row(db, sid)["id"], datetime.fromisoformat(payload["claim_token"]))
+    result = dreaming.extract_session(settings(), session_row(db, sid)["id"],
+                                      datetime.fromisoformat(payload["claim_token"]))
+    assert (result.outcome, result.fault, result.llm_calls) == ("retry-later", "world", 1)
     assert profile_rows(db) == [] and session_row(db, sid)["classified_at"] is None
+    assert "from the embedder" in session_row(db, sid)["classification_error"]
 
 
-def test_attempts_cap_stamps_the_session_with_the_error(online, db, env):
+def test_the_sessions_own_failures_are_counted_and_capped_the_worlds_are_not(online, db, env):
+    # A 400 on this transcript is the session's own fault: counted, backed off, capped at
+    # DREAMING_MAX_ATTEMPTS and stamped with the reason. 500s in between count nothing.
     fake_llm, _ = online
-    env(DREAMING_MAX_ATTEMPTS=2, DREAMING_CLAIM_STALE_SECS=1)
+    env(DREAMING_MAX_ATTEMPTS=2)
     fake_llm.responder = lambda body: "unused"
     api = Api()
     sid = api.session()
     api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "I have a sister in Berlin"})
     go_idle(db)
-    for attempt in (1, 2):
-        fake_llm.push(Status(500))
-        result = sweep_now()  # the in-process invoker logs the raised error, like a failed async invoke
-        assert result["invoked"] == 1
+    clock = datetime.now(timezone.utc)
+    for failure, attempts, retries in ((Status(400), 1, 0), (Status(500), 1, 1), (Status(500), 1, 2)):
+        fake_llm.push(failure)
+        sent = []
+        assert dreaming.sweep(settings(), sent.append, now=lambda: clock).claimed == 1
+        result = dreaming.extract_session(settings(), sid, datetime.fromisoformat(sent[0]["claim_token"]), now=clock)
+        assert result.outcome == "retry-later"
         row = session_row(db, sid)
-        assert row["classification_attempts"] == attempt
-        if attempt == 1:
-            assert row["classified_at"] is None and "500" in row["classification_error"]
-            db.execute("UPDATE engine.chat_sessions SET classification_claimed_at = now() - interval '1 hour'")
+        assert (row["classification_attempts"], row["classification_retries"]) == (attempts, retries)
+        assert row["classified_at"] is None and f"HTTP {failure.code}" in row["classification_error"]
+        clock = row["classification_next_attempt_at"]
+    fake_llm.push(Status(400))
+    sent = []
+    dreaming.sweep(settings(), sent.append, now=lambda: clock)
+    result = dreaming.extract_session(settings(), sid, datetime.fromisoformat(sent[0]["claim_token"]), now=clock)
+    assert (result.outcome, result.fault) == ("gave-up", "own")
     row = session_row(db, sid)
-    assert row["classified_at"] is not None and "gave up after 2 attempts" in row["classification_error"]
-    assert sweep_now()["claimed"] == 0
+    assert row["classified_at"] is not None and row["classification_gave_up"] == "attempts"
+    assert "gave up after 2 attempts" in row["classification_error"]
+    assert dreaming.sweep(settings(), sent.append, now=lambda: clock + timedelta(days=2)).claimed == 0
     assert profile_rows(db) == []
 
 

@@ -31,7 +31,8 @@ FUNCTION = "eros-extract"
 UTC = timezone.utc
 PAYLOAD_KEYS = {"session_id", "user_id", "instance_id", "claim_token"}
 NO_USERS = {"users_claimed": 0, "deep_pass_invoked": 0, "deep_pass_invoke_failures": 0}  # no deep pass due
-NO_USER_METRICS = {"UsersClaimed": 0, "DeepPassInvoked": 0, "DeepPassInvokeFailures": 0}
+NO_USER_METRICS = {"UsersClaimed": 0, "DeepPassInvoked": 0, "DeepPassInvokeFailures": 0,
+                   "DreamingInFlight": 0, "ProvidersBlocked": 0}  # and nothing in flight before the tick
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -76,10 +77,15 @@ def claims(db) -> dict:
     return {r["id"]: (r["claimed"], r["attempts"]) for r in rows}
 
 
-def tick(timeout_secs: float = 240) -> dict:
-    """One scheduled sweep: the sample EventBridge Scheduler event through the sweeper's handler."""
-    return load_function("sweeper").lambda_handler(event("sweeper_schedule.json"),
-                                                  LambdaContext("sweeper", timeout_secs=timeout_secs))
+def tick(timeout_secs: float = 240, *, budget: bool = False) -> dict:
+    """One scheduled sweep: the sample EventBridge Scheduler event through the sweeper's handler (the
+    tick's budget, in-flight count and provider blocks left out unless ``budget``)."""
+    result = load_function("sweeper").lambda_handler(event("sweeper_schedule.json"),
+                                                    LambdaContext("sweeper", timeout_secs=timeout_secs))
+    if not budget:
+        for key in ("budget", "in_flight", "blocked"):
+            result.pop(key)
+    return result
 
 
 def extract(payload: dict) -> dict:
@@ -140,7 +146,10 @@ def sweeper(db, env, monkeypatch):
     module = load_function("sweeper")
     monkeypatch.setattr(module, "_invoker", None)
     metrics.clear_metrics()
-    env(EXTRACT_FUNCTION_NAME=FUNCTION, DREAMING_BATCH_SIZE=200, DREAMING_TICK_CAP=5000)
+    # An extract concurrency far above what these tests claim, so only the tick cap and batches bound them
+    # (test_a_tick_claims_no_more_than_the_extract_function_can_start_before_claims_go_stale is about it).
+    env(EXTRACT_FUNCTION_NAME=FUNCTION, DREAMING_BATCH_SIZE=200, DREAMING_TICK_CAP=5000,
+        DREAMING_EXTRACT_CONCURRENCY=1000)
     yield module
     metrics.clear_metrics()
 
@@ -238,7 +247,8 @@ def test_failed_invoke_releases_that_claim_and_stops_the_tick(aws, sweeper, env,
     released = next(s for s in first_batch if str(s) == failing[0])
     invoked = next(s for s in first_batch if str(s) == sent["session_id"])
     assert state[released] == (None, 0)  # the claim is given back, the attempt not counted
-    assert state[invoked][0] == datetime.fromisoformat(sent["claim_token"]) and state[invoked][1] == 1
+    assert state[invoked][0] == datetime.fromisoformat(sent["claim_token"])
+    assert state[invoked][1] == 0  # a claim is not a failure (issue 8 item 3): nothing counted
     assert all(state[s] == (None, 0) for s in sessions[2:])  # the rest waits for the next tick
 
     aws.fail = None
@@ -280,7 +290,7 @@ def test_one_tick_drains_a_backlog_many_batches_long(aws, env, db, capsys):
     assert emitted_metrics(capsys.readouterr().out)["SessionsClaimed"] == 1250
     sent = [p["session_id"] for p in aws.received]
     assert len(sent) == len(set(sent)) == 1250 and set(sent) == {str(s) for s in sessions}
-    assert all(claimed is not None and attempts == 1 for claimed, attempts in claims(db).values())
+    assert all(claimed is not None and attempts == 0 for claimed, attempts in claims(db).values())
 
 
 def test_tick_cap_stops_the_sweep_and_the_next_tick_continues_oldest_first(aws, env, db):
@@ -291,6 +301,25 @@ def test_tick_cap_stops_the_sweep_and_the_next_tick_continues_oldest_first(aws, 
     assert tick()["claimed"] == 250
     assert {p["session_id"] for p in aws.received[250:]} == {str(s) for s in sessions[250:500]}
     assert tick() == {"claimed": 100, "invoked": 100, "invoke_failures": 0, "batches": 1, "stopped_by": "drained"} | NO_USERS
+
+
+def test_a_tick_claims_no_more_than_the_extract_function_can_start_before_claims_go_stale(aws, env, db):
+    # 2 concurrent extractions of about 60 s each start 20 jobs in a 600 s stale window: a tick that
+    # claimed more would leave the rest waiting in Lambda's queue until their claims went stale, and
+    # each would be claimed (and paid for) again. Claims still in flight use the same capacity.
+    env(DREAMING_EXTRACT_CONCURRENCY=2, DREAMING_EXTRACT_SECS=60, DREAMING_CLAIM_STALE_SECS=600,
+        DREAMING_BATCH_SIZE=7)
+    sessions = idle_sessions(db, 50)
+    first = tick(budget=True)
+    assert (first["claimed"], first["budget"], first["in_flight"], first["stopped_by"]) == (20, 20, 0, "capacity")
+    assert {p["session_id"] for p in aws.received} == {str(s) for s in sessions[:20]}  # the longest idle first
+    second = tick(budget=True)  # nothing finished meanwhile: no room
+    assert (second["claimed"], second["budget"], second["in_flight"]) == (0, 0, 20)
+    db.execute("UPDATE engine.chat_sessions SET classification_claimed_at = NULL, classified_at = now()"
+               " WHERE id = ANY(%s)", (sessions[:5],))  # five extractions finished
+    third = tick(budget=True)
+    assert (third["claimed"], third["budget"], third["in_flight"]) == (5, 5, 15)
+    assert {p["session_id"] for p in aws.received[20:]} == {str(s) for s in sessions[20:25]}
 
 
 def test_time_budget_stops_the_sweep_between_batches(aws, env, db):

@@ -77,7 +77,23 @@ class Settings(BaseModel):
     dreaming_claim_stale_secs: int = Field(600, ge=1)
     dreaming_batch_size: int = Field(200, ge=1, le=10000)
     dreaming_tick_cap: int = Field(5000, ge=1)
+    # Failure policy (issue 8): the session's own failures (a provider 4xx on its transcript, a crash on
+    # it, a worker that died on it) are capped at max_attempts; the world's (provider down, 5xx, 429,
+    # timeouts) are retried with exponential backoff and jitter, base .. max_delay apart, for as long as
+    # retry_window, then stamped loudly and re-drivable; configuration failures (401/402/403) hold all
+    # dreaming but one probe per config_probe_secs, counted against nobody.
     dreaming_max_attempts: int = Field(5, ge=1)
+    dreaming_retry_base_secs: float = Field(60.0, gt=0)
+    dreaming_retry_max_delay_secs: float = Field(3600.0, gt=0)
+    dreaming_retry_window_secs: float = Field(86400.0, gt=0)
+    dreaming_config_probe_secs: float = Field(300.0, gt=0)
+    # What the extract function can start before a claim goes stale: concurrency x stale window /
+    # seconds per job. A tick claims no more than that, less what is still in flight: a claim made
+    # beyond it would only wait in Lambda's queue until it went stale (or its event expired) and be
+    # claimed again. concurrency is the extract function's reserved concurrency; extract_secs a
+    # generous estimate of one job (a session's extraction or a user's deep pass).
+    dreaming_extract_concurrency: int = Field(10, ge=1)
+    dreaming_extract_secs: float = Field(30.0, gt=0)
     extract_function_name: str | None = None
 
     # --- deep pass (eros.deep_pass: per-user consolidation across sessions) --------------------
@@ -110,6 +126,12 @@ class Settings(BaseModel):
     @property
     def embed_online(self) -> bool:
         return self.voyage_api_key is not None or self.embed_base_url is not None
+
+    @property
+    def dreaming_capacity(self) -> int:
+        """Jobs the extract function can start within one claim-stale window."""
+        return max(1, int(self.dreaming_extract_concurrency * self.dreaming_claim_stale_secs
+                          // self.dreaming_extract_secs))
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides) -> "Settings":

@@ -14,8 +14,12 @@ not shown, a handle of another cluster, self-references, a row superseded earlie
 meanwhile, anything beyond the per-pass cap. Nothing is deleted: merged and changed rows get a
 validity end and a successor (``store.consolidation``), all in one transaction guarded by the claim.
 
-Failure policy (as sessions, SPEC §2): a provider outage is not stamped (retried); an answer that
-does not parse is stamped with the reason (a poison pill must not loop); attempts are capped.
+Failure policy (as sessions, SPEC §2 and issue 8): the delivery takes the claim's lease first, so a
+duplicate delivery pays for nothing; a provider outage is the world's fault (backed off and retried
+for DREAMING_RETRY_WINDOW_SECS, never counted); a bad key or no credit holds dreaming (nothing
+counted, /v1/health says so); an answer that does not parse is stamped with the reason (a poison pill
+must not loop); the user's own failures (a provider 4xx on its prompt, a crash, a worker that died on
+it) are capped at DEEP_PASS_MAX_ATTEMPTS. A user given up on is due again at its next memory change.
 """
 
 from __future__ import annotations
@@ -27,13 +31,15 @@ from typing import Callable
 from uuid import UUID
 
 from .config import Settings
-from .dreaming import fan_out
+from . import dreaming
+from .dreaming import backoff, describe_failure, fan_out
 from .model_answers import handle, json_values
 from .observability import logger, metrics
 from .prompt import neutralise
-from .providers import Deadline, ProviderError, chat_client
+from .providers import Deadline, ProviderConfigurationError, ProviderError, ProviderUnavailable, chat_client
 from .providers.offline import statement_key, topic_slot
 from .store import deep_pass as store
+from .store import dreaming as dreaming_store
 
 KIND = "deep_pass"  # the extract event's "kind" that asks for a deep pass
 _MAX_ANSWER_CHARS = 100_000
@@ -57,13 +63,16 @@ Answer with JSON only: {"actions": [...]} (an empty list when there is nothing t
 @dataclass
 class DeepPassResult:
     user_id: str
-    outcome: str  # consolidated | nothing (no cluster, or nothing to change) | unparsable | not-claimed | gave-up
+    # consolidated | nothing (no cluster, or nothing to change) | unparsable | retry-later | blocked | gave-up
+    # | duplicate | not-claimed | lost-claim: as ``dreaming.ExtractResult``
+    outcome: str
     clusters: int = 0  # clusters shown to the model
     shown: int = 0  # rows shown
     merged: int = 0  # rows merged into a kept twin (reason 'duplicate')
     superseded: int = 0  # rows replaced by a current one (reason 'changed')
     ignored: int = 0  # named by the model but not applicable
     llm_calls: int = 0
+    fault: str | None = None  # own | world | configuration, for retry-later, blocked and gave-up
 
 
 def payload(row: dict) -> dict:
@@ -247,48 +256,103 @@ def offline_actions(rendered: str) -> list[dict]:
 
 
 # --- the use-case ---------------------------------------------------------------------------------------
-def run(cfg: Settings, user_id: str, claim_token: datetime, time_budget_secs: float = 100.0) -> DeepPassResult:
-    """One claimed user's deep pass. Provider-availability errors propagate (no stamp: retried later)."""
-    claimed = store.claimed_user(user_id, claim_token)
+def run(cfg: Settings, user_id: str, claim_token: datetime, time_budget_secs: float = 100.0,
+        now: datetime | None = None) -> DeepPassResult:
+    """One claimed user's deep pass. Nothing raises but a crash in our own code (counted first)."""
+    moment = now or dreaming.utcnow()
+    state, claimed = store.start(user_id, claim_token, moment)
     if claimed is None:  # a duplicate delivery, a retry after success, or a claim taken over
-        logger.info("deep-pass claim no longer held; nothing to do", extra={"user_id": user_id})
-        return DeepPassResult(user_id, "not-claimed")
-    if claimed["attempts"] > cfg.deep_pass_max_attempts:
-        return _give_up(user_id, claim_token, f"gave up after {cfg.deep_pass_max_attempts} attempts")
+        logger.info("deep pass not started", extra={"user_id": user_id, "outcome": state})
+        metrics.add_metric(name="DeepPassDuplicates" if state == "duplicate" else "DeepPassNotClaimed",
+                           unit="Count", value=1)
+        return DeepPassResult(user_id, state)
+    lease = claimed["lease"]
+    if claimed["attempts"] >= cfg.deep_pass_max_attempts:
+        return _give_up(user_id, claim_token, lease, "own",
+                        f"gave up after {claimed['attempts']} attempts: {claimed['error']}")
+    try:
+        return _run(cfg, user_id, claim_token, lease, time_budget_secs)
+    except ProviderError as exc:
+        return _failed(cfg, claimed, claim_token, exc, moment)
+    except Exception as exc:  # a crash in our code on this user: count it, then let it be seen
+        logger.exception("deep pass crashed", extra={"user_id": user_id, "error": describe_failure(exc)})
+        try:
+            _failed(cfg, claimed, claim_token, exc, moment)
+        except Exception:
+            logger.exception("could not record the crash", extra={"user_id": user_id})
+        raise
 
+
+def _run(cfg: Settings, user_id: str, claim_token: datetime, lease: datetime, time_budget_secs: float
+         ) -> DeepPassResult:
     snap = store.snapshot(user_id, cfg.deep_pass_max_rows, cfg.deep_pass_similarity)
     chosen = clusters(snap.rows, snap.pairs, cfg.deep_pass_max_shown)
     result = DeepPassResult(user_id, "nothing", clusters=len(chosen), shown=sum(map(len, chosen)))
     if not chosen:  # nothing alike: no provider call at all
-        return _finish(result, store.apply(user_id, claim_token, [], snap), 0)
+        return _finish(result, store.apply(user_id, claim_token, [], snap, lease=lease), 0)
 
     shown = handles(chosen)
-    try:
-        completion = chat_client().complete(cfg.extract_model, [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": render(chosen)},
-        ], max_tokens=1200, temperature=0.0, deadline=Deadline.after(time_budget_secs), json_mode=True)
-    except ProviderError as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        if claimed["attempts"] >= cfg.deep_pass_max_attempts:
-            return _give_up(user_id, claim_token, f"gave up after {claimed['attempts']} attempts: {error}")
-        store.record_failure(user_id, claim_token, error)
-        metrics.add_metric(name="DeepPassProviderFailures", unit="Count", value=1)
-        raise
+    completion = chat_client().complete(cfg.extract_model, [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": render(chosen)},
+    ], max_tokens=1200, temperature=0.0, deadline=Deadline.after(time_budget_secs), json_mode=True)
+    dreaming_store.unblock("llm")
     result.llm_calls = 1
     try:
         resolved = resolve(parse_actions(completion.text), shown, cfg.deep_pass_max_supersessions)
     except Unparsable as exc:  # a poison pill: stamp it with the reason, change nothing
         result.outcome = "unparsable"
-        return _finish(result, store.apply(user_id, claim_token, [], snap, f"unparsable model output: {exc}"), 0)
+        return _finish(result, store.apply(user_id, claim_token, [], snap, f"unparsable model output: {exc}",
+                                           lease=lease), 0)
     result.outcome = "consolidated"
-    return _finish(result, store.apply(user_id, claim_token, resolved.actions, snap), resolved.ignored)
+    return _finish(result, store.apply(user_id, claim_token, resolved.actions, snap, lease=lease), resolved.ignored)
+
+
+def _failed(cfg: Settings, claimed: dict, claim_token: datetime, exc: Exception, moment: datetime
+            ) -> DeepPassResult:
+    """As ``dreaming._failed``: whose fault decides between hold, back off, count, or give up."""
+    user_id, lease = claimed["user_id"], claimed["lease"]
+    error = describe_failure(exc, "llm" if isinstance(exc, ProviderError) else None)
+    if isinstance(exc, ProviderConfigurationError):
+        dreaming_store.block("llm", exc.status, error, moment, cfg.dreaming_config_probe_secs)
+        logger.error("a provider refuses our credentials: dreaming is held until the configuration is fixed",
+                     extra={"user_id": user_id, "provider": "llm", "status": exc.status})
+        if not store.retry_later(user_id, claim_token, lease, error, None, None, moment):
+            return _lost(user_id)
+        metrics.add_metric(name="DeepPassBlocked", unit="Count", value=1)
+        return DeepPassResult(user_id, "blocked", fault="configuration")
+    if isinstance(exc, ProviderUnavailable):
+        retries = claimed["retries"] + 1
+        since = claimed["retrying_since"] or moment
+        if (moment - since).total_seconds() >= cfg.dreaming_retry_window_secs:
+            metrics.add_metric(name="DeepPassRetryWindowExhausted", unit="Count", value=1)
+            logger.error("a deep pass was given up after the retry window", extra={"user_id": user_id,
+                                                                                   "retries": retries})
+            return _give_up(user_id, claim_token, lease, "world",
+                            f"gave up after {retries} retries since {since.isoformat()}: {error}")
+        fault, counts, delay = "world", "retries", backoff(cfg, retries, exc.retry_after)
+        metrics.add_metric(name="DeepPassProviderFailures", unit="Count", value=1)
+    else:
+        attempts = claimed["attempts"] + 1
+        if attempts >= cfg.deep_pass_max_attempts:
+            return _give_up(user_id, claim_token, lease, "own", f"gave up after {attempts} attempts: {error}")
+        fault, counts, delay = "own", "attempts", backoff(cfg, attempts)
+    if not store.retry_later(user_id, claim_token, lease, error, moment + timedelta(seconds=delay), counts, moment):
+        return _lost(user_id)
+    metrics.add_metric(name="DeepPassRetriesScheduled", unit="Count", value=1)
+    logger.warning("deep pass failed; retrying later", extra={"user_id": user_id, "fault": fault, "error": error})
+    return DeepPassResult(user_id, "retry-later", fault=fault)
+
+
+def _lost(user_id: str) -> DeepPassResult:
+    logger.warning("deep-pass claim lost while working", extra={"user_id": user_id})
+    metrics.add_metric(name="DeepPassLostClaims", unit="Count", value=1)
+    return DeepPassResult(user_id, "lost-claim")
 
 
 def _finish(result: DeepPassResult, applied: store.Applied | None, ignored: int) -> DeepPassResult:
     if applied is None:
-        logger.info("deep-pass claim lost before writing", extra={"user_id": result.user_id})
-        result.outcome = "not-claimed"
+        result.outcome = _lost(result.user_id).outcome
         return result
     result.merged, result.superseded = applied.merged, applied.superseded
     result.ignored = ignored + applied.ignored
@@ -301,11 +365,11 @@ def _finish(result: DeepPassResult, applied: store.Applied | None, ignored: int)
     return result
 
 
-def _give_up(user_id: str, claim_token: datetime, error: str) -> DeepPassResult:
-    if not store.give_up(user_id, claim_token, error):
-        return DeepPassResult(user_id, "not-claimed")
+def _give_up(user_id: str, claim_token: datetime, lease: datetime | None, fault: str, error: str) -> DeepPassResult:
+    if not store.give_up(user_id, claim_token, error, lease):
+        return _lost(user_id)
     metrics.add_metric(name="DeepPassGaveUp", unit="Count", value=1)
-    return DeepPassResult(user_id, "gave-up")
+    return DeepPassResult(user_id, "gave-up", fault=fault)
 
 
 # --- the sweep's part -------------------------------------------------------------------------------------
@@ -317,16 +381,18 @@ class UserSweep:
 
 
 def sweep_users(cfg: Settings, invoke: Callable[[dict], None], now: Callable[[], datetime],
-                out_of_time: Callable[[], bool]) -> UserSweep:
-    """Claim users whose deep pass is due, batch after batch up to DEEP_PASS_TICK_CAP, and invoke one
-    deep pass each (the extract function, ``kind: deep_pass``). A failed invoke gives its claim back
-    and ends this part of the tick (no hot loop)."""
+                out_of_time: Callable[[], bool], limit: int | None = None) -> UserSweep:
+    """Claim users whose deep pass is due, batch after batch up to DEEP_PASS_TICK_CAP (and ``limit``:
+    what is left of the tick's extract capacity after the sessions), and invoke one deep pass each (the
+    extract function, ``kind: deep_pass``). A failed invoke gives its claim back and ends this part of
+    the tick (no hot loop)."""
     swept = UserSweep()
-    while swept.claimed < cfg.deep_pass_tick_cap and not out_of_time():
+    cap = cfg.deep_pass_tick_cap if limit is None else min(cfg.deep_pass_tick_cap, limit)
+    while swept.claimed < cap and not out_of_time():
         moment = now()
         batch = store.claim_users(quiet_before=moment - timedelta(seconds=cfg.deep_pass_quiet_secs),
                                   stale_before=moment - timedelta(seconds=cfg.deep_pass_claim_stale_secs),
-                                  limit=min(cfg.dreaming_batch_size, cfg.deep_pass_tick_cap - swept.claimed),
+                                  limit=min(cfg.dreaming_batch_size, cap - swept.claimed),
                                   now=moment)
         if not batch:
             break

@@ -11,6 +11,7 @@ The invoke seam: boto3's Lambda client (InvocationType=Event) in AWS, an in-proc
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,8 @@ from .config import Settings
 from . import extraction
 from .extraction import Candidate, windows
 from .observability import logger, metrics
-from .providers import Deadline, ProviderError, chat_client, embedder
+from .providers import (Deadline, ProviderConfigurationError, ProviderError, ProviderUnavailable, chat_client,
+                        embedder)
 from .store import dreaming as store
 
 CONTEXT_MESSAGES = 6  # earlier turns shown (marked) to a resumed session's extraction
@@ -47,6 +49,14 @@ class SweepResult:
     users_claimed: int = 0  # the deep pass: users claimed and invoked (kind "deep_pass") after the sessions
     deep_pass_invoked: int = 0
     deep_pass_invoke_failures: int = 0
+    budget: int = 0  # jobs this tick could claim: the extract function's capacity less what is in flight
+    in_flight: int = 0  # jobs claimed by earlier ticks and not stale yet
+    blocked: list[str] | None = None  # providers that refused our credentials (only a probe is claimed)
+
+
+def utcnow() -> datetime:
+    """Dreaming's application clock: claims, leases, backoffs. Tests replace it to move time without sleeping."""
+    return datetime.now(timezone.utc)
 
 
 def extract_payload(row: dict) -> dict:
@@ -57,15 +67,31 @@ def extract_payload(row: dict) -> dict:
 def sweep(cfg: Settings, invoke: Invoker, *, now: Callable[[], datetime] | None = None,
           time_budget_secs: float = 60.0) -> SweepResult:
     """Claim idle sessions batch after batch and invoke one extraction per session; then, unless the
-    tick ran out of time or invokes fail, claim users whose deep pass is due and invoke one pass each."""
+    tick ran out of time or invokes fail, claim users whose deep pass is due and invoke one pass each.
+
+    The tick claims at most what the extract function can start before the claims go stale
+    (``Settings.dreaming_capacity``, less the jobs still in flight, and DREAMING_TICK_CAP): beyond that
+    a claim only waits in Lambda's queue until it goes stale and is claimed again. While a provider
+    refuses our credentials, only one probe job per DREAMING_CONFIG_PROBE_SECS is claimed."""
     from . import deep_pass  # the per-user pass rides on the same tick and the same extract function
 
-    now = now or (lambda: datetime.now(timezone.utc))
+    now = now or utcnow
     started = time.monotonic()
     result = SweepResult()
+    moment = now()
+    result.in_flight = store.in_flight(moment - timedelta(seconds=cfg.dreaming_claim_stale_secs))
+    budget = min(cfg.dreaming_tick_cap, max(0, cfg.dreaming_capacity - result.in_flight))
+    blocks = store.blocks()
+    if blocks:
+        result.blocked = [b["provider"] for b in blocks]
+        budget = 1 if store.take_probe(moment, cfg.dreaming_config_probe_secs) else 0
+        logger.error("dreaming held: a provider refuses our credentials", extra={
+            "blocked": [{k: str(v) for k, v in b.items()} for b in blocks], "probe": bool(budget)})
+    result.budget = budget
     while True:
-        if result.claimed >= cfg.dreaming_tick_cap:
-            result.stopped_by = "tick cap"
+        if result.claimed >= budget:
+            result.stopped_by = ("provider blocked" if blocks else "tick cap" if budget == cfg.dreaming_tick_cap
+                                 else "capacity")
             break
         if time.monotonic() - started > time_budget_secs:
             result.stopped_by = "time budget"
@@ -73,7 +99,7 @@ def sweep(cfg: Settings, invoke: Invoker, *, now: Callable[[], datetime] | None 
         moment = now()
         batch = store.claim(idle_before=moment - timedelta(seconds=cfg.dreaming_idle_secs),
                             stale_before=moment - timedelta(seconds=cfg.dreaming_claim_stale_secs),
-                            limit=min(cfg.dreaming_batch_size, cfg.dreaming_tick_cap - result.claimed),
+                            limit=min(cfg.dreaming_batch_size, budget - result.claimed),
                             now=moment)
         if not batch:
             break
@@ -86,8 +112,9 @@ def sweep(cfg: Settings, invoke: Invoker, *, now: Callable[[], datetime] | None 
         if failed:
             result.stopped_by = "invoke failures"  # don't re-claim the released sessions in a hot loop
             break
-    if result.stopped_by in ("drained", "tick cap"):
-        users = deep_pass.sweep_users(cfg, invoke, now, lambda: time.monotonic() - started > time_budget_secs)
+    if result.stopped_by in ("drained", "tick cap", "capacity"):
+        users = deep_pass.sweep_users(cfg, invoke, now, lambda: time.monotonic() - started > time_budget_secs,
+                                      limit=budget - result.claimed)
         result.users_claimed, result.deep_pass_invoked = users.claimed, users.invoked
         result.deep_pass_invoke_failures = users.invoke_failures
     metrics.add_metric(name="SessionsClaimed", unit="Count", value=result.claimed)
@@ -96,6 +123,8 @@ def sweep(cfg: Settings, invoke: Invoker, *, now: Callable[[], datetime] | None 
     metrics.add_metric(name="UsersClaimed", unit="Count", value=result.users_claimed)
     metrics.add_metric(name="DeepPassInvoked", unit="Count", value=result.deep_pass_invoked)
     metrics.add_metric(name="DeepPassInvokeFailures", unit="Count", value=result.deep_pass_invoke_failures)
+    metrics.add_metric(name="DreamingInFlight", unit="Count", value=result.in_flight)
+    metrics.add_metric(name="ProvidersBlocked", unit="Count", value=len(blocks))
     logger.info("sweep done", extra=asdict(result))
     return result
 
@@ -192,53 +221,118 @@ def run_local_sweeper(cfg: Settings) -> threading.Thread:
 @dataclass
 class ExtractResult:
     session_id: str
-    outcome: str  # extracted | consolidated | nothing | unparsable | not-claimed | gave-up
+    # What happened, truthfully:
+    #   extracted | consolidated | nothing | unparsable  -- written (stamped, or a watermark moved)
+    #   retry-later   -- a failure; the claim is back with a backoff (``fault`` says whose)
+    #   blocked       -- a provider refused our credentials; nothing counted, dreaming held until fixed
+    #   gave-up       -- stamped without extracting (``fault``: own = attempts cap, world = retry window)
+    #   duplicate     -- another delivery of this claim holds its lease: returned before any provider call
+    #   not-claimed   -- this claim no longer holds the session (done, released, re-claimed, unknown)
+    #   lost-claim    -- the claim was lost while working (it went stale and was re-taken): nothing written
+    outcome: str
     memories: int = 0  # new profile rows
     superseded: int = 0  # known rows the new ones replaced
     confirmed: int = 0  # known rows the session repeated (no new row)
     ignored: int = 0  # handles the model named that could not be applied
     llm_calls: int = 0
     more_pending: bool = False
+    fault: str | None = None  # own | world | configuration, for retry-later, blocked and gave-up
+    retry_at: str | None = None  # retry-later: the earliest next attempt
+
+
+_OUTCOME_METRICS = {"duplicate": "ExtractDuplicates", "not-claimed": "ExtractNotClaimed",
+                    "lost-claim": "ExtractLostClaims", "gave-up": "ExtractGaveUp", "blocked": "ExtractBlocked",
+                    "retry-later": "ExtractRetriesScheduled"}
+
+
+def _report(result: ExtractResult, **extra) -> ExtractResult:
+    if result.outcome in _OUTCOME_METRICS:
+        metrics.add_metric(name=_OUTCOME_METRICS[result.outcome], unit="Count", value=1)
+    logger.info("extract done", extra=asdict(result) | extra)
+    return result
+
+
+def backoff(cfg: Settings, failures: int, hint: float | None = None, rng: Callable[[], float] = random.random
+            ) -> float:
+    """Seconds before the next attempt after ``failures`` failures in a row: exponential from
+    DREAMING_RETRY_BASE_SECS, capped at DREAMING_RETRY_MAX_DELAY_SECS, with "equal jitter" (half fixed,
+    half random) so sessions that failed together do not come back together; a provider's Retry-After
+    hint is a floor (still capped)."""
+    delay = min(cfg.dreaming_retry_max_delay_secs, cfg.dreaming_retry_base_secs * 2 ** min(max(failures - 1, 0), 30))
+    delay *= 0.5 + rng() / 2
+    if hint:
+        delay = max(delay, min(hint, cfg.dreaming_retry_max_delay_secs))
+    return delay
+
+
+def describe_failure(exc: BaseException, step: str | None = None) -> str:
+    """What a stored error and a log line may say about a failure: its kind and status, never a provider's
+    body (it can echo user content)."""
+    status = getattr(exc, "status", None)
+    where = f" from the {step}" if step else ""
+    return f"{type(exc).__name__}{f' (HTTP {status})' if status else ''}{where}"
 
 
 def extract_session(cfg: Settings, session_id: UUID, claim_token: datetime,
-                    time_budget_secs: float = 100.0) -> ExtractResult:
+                    time_budget_secs: float = 100.0, now: datetime | None = None) -> ExtractResult:
     """Extract one claimed session and consolidate it with what the user's memory already holds.
 
     Provider calls: one LLM call per transcript window and one embedding batch for the new rows,
-    nothing else (the known memories are found by SQL). Provider-availability errors propagate
-    (no stamp: retried later). ``time_budget_secs`` bounds every provider call."""
+    nothing else (the known memories are found by SQL). The delivery first takes the claim's lease, so
+    a duplicate delivery returns before any provider call. Failures are sorted by whose fault they are
+    (see ``store.dreaming`` and migration 0005): nothing raises but a crash in our own code, which is
+    counted against the session first. ``time_budget_secs`` bounds every provider call."""
     sid = str(session_id)
-    session = store.claimed_session(session_id, claim_token)
+    moment = now or utcnow()
+    state, session = store.start(session_id, claim_token, moment)
     if session is None:  # a duplicate delivery, a retry after success, or a claim taken over by another
-        logger.info("claim no longer held; nothing to do", extra={"session_id": sid})
-        return ExtractResult(sid, "not-claimed")
-    if session["classification_attempts"] > cfg.dreaming_max_attempts:
-        return _give_up(session, claim_token, f"gave up after {cfg.dreaming_max_attempts} attempts")
+        return _report(ExtractResult(sid, state))
+    if session["classification_attempts"] >= cfg.dreaming_max_attempts:  # e.g. its workers kept dying
+        return _give_up(session, claim_token, "own", f"gave up after {session['classification_attempts']}"
+                        f" attempts: {session['classification_error']}", "attempts")
 
+    progress = {"calls": 0, "step": "llm"}
+    try:
+        return _extract(cfg, session, claim_token, time_budget_secs, progress)
+    except ProviderError as exc:
+        return _failed(cfg, session, claim_token, exc, progress, moment)
+    except Exception as exc:  # a crash in our code on this session: count it, then let it be seen
+        logger.exception("extraction crashed", extra={"session_id": sid, "error": describe_failure(exc)})
+        try:
+            _failed(cfg, session, claim_token, exc, progress, moment)
+        except Exception:  # e.g. the database is gone too: the claim goes stale and is counted then
+            logger.exception("could not record the crash", extra={"session_id": sid})
+        raise
+
+
+def _extract(cfg: Settings, session: dict, claim_token: datetime, time_budget_secs: float,
+             progress: dict) -> ExtractResult:
+    session_id, sid = session["id"], str(session["id"])
     earlier, new = store.transcript(session_id, session["watermark"], CONTEXT_MESSAGES, MESSAGES_PER_INVOCATION)
     if not new:
-        store.finish(session, claim_token, [], None, None)
-        return ExtractResult(sid, "nothing")
+        if store.finish(session, claim_token, [], None, None) is None:
+            return _report(ExtractResult(sid, "lost-claim"))
+        return _report(ExtractResult(sid, "nothing"))
     parts = windows(new, WINDOW_CHARS)[:MAX_WINDOWS]
     first, through = parts[0][0]["id"], parts[-1][-1]["id"]
     shown = extraction.handles(store.touched_memories(session["user_id"], session_id, session["watermark"],
                                                       extraction.MAX_KNOWN))
     deadline = Deadline.after(time_budget_secs)
-    calls = 0
-    try:
-        candidates, problems, model, calls = _candidates(cfg, earlier, parts, shown, deadline)
-        decided = extraction.plan(candidates, shown)
-        rows = _rows(decided, model, deadline, first, through)
-    except ProviderError as exc:
-        return _provider_failed(cfg, session, claim_token, exc, calls)
+    candidates, problems, model = _candidates(cfg, earlier, parts, shown, deadline, progress)
+    store.unblock("llm")  # it answered: whatever block it had is over
+    decided = extraction.plan(candidates, shown)
+    progress["step"] = "embedder"
+    rows = _rows(decided, model, deadline, first, through)
+    if rows:
+        store.unblock("embedder")
+    calls = progress["calls"]
 
     # Zero candidates or unparsable output still stamp: a poison pill must not loop.
     error = "; ".join(problems) or (None if rows or decided.confirm else "no memories in this session")
     counts = store.finish(session, claim_token, rows, through, error, decided.confirm, first)
     if counts is None:
-        logger.info("claim lost before writing; another worker owns the session", extra={"session_id": sid})
-        return ExtractResult(sid, "not-claimed", llm_calls=calls)
+        logger.warning("claim lost before writing; another worker owns the session", extra={"session_id": sid})
+        return _report(ExtractResult(sid, "lost-claim", llm_calls=calls))
     result = ExtractResult(sid, "extracted" if rows else "consolidated" if decided.confirm
                            else "unparsable" if problems else "nothing",
                            memories=len(rows), superseded=counts["superseded"], confirmed=counts["confirmed"],
@@ -247,30 +341,30 @@ def extract_session(cfg: Settings, session_id: UUID, claim_token: datetime,
     for name, value in (("MemoriesExtracted", result.memories), ("MemoriesSuperseded", result.superseded),
                         ("MemoriesConfirmed", result.confirmed), ("ConsolidationIgnored", result.ignored)):
         metrics.add_metric(name=name, unit="Count", value=value)
-    logger.info("session extracted", extra=asdict(result) | {"known_shown": len(shown)})
-    return result
+    return _report(result, known_shown=len(shown))
 
 
 def _candidates(cfg: Settings, earlier: list[dict], parts: list[list[dict]], shown: dict[str, dict],
-                deadline: Deadline) -> tuple[list[Candidate], list[str], str, int]:
-    """One LLM call per window: (candidates, parse problems, the model that answered, calls made)."""
+                deadline: Deadline, progress: dict) -> tuple[list[Candidate], list[str], str]:
+    """One LLM call per window: (candidates, parse problems, the model that answered); calls counted in
+    ``progress`` as they are made (a later window's failure still reports what was paid)."""
     llm = chat_client()
     candidates: list[Candidate] = []
     problems: list[str] = []
-    model, calls = cfg.extract_model, 0
+    model = cfg.extract_model
     for part in parts:
         completion = llm.complete(cfg.extract_model, [
             {"role": "system", "content": extraction.SYSTEM_PROMPT},
             {"role": "user", "content": extraction.render_transcript(earlier, part, shown)},
         ], max_tokens=1200, temperature=0.0, deadline=deadline, json_mode=True)
-        calls += 1
+        progress["calls"] += 1
         model = completion.model
         try:
             candidates.extend(extraction.parse_candidates(completion.text))
         except extraction.Unparsable as exc:
             problems.append(f"unparsable model output: {exc}")
         earlier = part[-CONTEXT_MESSAGES:]
-    return candidates, problems, model, calls
+    return candidates, problems, model
 
 
 def _rows(decided: extraction.Plan, model: str, deadline: Deadline, first: int, through: int) -> list[dict]:
@@ -284,19 +378,48 @@ def _rows(decided: extraction.Plan, model: str, deadline: Deadline, first: int, 
             for (c, supersedes), v in zip(decided.new, vectors.vectors)]
 
 
-def _give_up(session: dict, claim_token: datetime, error: str, calls: int = 0) -> ExtractResult:
-    store.give_up(session, claim_token, error)
-    metrics.add_metric(name="ExtractGaveUp", unit="Count", value=1)
-    return ExtractResult(str(session["id"]), "gave-up", llm_calls=calls)
+def _give_up(session: dict, claim_token: datetime, fault: str, error: str, why: str, calls: int = 0
+             ) -> ExtractResult:
+    sid = str(session["id"])
+    if not store.give_up(session, claim_token, error, why):
+        return _report(ExtractResult(sid, "lost-claim", llm_calls=calls))
+    return _report(ExtractResult(sid, "gave-up", llm_calls=calls, fault=fault), error=error)
 
 
-def _provider_failed(cfg: Settings, session: dict, claim_token: datetime, exc: ProviderError,
-                     calls: int) -> ExtractResult:
-    """A provider outage: no stamp (the session is retried), unless this was the last attempt."""
-    error = f"{type(exc).__name__}: {exc}"
-    if session["classification_attempts"] >= cfg.dreaming_max_attempts:
-        return _give_up(session, claim_token,
-                        f"gave up after {session['classification_attempts']} attempts: {error}", calls)
-    store.record_failure(session["id"], claim_token, error)
-    metrics.add_metric(name="ExtractProviderFailures", unit="Count", value=1)
-    raise exc
+def _failed(cfg: Settings, session: dict, claim_token: datetime, exc: Exception, progress: dict,
+            moment: datetime) -> ExtractResult:
+    """Sort a failure by whose fault it is and give the claim back accordingly (or give up)."""
+    sid, calls = str(session["id"]), progress["calls"]
+    error = describe_failure(exc, progress["step"] if isinstance(exc, ProviderError) else None)
+    if isinstance(exc, ProviderConfigurationError):  # a bad key, no credit: hold everything, count nothing
+        store.block(progress["step"], exc.status, error, moment, cfg.dreaming_config_probe_secs)
+        logger.error("a provider refuses our credentials: dreaming is held until the configuration is fixed",
+                     extra={"session_id": sid, "provider": progress["step"], "status": exc.status})
+        if not store.retry_later(session, claim_token, error, None, None, moment):
+            return _report(ExtractResult(sid, "lost-claim", llm_calls=calls))
+        return _report(ExtractResult(sid, "blocked", llm_calls=calls, fault="configuration"))
+    if isinstance(exc, ProviderUnavailable):  # the world's fault: back off, for as long as the window allows
+        retries = session["classification_retries"] + 1
+        since = session["classification_retrying_since"] or moment
+        if (moment - since).total_seconds() >= cfg.dreaming_retry_window_secs:
+            metrics.add_metric(name="ExtractRetryWindowExhausted", unit="Count", value=1)
+            logger.error("a session was given up after the retry window: re-drive it (eros.dreaming.redrive)"
+                         " once the provider is back", extra={"session_id": sid, "retries": retries,
+                                                              "since": since.isoformat(), "error": error})
+            return _give_up(session, claim_token, "world", f"gave up after {retries} retries since"
+                            f" {since.isoformat()} (provider unavailable): {error}", "retry-window", calls)
+        fault, delay = "world", backoff(cfg, retries, exc.retry_after)
+        counts = "retries"
+        metrics.add_metric(name="ExtractProviderFailures", unit="Count", value=1)
+    else:  # the session's own: a provider 4xx on its transcript, a crash on it
+        attempts = session["classification_attempts"] + 1
+        if attempts >= cfg.dreaming_max_attempts:
+            return _give_up(session, claim_token, "own", f"gave up after {attempts} attempts: {error}",
+                            "attempts", calls)
+        fault, delay, counts = "own", backoff(cfg, attempts), "attempts"
+    retry_at = moment + timedelta(seconds=delay)
+    if not store.retry_later(session, claim_token, error, retry_at, counts, moment):
+        return _report(ExtractResult(sid, "lost-claim", llm_calls=calls))
+    logger.warning("extraction failed; retrying later", extra={"session_id": sid, "fault": fault, "error": error,
+                                                               "retry_at": retry_at.isoformat()})
+    return _report(ExtractResult(sid, "retry-later", llm_calls=calls, fault=fault, retry_at=retry_at.isoformat()))

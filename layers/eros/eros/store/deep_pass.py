@@ -20,17 +20,26 @@ from . import consolidation
 _TICK = timedelta(microseconds=1)  # timestamptz resolution
 
 # Due: the memory changed since the last pass. Quiet: not changed for a while (a pass per burst of
-# sessions, not per session). Free, or claimed so long ago that the worker is presumed dead. The
-# claim is stamped with the application clock the cut-offs come from (as sessions are).
+# sessions, not per session). Free, or claimed so long ago that the worker is presumed dead; not
+# backing off from a failure. The claim is stamped with the application clock the cut-offs come from
+# (as sessions are). Taking a claim counts nothing; re-taking a stale one whose worker had started
+# (the lease is set) counts the user's own attempt (the worker died on it), one never started is our
+# backlog (a retry, the world's fault). Migration 0005 says why.
 _CLAIM = """
-UPDATE engine.user_consolidation
+UPDATE engine.user_consolidation u
 SET claimed_at = %(now)s,
-    attempts = attempts + 1
+    started_at = NULL,
+    attempts = u.attempts + (u.started_at IS NOT NULL)::int,
+    retries = u.retries + (u.claimed_at IS NOT NULL AND u.started_at IS NULL)::int,
+    error = CASE WHEN u.started_at IS NOT NULL THEN 'the worker did not finish (its claim went stale)'
+                 WHEN u.claimed_at IS NOT NULL THEN 'no worker started the claim before it went stale'
+                 ELSE u.error END
 WHERE user_id IN (
     SELECT user_id FROM engine.user_consolidation
     WHERE (consolidated_at IS NULL OR consolidated_at < changed_at)
       AND changed_at < %(quiet_before)s
       AND (claimed_at IS NULL OR claimed_at < %(stale_before)s)
+      AND (next_attempt_at IS NULL OR next_attempt_at <= %(now)s)
     ORDER BY changed_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -50,30 +59,59 @@ def claim_users(quiet_before: datetime, stale_before: datetime, limit: int,
 
 
 def release(user_id: str, claim_token: datetime) -> bool:
-    """Give a claim back (its invoke failed), the attempt not counted."""
+    """Give a claim back (its invoke failed), nothing counted."""
     row = connection().execute(
-        "UPDATE engine.user_consolidation SET claimed_at = NULL, attempts = greatest(attempts - 1, 0)"
-        " WHERE user_id = %s AND claimed_at = %s RETURNING user_id",
+        "UPDATE engine.user_consolidation SET claimed_at = NULL"
+        " WHERE user_id = %s AND claimed_at = %s AND started_at IS NULL RETURNING user_id",
         (user_id, claim_token),
     ).fetchone()
     return row is not None
 
 
+_COLUMNS = "user_id, changed_at, attempts, retries, retrying_since, error, started_at AS lease"
+
+
+def start(user_id: str, claim_token: datetime, now: datetime) -> tuple[str, dict | None]:
+    """Take the lease of this claim (as ``store.dreaming.start``): ("started", row), ("duplicate", None)
+    or ("not-claimed", None)."""
+    conn = connection()
+    row = conn.execute(
+        f"UPDATE engine.user_consolidation SET started_at = %(now)s"
+        f" WHERE user_id = %(user)s AND claimed_at = %(token)s AND started_at IS NULL RETURNING {_COLUMNS}",
+        {"user": user_id, "token": claim_token, "now": now},
+    ).fetchone()
+    if row is not None:
+        return "started", row
+    held = conn.execute("SELECT 1 FROM engine.user_consolidation WHERE user_id = %s AND claimed_at = %s",
+                        (user_id, claim_token)).fetchone()
+    return ("duplicate" if held else "not-claimed"), None
+
+
 def claimed_user(user_id: str, claim_token: datetime) -> dict | None:
     """The user's consolidation row if this claim still holds it (None: duplicate, done, re-claimed)."""
     return connection().execute(
-        "SELECT user_id, changed_at, attempts FROM engine.user_consolidation"
-        " WHERE user_id = %s AND claimed_at = %s",
+        f"SELECT {_COLUMNS} FROM engine.user_consolidation WHERE user_id = %s AND claimed_at = %s",
         (user_id, claim_token),
     ).fetchone()
 
 
-def record_failure(user_id: str, claim_token: datetime, error: str) -> None:
-    """Note a retryable failure; the claim stays (Lambda's retry reuses it; if all fail it goes stale)."""
-    connection().execute(
-        "UPDATE engine.user_consolidation SET error = %s WHERE user_id = %s AND claimed_at = %s",
-        (error[:1000], user_id, claim_token),
-    )
+def retry_later(user_id: str, claim_token: datetime, lease: datetime | None, error: str,
+                next_attempt_at: datetime | None, counts: str | None, now: datetime) -> bool:
+    """Give the claim back with the error and a backoff, counted as the user's own failure
+    (``'attempts'``), the world's (``'retries'``) or nobody's (None: configuration)."""
+    with transaction() as conn:
+        if _lock(conn, user_id, claim_token, lease) is None:
+            return False
+        conn.execute(
+            "UPDATE engine.user_consolidation SET claimed_at = NULL, started_at = NULL, error = %(error)s,"
+            " next_attempt_at = %(next)s, attempts = attempts + (%(counts)s = 'attempts')::int,"
+            " retries = retries + (%(counts)s = 'retries')::int,"
+            " retrying_since = CASE WHEN %(counts)s = 'retries' THEN coalesce(retrying_since, %(now)s)"
+            "     ELSE retrying_since END"
+            " WHERE user_id = %(user)s",
+            {"error": error[:1000], "next": next_attempt_at, "counts": counts or "", "now": now, "user": user_id},
+        )
+    return True
 
 
 # --- what the pass reads ----------------------------------------------------------------------------
@@ -136,24 +174,25 @@ class Applied:
     ignored: int = 0  # asked for, but not applicable when written (superseded meanwhile, not the user's)
 
 
-def _lock(conn, user_id: str, claim_token: datetime) -> dict | None:
+def _lock(conn, user_id: str, claim_token: datetime, lease: datetime | None) -> dict | None:
+    """Row-lock the user if this claim and this delivery's lease still hold it."""
     return conn.execute(
         "SELECT user_id, changed_at FROM engine.user_consolidation WHERE user_id = %s AND claimed_at = %s"
-        " FOR UPDATE",
-        (user_id, claim_token),
+        " AND started_at IS NOT DISTINCT FROM %s FOR UPDATE",
+        (user_id, claim_token, lease),
     ).fetchone()
 
 
 def _stamp(conn, user_id: str, consolidated_at, error: str | None) -> None:
     conn.execute(
-        "UPDATE engine.user_consolidation SET consolidated_at = %s, claimed_at = NULL, attempts = 0, error = %s"
-        " WHERE user_id = %s",
+        "UPDATE engine.user_consolidation SET consolidated_at = %s, claimed_at = NULL, started_at = NULL,"
+        " attempts = 0, retries = 0, retrying_since = NULL, next_attempt_at = NULL, error = %s WHERE user_id = %s",
         (consolidated_at, error and error[:1000], user_id),
     )
 
 
 def apply(user_id: str, claim_token: datetime, actions: list[tuple[str, UUID, list[UUID]]],
-          snap: Snapshot, error: str | None = None) -> Applied | None:
+          snap: Snapshot, error: str | None = None, lease: datetime | None = None) -> Applied | None:
     """ONE transaction: apply the plan and stamp the user, only if the claim still holds.
 
     ``actions`` are (kind, survivor, targets) in order, kind ``duplicate`` (targets merged into the
@@ -174,7 +213,7 @@ def apply(user_id: str, claim_token: datetime, actions: list[tuple[str, UUID, li
             " ORDER BY id FOR UPDATE",
             (ids, user_id),
         ).fetchall()} if ids else {}
-        state = _lock(conn, user_id, claim_token)
+        state = _lock(conn, user_id, claim_token, lease)
         if state is None:
             return None
         for kind, survivor, targets in actions:
@@ -203,14 +242,16 @@ def apply(user_id: str, claim_token: datetime, actions: list[tuple[str, UUID, li
     return applied
 
 
-def give_up(user_id: str, claim_token: datetime, error: str) -> bool:
-    """Stamp the user with the error without a pass (attempts exhausted); the next change retries."""
+def give_up(user_id: str, claim_token: datetime, error: str, lease: datetime | None = None) -> bool:
+    """Stamp the user with the error without a pass (attempts or the retry window exhausted); the
+    user's next memory change makes the pass due again (a deep pass re-drives itself)."""
     with transaction() as conn:
-        if _lock(conn, user_id, claim_token) is None:
+        if _lock(conn, user_id, claim_token, lease) is None:
             return False
         conn.execute(
             "UPDATE engine.user_consolidation SET consolidated_at = greatest(now(), changed_at),"
-            " claimed_at = NULL, attempts = 0, error = %s WHERE user_id = %s",
+            " claimed_at = NULL, started_at = NULL, next_attempt_at = NULL, attempts = 0, retries = 0,"
+            " retrying_since = NULL, error = %s WHERE user_id = %s",
             (error[:1000], user_id),
         )
     return True

@@ -7,7 +7,7 @@ worker whose claim went stale and was re-claimed by another, writes nothing.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from uuid import UUID, uuid4
 
 from pgvector import Vector
@@ -18,20 +18,33 @@ from . import consolidation
 
 # The SPEC's claim, verbatim in shape: one statement, FOR UPDATE SKIP LOCKED so concurrent
 # sweepers take disjoint sets without blocking; cut-offs computed by the caller and bound.
-# It also counts the attempt, so that a session that keeps failing is eventually given up on.
+# A session whose last failure set a backoff (classification_next_attempt_at) waits it out.
+# Taking a claim counts nothing by itself (a provider outage must not use up a session's attempts);
+# re-taking a stale one says why it went stale: a worker had started it (the lease is set) and died
+# mid-extraction -- the session's own attempt, since a poison transcript can kill its worker -- or no
+# worker ever started it (our own backlog, the world's fault: a retry, never held against it).
 # The claim is stamped with the same application clock the stale cut-off comes from: were it the
 # database's now(), an application clock running ahead by more than the stale threshold would
 # find every fresh claim already stale and re-claim the same sessions batch after batch.
 _CLAIM = """
-UPDATE engine.chat_sessions
+UPDATE engine.chat_sessions s
 SET classification_claimed_at = %(now)s,
-    classification_attempts = classification_attempts + 1
+    classification_started_at = NULL,
+    classification_attempts = s.classification_attempts + (s.classification_started_at IS NOT NULL)::int,
+    classification_retries = s.classification_retries
+        + (s.classification_claimed_at IS NOT NULL AND s.classification_started_at IS NULL)::int,
+    classification_error = CASE
+        WHEN s.classification_started_at IS NOT NULL THEN 'the worker did not finish (its claim went stale)'
+        WHEN s.classification_claimed_at IS NOT NULL THEN 'no worker started the claim before it went stale'
+        ELSE s.classification_error END
 WHERE id IN (
     SELECT id FROM engine.chat_sessions
     WHERE classified_at IS NULL
       AND last_active_at < %(idle_before)s
       AND (classification_claimed_at IS NULL
            OR classification_claimed_at < %(stale_before)s)
+      AND (classification_next_attempt_at IS NULL
+           OR classification_next_attempt_at <= %(now)s)
     ORDER BY last_active_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -42,27 +55,65 @@ RETURNING id, user_id, instance_id, classification_claimed_at AS claim_token
 
 def claim(idle_before: datetime, stale_before: datetime, limit: int, now: datetime | None = None) -> list[dict]:
     """Claim up to ``limit`` idle sessions; ``now`` (default: the application's clock) stamps the claim."""
+    if limit <= 0:
+        return []
     now = now or datetime.now(timezone.utc)
     return connection().execute(_CLAIM, {"idle_before": idle_before, "stale_before": stale_before,
                                          "limit": limit, "now": now}).fetchall()
 
 
+def in_flight(stale_before: datetime) -> int:
+    """Jobs claimed and not stale yet, sessions and deep passes (both run on the extract function)."""
+    return connection().execute(
+        "SELECT (SELECT count(*) FROM engine.chat_sessions WHERE classification_claimed_at IS NOT NULL"
+        "        AND classified_at IS NULL AND classification_claimed_at >= %(stale)s)"
+        "     + (SELECT count(*) FROM engine.user_consolidation WHERE claimed_at IS NOT NULL"
+        "        AND claimed_at >= %(stale)s) AS n",
+        {"stale": stale_before},
+    ).fetchone()["n"]
+
+
 def release(session_id: UUID, claim_token: datetime) -> bool:
     """Give a claim back (its invoke failed) so the next sweep takes the session at once."""
     row = connection().execute(
-        "UPDATE engine.chat_sessions SET classification_claimed_at = NULL,"
-        " classification_attempts = greatest(classification_attempts - 1, 0)"
-        " WHERE id = %s AND classification_claimed_at = %s RETURNING id",
+        "UPDATE engine.chat_sessions SET classification_claimed_at = NULL"
+        " WHERE id = %s AND classification_claimed_at = %s AND classification_started_at IS NULL RETURNING id",
         (session_id, claim_token),
     ).fetchone()
     return row is not None
 
 
+_COLUMNS = ("id, user_id, instance_id, classified_through_message_id AS watermark, classification_attempts,"
+            " classification_retries, classification_retrying_since, classification_error,"
+            " classification_started_at AS lease")
+
+
+def start(session_id: UUID, claim_token: datetime, now: datetime) -> tuple[str, dict | None]:
+    """Take the lease of this claim: ("started", session) for the one delivery that gets it;
+    ("duplicate", None) when another delivery of the same claim holds it (running, or died: the
+    claim then goes stale and a later sweep retakes it); ("not-claimed", None) when the claim no
+    longer holds the session (done, released, re-claimed, or no such session)."""
+    conn = connection()
+    row = conn.execute(
+        f"UPDATE engine.chat_sessions SET classification_started_at = %(now)s"
+        f" WHERE id = %(id)s AND classification_claimed_at = %(token)s AND classified_at IS NULL"
+        f"   AND classification_started_at IS NULL RETURNING {_COLUMNS}",
+        {"id": session_id, "token": claim_token, "now": now},
+    ).fetchone()
+    if row is not None:
+        return "started", row
+    held = conn.execute(
+        "SELECT 1 FROM engine.chat_sessions WHERE id = %s AND classification_claimed_at = %s AND classified_at IS NULL",
+        (session_id, claim_token),
+    ).fetchone()
+    return ("duplicate" if held else "not-claimed"), None
+
+
 def claimed_session(session_id: UUID, claim_token: datetime) -> dict | None:
     """The session if this claim still holds it (None: duplicate delivery, done, or re-claimed)."""
     return connection().execute(
-        "SELECT id, user_id, instance_id, classified_through_message_id AS watermark, classification_attempts"
-        " FROM engine.chat_sessions WHERE id = %s AND classification_claimed_at = %s AND classified_at IS NULL",
+        f"SELECT {_COLUMNS} FROM engine.chat_sessions"
+        " WHERE id = %s AND classification_claimed_at = %s AND classified_at IS NULL",
         (session_id, claim_token),
     ).fetchone()
 
@@ -123,11 +174,12 @@ def touched_memories(user_id: str, session_id: UUID, after_id: int | None, limit
                                            "turns": turns, "limit": limit}).fetchall()
 
 
-def _locked(conn, session_id: UUID, claim_token: datetime) -> bool:
+def _locked(conn, session: dict, claim_token: datetime) -> bool:
+    """Row-lock the session if this claim and this delivery's lease still hold it."""
     return conn.execute(
         "SELECT 1 FROM engine.chat_sessions WHERE id = %s AND classification_claimed_at = %s"
-        " AND classified_at IS NULL FOR UPDATE",
-        (session_id, claim_token),
+        " AND classification_started_at IS NOT DISTINCT FROM %s AND classified_at IS NULL FOR UPDATE",
+        (session["id"], claim_token, session.get("lease")),
     ).fetchone() is not None
 
 
@@ -148,7 +200,7 @@ def finish(session: dict, claim_token: datetime, memories: list[dict], through_m
     counts = {"inserted": len(memories), "superseded": 0, "confirmed": 0, "ignored": 0}
     user = session["user_id"]
     with transaction() as conn:
-        if not _locked(conn, session["id"], claim_token):
+        if not _locked(conn, session, claim_token):
             return None
         consolidation.lock(conn, user, [i for m in memories for i in m.get("supersedes") or []]
                            + [memory_id for memory_id, _ in confirm])
@@ -180,30 +232,93 @@ def finish(session: dict, claim_token: datetime, memories: list[dict], through_m
             " classified_through_message_id = coalesce(%(through)s, classified_through_message_id),"
             " classified_at = CASE WHEN EXISTS (SELECT 1 FROM engine.chat_messages WHERE session_id = %(id)s"
             "     AND id > coalesce(%(through)s, classified_through_message_id, 0)) THEN NULL ELSE now() END,"
-            " classification_claimed_at = NULL, classification_error = %(error)s,"
-            " classification_attempts = 0"
+            " classification_claimed_at = NULL, classification_started_at = NULL, classification_error = %(error)s,"
+            " classification_attempts = 0, classification_retries = 0, classification_retrying_since = NULL,"
+            " classification_next_attempt_at = NULL, classification_gave_up = NULL"
             " WHERE id = %(id)s",
             {"id": session["id"], "through": through_message_id, "error": error},
         )
     return counts
 
 
-def give_up(session: dict, claim_token: datetime, error: str) -> bool:
-    """Stamp the session with the error without extracting (attempts exhausted). Nothing else changes."""
+def give_up(session: dict, claim_token: datetime, error: str, why: str) -> bool:
+    """Stamp the session with the error without extracting; ``why`` is 'attempts' (its own failures
+    reached the cap) or 'retry-window' (the world kept failing for the whole window: re-drivable)."""
     with transaction() as conn:
-        if not _locked(conn, session["id"], claim_token):
+        if not _locked(conn, session, claim_token):
             return False
         conn.execute(
             "UPDATE engine.chat_sessions SET classified_at = now(), classification_claimed_at = NULL,"
-            " classification_error = %s WHERE id = %s",
-            (error, session["id"]),
+            " classification_started_at = NULL, classification_next_attempt_at = NULL,"
+            " classification_error = %s, classification_gave_up = %s WHERE id = %s",
+            (error[:1000], why, session["id"]),
         )
     return True
 
 
-def record_failure(session_id: UUID, claim_token: datetime, error: str) -> None:
-    """Note a retryable failure; the claim stays (Lambda's retry reuses it; if all fail it goes stale)."""
+def retry_later(session: dict, claim_token: datetime, error: str, next_attempt_at: datetime | None,
+                counts: str | None, now: datetime) -> bool:
+    """Give the claim back with the error and a backoff, counting the failure as the session's own
+    (``counts='attempts'``), the world's (``'retries'``: the retry window starts at the first one) or
+    nobody's (None: configuration). False if this delivery no longer holds the claim."""
+    with transaction() as conn:
+        if not _locked(conn, session, claim_token):
+            return False
+        conn.execute(
+            "UPDATE engine.chat_sessions SET classification_claimed_at = NULL, classification_started_at = NULL,"
+            " classification_error = %(error)s, classification_next_attempt_at = %(next)s,"
+            " classification_attempts = classification_attempts + (%(counts)s = 'attempts')::int,"
+            " classification_retries = classification_retries + (%(counts)s = 'retries')::int,"
+            " classification_retrying_since = CASE WHEN %(counts)s = 'retries'"
+            "     THEN coalesce(classification_retrying_since, %(now)s) ELSE classification_retrying_since END"
+            " WHERE id = %(id)s",
+            {"error": error[:1000], "next": next_attempt_at, "counts": counts or "", "now": now, "id": session["id"]},
+        )
+    return True
+
+
+def redrive(why: str = "retry-window", user_id: str | None = None) -> list[UUID]:
+    """Make sessions that were given up on (``why``) eligible again with fresh counters: after an
+    outage longer than the retry window, once the provider is back. Returns their ids."""
+    rows = connection().execute(
+        "UPDATE engine.chat_sessions SET classified_at = NULL, classification_gave_up = NULL,"
+        " classification_error = NULL, classification_attempts = 0, classification_retries = 0,"
+        " classification_retrying_since = NULL, classification_next_attempt_at = NULL,"
+        " classification_claimed_at = NULL, classification_started_at = NULL"
+        " WHERE classification_gave_up = %s AND (%s::text IS NULL OR user_id = %s) RETURNING id",
+        (why, user_id, user_id),
+    ).fetchall()
+    return [r["id"] for r in rows]
+
+
+# --- configuration failures: provider blocks ---------------------------------------------------------
+def block(provider: str, status: int | None, error: str, now: datetime, probe_secs: float) -> None:
+    """A provider refused our credentials: hold dreaming's work (one probe per ``probe_secs``)."""
     connection().execute(
-        "UPDATE engine.chat_sessions SET classification_error = %s WHERE id = %s AND classification_claimed_at = %s",
-        (error[:1000], session_id, claim_token),
+        "INSERT INTO engine.provider_blocks (provider, status, error, since, next_probe_at)"
+        " VALUES (%(p)s, %(status)s, %(error)s, %(now)s, %(next)s)"
+        " ON CONFLICT (provider) DO UPDATE SET status = EXCLUDED.status, error = EXCLUDED.error,"
+        " next_probe_at = EXCLUDED.next_probe_at",
+        {"p": provider, "status": status, "error": error[:1000], "now": now,
+         "next": now + timedelta(seconds=probe_secs)},
     )
+
+
+def unblock(provider: str) -> bool:
+    """A call to ``provider`` got through: its block (if any) is over."""
+    return connection().execute("DELETE FROM engine.provider_blocks WHERE provider = %s RETURNING provider",
+                                (provider,)).fetchone() is not None
+
+
+def blocks() -> list[dict]:
+    return connection().execute(
+        "SELECT provider, status, error, since, next_probe_at FROM engine.provider_blocks ORDER BY provider"
+    ).fetchall()
+
+
+def take_probe(now: datetime, probe_secs: float) -> bool:
+    """While blocked: True for the one sweep per ``probe_secs`` that may try one job (atomic across sweepers)."""
+    return connection().execute(
+        "UPDATE engine.provider_blocks SET next_probe_at = %s WHERE next_probe_at <= %s RETURNING provider",
+        (now + timedelta(seconds=probe_secs), now),
+    ).fetchone() is not None
