@@ -9,6 +9,7 @@ import uuid
 import pytest
 
 from apiclient import Api
+from fakes import Delay, Status, fake_llm, fake_voyage  # noqa: F401 (fixtures)
 
 
 @pytest.fixture
@@ -235,3 +236,65 @@ def test_an_unexpected_error_is_a_json_500_without_internals(api, monkeypatch):
     monkeypatch.setattr(chat_store, "list_personas", broken)
     status, body = api.call("GET", "/v1/personas")
     assert status == 500 and body["message"] == "internal error" and "secret" not in json.dumps(body)
+
+
+# --- provider failures: a stable error for the client, no provider text anywhere --------------------
+@pytest.fixture
+def online(db, env, fake_llm, fake_voyage):
+    env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="x", EMBED_BASE_URL=fake_voyage.url, VOYAGE_API_KEY="x",
+        PROVIDER_MAX_RETRIES=0, LLM_TIMEOUT_SECS=0.5)
+    return {"llm": fake_llm, "embed": fake_voyage}
+
+
+ECHO = "provider says: you sent 'my secret diary entry'"
+
+
+@pytest.mark.parametrize("provider,behaviour,status,code,retryable", [
+    ("llm", Status(400, body={"error": {"message": ECHO, "code": 400}}), 502, "model_error", False),
+    ("llm", Status(401, body={"error": {"message": ECHO, "code": 401}}), 502, "model_error", False),
+    ("llm", Status(402, body={"error": {"message": ECHO, "code": 402}}), 502, "model_error", False),
+    ("llm", Status(403, body={"error": {"message": ECHO, "code": 403}}), 502, "model_error", False),
+    ("llm", Status(429, body={"error": {"message": ECHO, "code": 429}}), 503, "model_unavailable", True),
+    ("llm", Status(500, body={"error": {"message": ECHO, "code": 500}}), 503, "model_unavailable", True),
+    ("llm", Delay(2), 504, "model_timeout", True),
+    ("embed", Status(400, body={"detail": ECHO}), 502, "model_error", False),
+    ("embed", Status(401, body={"detail": ECHO}), 502, "model_error", False),
+    ("embed", Status(503, body={"detail": ECHO}), 503, "model_unavailable", True),
+])
+def test_a_provider_failure_is_a_stable_error_without_the_providers_text(api, db, online, caplog, capfd, provider,
+                                                                          behaviour, status, code, retryable):
+    sid = api.session()
+    turn = {"content": "my secret diary entry", "client_turn_id": "t-1"}
+    online[provider].push(behaviour)
+    got, body = api.call("POST", f"/v1/sessions/{sid}/turns", turn)
+    assert got == status, body
+    assert (body["code"], body["retryable"], body["client_turn_id"]) == (code, retryable, "t-1")
+    assert "kept" in body["message"] and "secret" not in json.dumps(body)
+    # Logs name the provider's status and the error type, never its text (it can echo the user's message).
+    failures = [r for r in caplog.records if r.getMessage() == "chat turn failed at a provider"]
+    assert len(failures) == 1 and failures[0].levelname == "WARNING"
+    logged = failures[0].__dict__
+    assert logged["error_type"].startswith("Provider") and logged["code"] == code
+    assert logged["provider_status"] == (None if isinstance(behaviour, Delay) else behaviour.code)
+    assert logged["stage"] == ("chat" if provider == "llm" else "embed")
+    out, err = capfd.readouterr()
+    assert "secret" not in out + err and all("secret" not in r.getMessage() + str(r.__dict__) for r in caplog.records)
+    # The message is kept; a retry with the same turn id, once the provider is back, gets the reply.
+    assert [m["content"] for m in db.execute("SELECT content FROM engine.chat_messages").fetchall()] == [
+        "my secret diary entry"]
+    online[provider].reset()
+    got, body = api.call("POST", f"/v1/sessions/{sid}/turns", turn)
+    assert got == 200 and body["reply"] == "fake reply"
+
+
+def test_every_error_has_a_stable_code(api, db):
+    sid = api.session()
+    assert api.call("GET", "/v1/nothing")[1]["code"] == "not_found"
+    assert api.call("GET", "/v1/sessions", user=None)[1]["code"] == "unauthorized"
+    assert api.call("POST", f"/v1/sessions/{sid}/turns", raw=b"{")[1]["code"] == "invalid_request"
+    assert api.call("POST", f"/v1/sessions/{sid}/turns", {"content": ""})[1]["code"] == "invalid_request"
+    assert api.call("POST", f"/v1/sessions/{sid}/turns", raw=b'{"content": "' + b"a" * 200_000 + b'"}')[1][
+        "code"] == "payload_too_large"
+    api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "one", "client_turn_id": "t"})
+    assert api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "two", "client_turn_id": "t"})[1][
+        "code"] == "turn_conflict"

@@ -408,8 +408,8 @@ def test_deleting_a_successor_leaves_its_predecessor_history_not_current(api, db
 def test_another_users_ids_are_404_everywhere_and_change_nothing(api, db, world):
     before = snapshot(db)
     for memory_id in (world.a, world.b, world.c, world.rel):
-        assert api.call("GET", f"/v1/memories/{memory_id}", user="bob") == (404, {"statusCode": 404,
-                                                                               "message": "memory not found"})
+        assert api.call("GET", f"/v1/memories/{memory_id}", user="bob") == (
+            404, {"statusCode": 404, "code": "not_found", "message": "memory not found"})
         assert api.call("POST", f"/v1/memories/{memory_id}/restore", user="bob")[0] == 404
         assert api.call("DELETE", f"/v1/memories/{memory_id}", user="bob")[0] == 404
     for memory_id in (world.x, world.y):
@@ -445,7 +445,7 @@ def test_bad_input_is_422_naming_the_problem(api, db, world, method, path, names
 def test_unknown_ids_are_404(api, db, world):
     before = snapshot(db)
     unknown = uuid.uuid4()
-    assert api.call("GET", f"/v1/memories/{unknown}") == (404, {"statusCode": 404, "message": "memory not found"})
+    assert api.call("GET", f"/v1/memories/{unknown}") == (404, {"statusCode": 404, "code": "not_found", "message": "memory not found"})
     assert api.call("POST", f"/v1/memories/{unknown}/restore")[0] == 404
     assert snapshot(db) == before
 

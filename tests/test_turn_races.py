@@ -115,8 +115,8 @@ def setup(db, env, llm, fake_voyage):
 
 
 def stored_turn(db, session: str, turn_id: str) -> dict[str, dict]:
-    rows = db.execute("SELECT id, role, content FROM engine.chat_messages WHERE session_id = %s AND client_turn_id = %s",
-                      (session, turn_id)).fetchall()
+    rows = db.execute("SELECT id, role, content FROM engine.chat_messages"
+                      " WHERE session_id = %s AND client_turn_id = %s", (session, turn_id)).fetchall()
     assert len(rows) == len({r["role"] for r in rows}), rows
     return {r["role"]: r for r in rows}
 

@@ -98,9 +98,19 @@ def _session_of(user: str, session_id: UUID) -> dict:
     return session
 
 
-def _error(status: int, message: str, **extra) -> Response:
+# Every error answer is {"statusCode", "code", "message", ...}: ``code`` is stable (clients branch on it),
+# ``message`` is for people. Codes not named where the error is raised come from its status.
+_CODES = {400: "invalid_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 409: "conflict",
+          413: "payload_too_large", 422: "invalid_request", 500: "internal_error", 503: "unavailable"}
+
+
+def _error_body(status: int, message: str, code: str | None = None, **extra) -> str:
+    return json.dumps({"statusCode": status, "code": code or _CODES.get(status, "error"), "message": message, **extra})
+
+
+def _error(status: int, message: str, code: str | None = None, **extra) -> Response:
     return Response(status_code=status, content_type=content_types.APPLICATION_JSON,
-                    body=json.dumps({"statusCode": status, "message": message, **extra}))
+                    body=_error_body(status, message, code, **extra))
 
 
 @app.get("/v1/health")
@@ -161,8 +171,10 @@ def memories(layer: Annotated[Literal["profile", "relationship"] | None, Query()
 
 def _documented(ok: tuple[int, str], *errors: tuple[int, str]) -> dict:
     """OpenAPI responses of a route: its success and the errors it answers besides 422."""
-    error = {"application/json": {"schema": {"type": "object", "required": ["statusCode", "message"], "properties": {
-        "statusCode": {"type": "integer"}, "message": {"type": "string"}}}}}
+    error = {"application/json": {"schema": {"type": "object", "required": ["statusCode", "code", "message"],
+                                              "properties": {"statusCode": {"type": "integer"},
+                                                             "code": {"type": "string"},
+                                                             "message": {"type": "string"}}}}}
     return {ok[0]: {"description": ok[1]}, **{code: {"description": text, "content": error} for code, text in errors}}
 
 
@@ -218,24 +230,28 @@ def not_found(error: chat.NotFound):
 
 @app.exception_handler(chat.TurnConflict)
 def turn_conflict(error: chat.TurnConflict):
-    return _error(409, str(error))
+    return _error(409, str(error), "turn_conflict")
 
 
 @app.exception_handler(memory_store.NotSuperseded)
 def not_superseded(error: memory_store.NotSuperseded):
-    return _error(409, str(error))
+    return _error(409, str(error), "memory_active")
 
 
 @app.exception_handler(chat.TurnFailed)
 def turn_failed(error: chat.TurnFailed):
-    return _error(error.status, f"the model is unavailable, your message was kept; retry with the same "
-                                f"client_turn_id: {error}", client_turn_id=error.client_turn_id, retryable=True)
+    # A stable code and message (never the provider's text: it can echo the user's content); retryable
+    # only when the model is unavailable, not when it refused the request.
+    advice = ("retry with the same client_turn_id" if error.retryable
+              else "retrying will not help until the service is fixed")
+    return _error(error.status, f"{error}; your message was kept, {advice}", error.code,
+                  client_turn_id=error.client_turn_id, retryable=error.retryable)
 
 
 @app.exception_handler(psycopg.OperationalError)
 def database_unavailable(error: psycopg.OperationalError):
     logger.warning("database unavailable", extra={"error": type(error).__name__})
-    return _error(503, "the database is unavailable; retry later")
+    return _error(503, "the database is unavailable; retry later", "database_unavailable", retryable=True)
 
 
 @app.exception_handler(ServiceError)
@@ -259,7 +275,7 @@ def not_found_error(error: NotFoundError):
 def _refuse(status: int, message: str) -> dict:
     """An error answered before routing (API Gateway-shaped result)."""
     return {"statusCode": status, "headers": {"Content-Type": content_types.APPLICATION_JSON},
-            "body": json.dumps({"statusCode": status, "message": message})}
+            "body": _error_body(status, message)}
 
 
 def _as_json_request(event: dict) -> dict | None:

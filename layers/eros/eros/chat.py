@@ -22,12 +22,36 @@ class TurnConflict(Exception):
 
 
 class TurnFailed(Exception):
-    """The model (or embedder) failed; the user's message is kept and the turn can be retried."""
+    """The model (or embedder) failed; the user's message is kept and the turn can be retried.
 
-    def __init__(self, status: int, message: str, client_turn_id: str):
+    What an API client sees is stable and never the provider's text (which can echo the user's
+    content): ``status`` (HTTP), ``code`` and ``message``, and ``retryable``, true only for availability
+    failures (timeouts, the provider's 5xx, 408 and 429) -- a retry of a request the provider refused
+    (400, 401, 402, 403, a malformed answer) fails the same way."""
+
+    def __init__(self, status: int, code: str, message: str, client_turn_id: str, retryable: bool):
         super().__init__(message)
         self.status = status
+        self.code = code
+        self.retryable = retryable
         self.client_turn_id = client_turn_id
+
+
+def provider_status(exc: BaseException) -> int | None:
+    """The provider's HTTP status (or the error code it sent inside a 200), when the error carries one."""
+    value = getattr(exc, "status", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def classify_provider_error(exc: BaseException) -> tuple[int, str, str, bool]:
+    """(HTTP status, code, message, retryable) of a turn that failed at a provider."""
+    status = provider_status(exc)
+    refused = status is not None and 400 <= status < 500 and status not in (408, 429)
+    if isinstance(exc, ProviderTimeout) and not refused:
+        return 504, "model_timeout", "the model did not answer in time", True
+    if isinstance(exc, ProviderUnavailable) and not refused:
+        return 503, "model_unavailable", "the model is unavailable", True
+    return 502, "model_error", "the model could not answer this message", False
 
 
 @dataclass
@@ -69,6 +93,7 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
         return _replay(turn, turn_id)
 
     deadline = Deadline.after(cfg.turn_budget_secs)
+    stage = "embed"
     try:
         query = embedder().embed([content], "query", deadline=deadline)
         history = chat_store.recent_messages(session_id, cfg.history_messages, exclude_turn=turn_id)
@@ -76,13 +101,17 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
                                  message=content)
         profile, relationship = memories.profile, memories.relationship
         messages = prompt.build_messages(session["system_prompt"], profile, relationship, history, content)
+        stage = "chat"
         completion = chat_client().complete(cfg.chat_model, messages, max_tokens=cfg.chat_max_tokens,
                                             deadline=deadline)
     except ProviderError as exc:
+        status, code, message, retryable = classify_provider_error(exc)
         metrics.add_metric(name="TurnProviderFailures", unit="Count", value=1)
-        logger.warning("chat turn failed at a provider", extra={"error": str(exc), "session_id": str(session_id)})
-        status = 504 if isinstance(exc, ProviderTimeout) else 503 if isinstance(exc, ProviderUnavailable) else 502
-        raise TurnFailed(status, str(exc), turn_id) from exc
+        # The provider's status and error type, never its text: an error body can echo the user's message.
+        logger.warning("chat turn failed at a provider", extra={
+            "session_id": str(session_id), "stage": stage, "error_type": type(exc).__name__,
+            "provider_status": provider_status(exc), "code": code, "retryable": retryable})
+        raise TurnFailed(status, code, message, turn_id, retryable) from None
 
     recalled = ([{"id": str(m["id"]), "layer": "profile", "category": m["category"]} for m in profile]
                 + [{"id": str(m["id"]), "layer": "relationship", "category": m["category"]} for m in relationship])
