@@ -298,3 +298,77 @@ def test_every_error_has_a_stable_code(api, db):
     api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "one", "client_turn_id": "t"})
     assert api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "two", "client_turn_id": "t"})[1][
         "code"] == "turn_conflict"
+
+
+# --- input Postgres or Python cannot take: a clear 4xx at the edge, before any paid call --------------
+DEEP = b'{"content": ' + b"[" * 6000 + b"]" * 6000 + b"}"
+UNSPEAKABLE_TURNS = [
+    (json.dumps({"content": "hello\u0000world"}).encode(), 422, "NUL"),
+    (b'{"content": "hello \\u0000 world"}', 422, "NUL"),
+    (b'{"content": "lone \\ud800 surrogate"}', 422, "surrogate"),
+    (b'{"content": "lone \\udfff"}', 422, "surrogate"),
+    (b'{"content": "ok", "client_turn_id": "a\\u0000b"}', 422, "client_turn_id"),
+    (DEEP, 400, "nested"),
+    (b"[" * 6000 + b"]" * 6000, 400, "nested"),
+    (b'{"content": ' + b"1" * 5000 + b"}", 400, "JSON"),
+    (b'{"content": 1e999}', 422, "content"),
+    (b'{"content": NaN}', 422, "content"),
+    (b'{"\\u0000": "x", "content": "hi"}', 422, "invalid request"),
+]
+
+
+@pytest.mark.parametrize("raw,status,names", UNSPEAKABLE_TURNS)
+def test_turn_bodies_postgres_cannot_store_are_refused_before_any_provider_call(api, db, online, raw, status, names):
+    sid = api.session()
+    got, body = api.call("POST", f"/v1/sessions/{sid}/turns", raw=raw)
+    assert got == status, body
+    assert names in body["message"] and body["code"] in ("invalid_request",)
+    assert online["llm"].calls == online["embed"].calls == 0
+    assert count(db, "chat_messages") == 0 and count(db, "companion_memories") == 0
+
+
+@pytest.mark.parametrize("raw,names", [
+    (json.dumps({"persona_id": "lu\u0000na"}).encode(), "NUL"),
+    (b'{"persona_id": "\\ud800"}', "surrogate"),
+    (b'{"persona_id": ' + b"[" * 6000 + b"]" * 6000 + b"}", "nested"),
+])
+def test_session_bodies_postgres_cannot_store_are_refused(api, db, raw, names):
+    status, body = api.call("POST", "/v1/sessions", raw=raw)
+    assert status in (400, 422) and names in body["message"], body
+    assert count(db, "chat_sessions") == 0 and count(db, "persona_instances") == 0
+
+
+@pytest.mark.parametrize("subject", ["ali\u0000ce", "\ud800", "alice\udfff"])
+def test_a_token_subject_postgres_cannot_store_is_401(api, db, online, subject):
+    sid = api.session()
+    for method, path, data in [("GET", "/v1/sessions", None), ("POST", "/v1/sessions", {"persona_id": "luna"}),
+                               ("GET", "/v1/memories", None), ("GET", f"/v1/sessions/{sid}/messages", None),
+                               ("POST", f"/v1/sessions/{sid}/turns", {"content": "hi"})]:
+        status, body = api.call(method, path, data, user=subject)
+        assert status == 401 and "subject" in body["message"], (method, path, body)
+    assert online["llm"].calls == online["embed"].calls == 0
+    assert count(db, "chat_sessions") == 1 and count(db, "chat_messages") == 0
+
+
+@pytest.mark.parametrize("query,names", [
+    ("before=9223372036854775808", "before"), ("before=99999999999999999999999999", "before"),
+    ("limit=9223372036854775808", "limit"), ("before=%00", "before"), ("limit=1%00", "limit"),
+])
+def test_message_paging_out_of_range_is_422(api, db, query, names):
+    sid = api.session()
+    status, body = api.call("GET", f"/v1/sessions/{sid}/messages?{query}")
+    assert status == 422 and names in body["message"], body
+
+
+@pytest.mark.parametrize("query", ["layer=%00", "category=fact%00", "before=%00", "include=%00",
+                                   "limit=9223372036854775808", "before=\ud800"])
+def test_memory_queries_with_unstorable_text_are_422(api, query):
+    status, body = api.call("GET", f"/v1/memories?{query}")
+    assert status == 422 and body["message"].startswith("invalid request"), body
+
+
+@pytest.mark.parametrize("path", ["/v1/sessions/%00/turns", "/v1/sessions/\ud800/messages", "/v1/memories/%00",
+                                  "/v1/memories/\u0000"])
+def test_paths_with_unstorable_text_are_4xx(api, path):
+    status, body = api.call("POST" if path.endswith("turns") else "GET", path, {"content": "hi"})
+    assert 400 <= status < 500, body

@@ -19,7 +19,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.logging import correlation_paths
 import psycopg
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 from eros import chat, health as health_check
 from eros.config import CATEGORIES, settings
@@ -32,7 +32,33 @@ app = APIGatewayHttpResolver(enable_validation=True)
 app.enable_swagger(path="/v1/docs", openapi_version="3.1.0", title="eros companion memory API")
 
 MAX_CONTENT = settings().max_content_chars
-Content = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_CONTENT)]
+# Request bodies are flat objects; deeper JSON is refused before it is parsed (Python's parser recurses).
+MAX_JSON_DEPTH = 32
+# The largest message id a cursor can name (chat_messages.id is a bigint).
+MAX_BIGINT = 2**63 - 1
+
+
+def unstorable(text: str) -> str | None:
+    """Why Postgres cannot store this text (a NUL character, a lone surrogate), or None if it can."""
+    if "\x00" in text:
+        return "contains a NUL character (\\u0000)"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone surrogate (\\ud800-\\udfff): not valid Unicode text"
+    return None
+
+
+def _storable(value):
+    """Refuses text Postgres cannot store, before pydantic's own string check (whose message names neither)."""
+    problem = unstorable(value) if isinstance(value, str) else None
+    if problem:
+        raise ValueError(f"must be text that can be stored: it {problem}")
+    return value
+
+
+Content = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_CONTENT),
+                    BeforeValidator(_storable)]
 
 
 class Strict(BaseModel):
@@ -40,7 +66,7 @@ class Strict(BaseModel):
 
 
 class NewSession(Strict):
-    persona_id: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    persona_id: Annotated[str, StringConstraints(min_length=1, max_length=64), BeforeValidator(_storable)]
 
 
 class NewTurn(Strict):
@@ -88,6 +114,9 @@ def current_user() -> str:
     sub = app.current_event.request_context.authorizer.jwt_claim.get("sub")
     if not isinstance(sub, str) or not sub or len(sub) > 255:
         raise UnauthorizedError("a verified token with a subject is required")
+    problem = unstorable(sub)
+    if problem:
+        raise UnauthorizedError(f"the token's subject {problem}")
     return sub
 
 
@@ -151,7 +180,7 @@ def take_turn(session_id: UUID, body: NewTurn):
 
 @app.get("/v1/sessions/<session_id>/messages")
 def messages(session_id: UUID, limit: Annotated[int, Query(ge=1, le=200)] = 50,
-             before: Annotated[int | None, Query(ge=1)] = None):
+             before: Annotated[int | None, Query(ge=1, le=MAX_BIGINT)] = None):
     _session_of(current_user(), session_id)
     page = chat_store.list_messages(session_id, limit, before)
     return {"messages": page, "next_before": page[-1]["id"] if len(page) == limit else None}
@@ -278,6 +307,44 @@ def _refuse(status: int, message: str) -> dict:
             "body": _error_body(status, message)}
 
 
+def _nested_deeper_than(text: str, limit: int) -> bool:
+    """Whether the JSON text opens more than ``limit`` arrays/objects inside each other (strings skipped)."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth, in_string, escaped = 0, False, False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif char in "]}":
+            depth -= 1
+    return False
+
+
+def _unreadable_json(body: str) -> str | None:
+    """Why the body cannot be read as JSON, for the reasons Powertools' validation would answer with a 500
+    (Python's parser recursing too deep, a number too long to convert); None otherwise."""
+    if _nested_deeper_than(body, MAX_JSON_DEPTH):
+        return f"the JSON body is nested deeper than {MAX_JSON_DEPTH} levels"
+    try:
+        json.loads(body)
+    except json.JSONDecodeError as exc:
+        return f"the body is not valid JSON: {exc.msg} (character {exc.pos})"
+    except (ValueError, RecursionError):
+        return "the body is not JSON this API can read (a number with too many digits)"
+    return None
+
+
 def _as_json_request(event: dict) -> dict | None:
     """Size-check and normalise the body; returns a refusal, or None when the event may be routed."""
     limit = settings().max_body_bytes
@@ -290,6 +357,11 @@ def _as_json_request(event: dict) -> dict | None:
         except (binascii.Error, UnicodeDecodeError):
             return _refuse(400, "invalid request: the body is not UTF-8 JSON")
         event["isBase64Encoded"] = False
+    method = (event.get("requestContext") or {}).get("http", {}).get("method", "")
+    if event.get("body") and method.upper() in ("POST", "PUT", "PATCH"):
+        problem = _unreadable_json(event["body"])
+        if problem:
+            return _refuse(400, f"invalid request: {problem}")
     # The API speaks JSON only: a body is read as JSON whatever Content-Type a client sent (curl's -d
     # says form-urlencoded), so a wrong header cannot route it to another parser.
     event.setdefault("headers", {})["content-type"] = content_types.APPLICATION_JSON
