@@ -71,3 +71,149 @@ def test_schema_constraints_hold(db):
     with pytest.raises(psycopg.errors.DataException):
         db.execute("INSERT INTO engine.companion_memories (user_id, content, embedding) VALUES ('u', 'x', %s)",
                    (Vector([1.0, 0.0]),))
+
+
+# --- the application's DML-only role (migration 0006, eros.migrate.ensure_app_user) --------------------------
+
+@pytest.fixture
+def app_user(database_url):
+    """A login made the way the migrate function makes it, on the shared test database; dropped afterwards."""
+    from eros.migrate import ensure_app_user
+
+    name = f"eros_app_test_{uuid.uuid4().hex[:8]}"
+    assert ensure_app_user(database_url, name, "pw-1") == "created"
+    yield name, make_conninfo(database_url, user=name, password="pw-1")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"DROP OWNED BY {name}")
+        conn.execute(f"DROP ROLE {name}")
+
+
+def test_the_app_role_is_a_nologin_group_that_owns_nothing(db):
+    role = db.execute("SELECT rolcanlogin, rolsuper, rolcreaterole, rolcreatedb FROM pg_roles"
+                      " WHERE rolname = 'eros_app'").fetchone()
+    assert role == {"rolcanlogin": False, "rolsuper": False, "rolcreaterole": False, "rolcreatedb": False}
+    owned = db.execute("SELECT count(*) AS n FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner"
+                       " WHERE r.rolname = 'eros_app'").fetchone()["n"]
+    assert owned == 0
+
+
+def test_the_app_user_reads_and_writes_rows(db, app_user):
+    _, dsn = app_user
+    with psycopg.connect(dsn, autocommit=True) as app:
+        app.execute("INSERT INTO engine.persona_instances (id, user_id, persona_id) VALUES (%s, 'u1', 'luna')",
+                    (instance := uuid.uuid4(),))
+        app.execute("INSERT INTO engine.chat_sessions (id, user_id, instance_id) VALUES (%s, 'u1', %s)",
+                    (session := uuid.uuid4(), instance))
+        app.execute("INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id)"
+                    " VALUES (%s, 'user', 'hello', 't1')", (session,))  # an identity column: its sequence
+        app.execute("UPDATE engine.chat_sessions SET last_active_at = now() WHERE id = %s", (session,))
+        assert app.execute("SELECT count(*) FROM engine.personas").fetchone()[0] >= 1
+        assert app.execute("SELECT count(*) FROM engine.schema_migrations").fetchone()[0] >= 6
+        with app.transaction():
+            app.execute("SELECT * FROM engine.chat_sessions WHERE id = %s FOR UPDATE SKIP LOCKED", (session,))
+        app.execute("DELETE FROM engine.chat_messages WHERE session_id = %s", (session,))
+        app.execute("DELETE FROM engine.chat_sessions WHERE id = %s", (session,))
+
+
+@pytest.mark.parametrize("statement", [
+    "CREATE TABLE engine.intruder (id int)",
+    "CREATE TABLE public.intruder (id int)",
+    "CREATE SCHEMA intruder",
+    "DROP TABLE engine.chat_messages",
+    "ALTER TABLE engine.chat_sessions ADD COLUMN intruder int",
+    "ALTER TABLE engine.companion_memories DROP CONSTRAINT IF EXISTS companion_memories_pkey",
+    "CREATE INDEX intruder ON engine.chat_messages (content)",
+    "TRUNCATE engine.chat_messages",
+    "DROP SCHEMA engine CASCADE",
+    "ALTER ROLE eros_app LOGIN",
+    "CREATE ROLE intruder LOGIN",
+    "INSERT INTO engine.schema_migrations (name) VALUES ('9999_intruder')",
+    "DELETE FROM engine.schema_migrations",
+])
+def test_the_app_user_cannot_change_the_schema(db, app_user, statement):
+    _, dsn = app_user
+    with psycopg.connect(dsn, autocommit=True) as app:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            app.execute(statement)
+    assert db.execute("SELECT count(*) AS n FROM information_schema.tables WHERE table_name = 'intruder'"
+                      ).fetchone()["n"] == 0
+
+
+def test_the_whole_app_runs_as_the_app_user(db, app_user, env):
+    """A chat turn, a listing, a sweep and an extraction through the handlers, connected as the app user:
+    the grants are all the code needs."""
+    from datetime import datetime, timedelta, timezone
+
+    from apiclient import Api
+    from eros import dreaming
+    from eros.local import LambdaContext, load_function
+    from eros.store import dreaming as store
+
+    name, dsn = app_user
+    env(DATABASE_URL=dsn)
+    api = Api()
+    sid = api.session()
+    status, turn = api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "I moved to Lisbon last spring"})
+    assert status == 200, turn
+    assert api.call("GET", f"/v1/sessions/{sid}/messages")[0] == 200
+    db.execute("UPDATE engine.chat_sessions SET last_active_at = now() - interval '2 hours'")
+    now = datetime.now(timezone.utc)
+    [row] = store.claim(now, now - timedelta(seconds=600), 10)
+    result = load_function("extract").lambda_handler(dreaming.extract_payload(row), LambdaContext("extract"))
+    assert result["memories"] >= 1, result
+    status, listing = api.call("GET", "/v1/memories")
+    assert status == 200 and any(m["layer"] == "profile" for m in listing["memories"])
+    from eros.db import connection
+    assert connection().execute("SELECT current_user AS u").fetchone()["u"] == name
+
+
+def test_tables_of_later_migrations_are_granted_too(db, app_user, database_url):
+    from eros.migrate import migrate
+
+    _, dsn = app_user
+    try:
+        db.execute("CREATE TABLE engine.later_table (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, x text)")
+        with psycopg.connect(dsn, autocommit=True) as app:  # default privileges of the migrating user
+            app.execute("INSERT INTO engine.later_table (x) VALUES ('a')")
+        db.execute("REVOKE ALL ON engine.later_table FROM eros_app")
+        migrate(database_url)  # and every run grants again, whoever created the table
+        with psycopg.connect(dsn, autocommit=True) as app:
+            app.execute("INSERT INTO engine.later_table (x) VALUES ('b')")
+    finally:
+        db.execute("DROP TABLE IF EXISTS engine.later_table")
+
+
+def test_ensure_app_user_updates_the_password_and_is_idempotent(database_url, app_user):
+    from eros.migrate import ensure_app_user
+
+    name, _ = app_user
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        def verifier():
+            return conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s", (name,)).fetchone()[0]
+
+        before = verifier()
+        assert before.startswith("SCRAM-SHA-256$")  # a verifier, never the password itself
+        assert ensure_app_user(database_url, name, "pw-2") == "updated"
+        assert verifier() != before and "pw-2" not in verifier()
+        members = conn.execute("SELECT count(*) FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid"
+                               " JOIN pg_roles u ON u.oid = m.member WHERE g.rolname = 'eros_app'"
+                               " AND u.rolname = %s", (name,)).fetchone()[0]
+        assert members == 1
+
+
+def test_ensure_app_user_never_takes_over_a_powerful_role(database_url):
+    from eros.migrate import UnsafeAppUser, ensure_app_user
+
+    admin = conninfo_to_dict(database_url).get("user") or "postgres"
+    with pytest.raises(UnsafeAppUser, match="migration's own user"):
+        ensure_app_user(database_url, admin, "pw")
+    name = f"eros_powerful_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {name} LOGIN CREATEROLE")
+        try:
+            with pytest.raises(UnsafeAppUser, match="rolcreaterole"):
+                ensure_app_user(database_url, name, "pw")
+            assert conn.execute("SELECT count(*) FROM pg_auth_members m JOIN pg_roles u ON u.oid = m.member"
+                                " WHERE u.rolname = %s", (name,)).fetchone()[0] == 0
+        finally:
+            conn.execute(f"DROP ROLE {name}")

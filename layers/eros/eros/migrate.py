@@ -3,6 +3,10 @@
 Applied in order, each in its own transaction together with its row in
 ``engine.schema_migrations``; re-running is a no-op. A session-level advisory lock serialises
 concurrent runners (two deploys, two local stacks), so no migration is applied twice.
+
+In AWS the migrate function then creates or updates the application's login user (``ensure_app_user``), a
+member of the DML-only group role ``eros_app`` that migration 0006 creates. Locally nothing of that runs:
+the local stack connects with DATABASE_URL as it always has.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import re
 from importlib import resources
 
 import psycopg
+from psycopg import sql
 
 from .db import connect
 from .observability import logger
@@ -53,6 +58,7 @@ def migrate(dsn: str) -> list[str]:
                 applied_now.append(name)
                 logger.info("migration applied", extra={"migration": name})
             seed_personas(conn)
+            grant_app_role(conn)
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
     return applied_now
@@ -67,3 +73,65 @@ def seed_personas(conn: psycopg.Connection) -> None:
                 " system_prompt = EXCLUDED.system_prompt",
                 (p["id"], p["name"], p.get("description", ""), p["system_prompt"]),
             )
+
+
+APP_ROLE = "eros_app"
+# What migration 0006 grants, applied again after every run: a table created by a later migration gets
+# it by default privileges only if the same user created it; this covers any other creator.
+_APP_GRANTS = (
+    "GRANT USAGE ON SCHEMA engine TO eros_app",
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA engine TO eros_app",
+    "REVOKE INSERT, UPDATE, DELETE ON engine.schema_migrations FROM eros_app",
+    "GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA engine TO eros_app",
+)
+
+
+def grant_app_role(conn: psycopg.Connection) -> None:
+    if conn.execute("SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s", (APP_ROLE,)).fetchone() is None:
+        return  # migration 0006 not applied (an older schema): nothing to grant to
+    with conn.transaction():
+        for statement in _APP_GRANTS:
+            conn.execute(statement)
+
+
+class UnsafeAppUser(RuntimeError):
+    """The configured application user is the migration's own user, or a role with powers an app must not have."""
+
+
+def ensure_app_user(dsn: str, username: str, password: str) -> str:
+    """Create the application's login user, or bring an existing one up to date: LOGIN, this password,
+    member of eros_app. Runs with the migration's (admin) credentials. Returns "created" or "updated".
+
+    The password reaches the server as a SCRAM verifier computed here (libpq's PQencryptPasswordConn), so
+    the statement text, which the server may log, never holds it. An existing role is only updated if it
+    has no power beyond an application's (superuser, createrole, createdb, replication, bypassrls): this
+    never turns the admin user, or anyone else's role, into the app's login.
+    """
+    with connect(dsn, vector=False) as conn:
+        if conn.execute("SELECT current_user = %s AS same", (username,)).fetchone()["same"]:
+            raise UnsafeAppUser(f"the application user {username!r} is the migration's own user")
+        verifier = conn.pgconn.encrypt_password(password.encode(), username.encode(), b"scram-sha-256").decode()
+        name = sql.Identifier(username)
+        outcome = "updated"
+        if _role(conn, username) is None:
+            try:
+                conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(name, sql.Literal(verifier)))
+                outcome = "created"
+            except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
+                pass  # created meanwhile by a concurrent run: update it below
+        if outcome == "updated":
+            role = _role(conn, username)
+            powers = [power for power in ("rolsuper", "rolcreaterole", "rolcreatedb", "rolreplication",
+                                          "rolbypassrls") if role[power]]
+            if powers:
+                raise UnsafeAppUser(f"the application user {username!r} exists with {', '.join(powers)}: "
+                                    "refusing to make it the application's login")
+            conn.execute(sql.SQL("ALTER ROLE {} WITH LOGIN PASSWORD {}").format(name, sql.Literal(verifier)))
+        conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(APP_ROLE), name))
+    logger.info("application database user ready", extra={"app_user": username, "outcome": outcome})
+    return outcome
+
+
+def _role(conn: psycopg.Connection, name: str) -> dict | None:
+    return conn.execute("SELECT rolsuper, rolcreaterole, rolcreatedb, rolreplication, rolbypassrls"
+                        " FROM pg_catalog.pg_roles WHERE rolname = %s", (name,)).fetchone()
