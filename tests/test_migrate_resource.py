@@ -253,3 +253,59 @@ def test_an_error_answer_from_the_response_url_is_retried(handler, monkeypatch):
     finally:
         recorder.server.shutdown()
         recorder.server.server_close()
+
+
+# --- the application's DML-only login ---------------------------------------------------------------------
+
+@pytest.fixture
+def app_secret(database_url):
+    """A moto Secrets Manager holding the app login's secret as the template generates it."""
+    import boto3
+    from aws_lambda_powertools.utilities import parameters
+    from moto import mock_aws
+
+    parameters.clear_caches()
+    name = f"eros_app_login_{uuid.uuid4().hex[:8]}"
+    with mock_aws():
+        client = boto3.client("secretsmanager", region_name="us-east-1")
+        arn = client.create_secret(Name="eros/app-db", SecretString=json.dumps(
+            {"username": name, "password": "Generated-App-Pw-0123456789"}))["ARN"]
+        yield client, arn, name
+    parameters.clear_caches()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"DROP ROLE IF EXISTS {name}")
+
+
+def test_create_makes_the_app_login_and_completes_its_secret(handler, cfn, fresh_database, env, app_secret):
+    from psycopg.conninfo import conninfo_to_dict
+
+    client, arn, name = app_secret
+    env(DATABASE_URL=fresh_database, APP_DATABASE_SECRET_ARN=arn)
+    handler(cfn_event("Create", cfn.url), LambdaContext("migrate", timeout_secs=300))
+    response = cfn.response()
+    assert response["Status"] == "SUCCESS", response
+    assert "Generated-App-Pw" not in json.dumps(response)
+
+    stored = json.loads(client.get_secret_value(SecretId=arn)["SecretString"])
+    target = conninfo_to_dict(fresh_database)
+    assert (stored["username"], stored["password"]) == (name, "Generated-App-Pw-0123456789")
+    assert (stored["host"], stored["dbname"], stored["engine"]) == (target["host"], target["dbname"], "postgres")
+    app_dsn = make_conninfo(fresh_database, user=name, password=stored["password"])
+    with psycopg.connect(app_dsn, autocommit=True) as app:
+        assert app.execute("SELECT count(*) FROM engine.personas").fetchone()[0] > 0
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            app.execute("DROP TABLE engine.chat_messages")
+
+
+def test_an_app_login_that_is_the_admin_fails_the_deploy(handler, cfn, fresh_database, env, app_secret):
+    from psycopg.conninfo import conninfo_to_dict
+
+    client, arn, _ = app_secret
+    admin = conninfo_to_dict(fresh_database).get("user") or "postgres"
+    client.put_secret_value(SecretId=arn, SecretString=json.dumps({"username": admin, "password": "Other-Pw-42"}))
+    env(DATABASE_URL=fresh_database, APP_DATABASE_SECRET_ARN=arn)
+    handler(cfn_event("Create", cfn.url), LambdaContext("migrate", timeout_secs=300))
+    response = cfn.response()
+    assert response["Status"] == "FAILED"
+    assert "ConfigurationError" in response["Reason"] or "UnsafeAppUser" in response["Reason"]
+    assert "Other-Pw-42" not in json.dumps(response)

@@ -6,16 +6,19 @@ from __future__ import annotations
 import json
 
 import boto3
+import certifi
+import psycopg
 import pytest
 from aws_lambda_powertools.utilities import parameters
 from moto import mock_aws
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import SecretStr
 
 from eros import providers
 from eros.config import Settings
 from eros.providers.llm import ChatClient
-from eros.secrets import ConfigurationError, database_dsn, with_provider_keys
+from eros.secrets import (ConfigurationError, app_database_login, complete_app_secret, database_dsn,
+                          with_provider_keys)
 from fakes import fake_llm  # noqa: F401 - fixture
 
 RDS_SECRET = {"engine": "postgres", "host": "eros.cluster-abc.us-east-1.rds.amazonaws.com", "port": 5432,
@@ -139,7 +142,8 @@ def test_database_dsn_from_an_rds_secret(secretsmanager):
     arn = secretsmanager.create("eros/db", RDS_SECRET)
     dsn = database_dsn(settings_from(DATABASE_SECRET_ARN=arn))
     assert conninfo_to_dict(dsn) == {"host": RDS_SECRET["host"], "port": "5432", "user": "eros_app",
-                                     "password": "s3cr3t!", "dbname": "eros", "sslmode": "require"}
+                                     "password": "s3cr3t!", "dbname": "eros", "sslmode": "verify-full",
+                                     "sslrootcert": certifi.where()}
 
 
 def test_database_host_overrides_the_secret_host(secretsmanager):
@@ -155,7 +159,7 @@ def test_an_rds_managed_secret_with_only_credentials_needs_database_host(secrets
     arn = secretsmanager.create("rds!db-123", {"username": "postgres", "password": "pw"})
     parts = conninfo_to_dict(database_dsn(settings_from(DATABASE_SECRET_ARN=arn, DATABASE_HOST="db.internal")))
     assert parts == {"host": "db.internal", "port": "5432", "user": "postgres", "password": "pw",
-                     "dbname": "postgres", "sslmode": "require"}
+                     "dbname": "postgres", "sslmode": "verify-full", "sslrootcert": certifi.where()}
     with pytest.raises(ConfigurationError, match="'host'"):
         database_dsn(settings_from(DATABASE_SECRET_ARN=arn))
 
@@ -222,3 +226,113 @@ def test_the_database_secret_is_cached_too(secretsmanager):
     secretsmanager.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
     assert database_dsn(settings) == first  # a warm container makes no Secrets Manager call
 
+
+
+# --- TLS: the server's certificate and host name are verified ------------------------------------------------
+
+def test_the_default_trust_store_holds_the_roots_of_rds_proxys_certificate(secretsmanager):
+    """RDS Proxy presents an ACM certificate: it chains to an Amazon root, which certifi's bundle carries."""
+    arn = secretsmanager.create("eros/db", RDS_SECRET)
+    parts = conninfo_to_dict(database_dsn(settings_from(DATABASE_SECRET_ARN=arn)))
+    assert parts["sslmode"] == "verify-full"
+    bundle = open(parts["sslrootcert"], encoding="utf-8").read()
+    for root in ("Amazon Root CA 1", "Amazon Root CA 2", "Amazon Root CA 3", "Amazon Root CA 4",
+                 "Starfield Services Root Certificate Authority - G2"):
+        assert f"# Subject: CN={root} O=" in bundle, root
+
+
+def test_the_bundled_libpq_understands_sslrootcert_system():
+    # sslrootcert=system needs libpq 16; what psycopg's wheel bundles decides whether it is an option
+    assert psycopg.pq.version() >= 160000
+
+
+@pytest.mark.parametrize("value", ["system", "certs/rds-global-bundle.pem", "/abs/rds-global-bundle.pem"])
+def test_the_ca_bundle_is_a_setting(secretsmanager, tmp_path, monkeypatch, value):
+    from importlib import resources
+
+    arn = secretsmanager.create("eros/db", RDS_SECRET)
+    if value.startswith("/"):
+        value = str(tmp_path / "rds-global-bundle.pem")
+        open(value, "w").close()
+        expected = value
+    elif value != "system":  # relative: a file shipped in the layer, next to the eros package
+        package = tmp_path / "eros"
+        (package / "certs").mkdir(parents=True)
+        (package / value).write_text("")
+        monkeypatch.setattr(resources, "files", lambda name: package)
+        expected = str(package / value)
+    else:
+        expected = "system"
+    parts = conninfo_to_dict(database_dsn(settings_from(DATABASE_SECRET_ARN=arn, DATABASE_SSL_ROOT_CERT=value)))
+    assert (parts["sslmode"], parts["sslrootcert"]) == ("verify-full", expected)
+
+
+def test_a_missing_ca_bundle_is_a_configuration_error(secretsmanager):
+    arn = secretsmanager.create("eros/db", RDS_SECRET)
+    with pytest.raises(ConfigurationError, match="no CA bundle at /nowhere/bundle.pem"):
+        database_dsn(settings_from(DATABASE_SECRET_ARN=arn, DATABASE_SSL_ROOT_CERT="/nowhere/bundle.pem"))
+
+
+def test_verify_full_refuses_a_server_that_does_not_speak_tls():
+    """No silent fallback to plain text: a listener that will not do TLS is refused before any login."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def refuse_tls():  # what a Postgres with ssl=off answers to the SSLRequest: 'N'
+        conn, _ = listener.accept()
+        conn.recv(8)
+        conn.sendall(b"N")
+        conn.recv(1024)
+        conn.close()
+
+    threading.Thread(target=refuse_tls, daemon=True).start()
+    dsn = make_conninfo(host="127.0.0.1", port=str(listener.getsockname()[1]), user="eros", password="pw",
+                        dbname="eros", sslmode="verify-full", sslrootcert=certifi.where(), connect_timeout="3")
+    with pytest.raises(psycopg.OperationalError, match="(?i)ssl"):
+        psycopg.connect(dsn)
+    listener.close()
+
+
+# --- the application's login (the migrate function makes it; the app functions use it) ---------------------
+
+def test_the_app_login_comes_from_its_own_secret(secretsmanager):
+    arn = secretsmanager.create("eros/app-db", {"username": "eros_app_login", "password": "generated-pw"})
+    assert app_database_login(settings_from(APP_DATABASE_SECRET_ARN=arn)) == ("eros_app_login", "generated-pw")
+    assert app_database_login(settings_from()) is None  # locally: nothing to create
+
+
+@pytest.mark.parametrize("secret, message", [
+    ({"username": "eros_app_login"}, "lacks 'password'"),
+    ({"password": "pw"}, "lacks 'username'"),
+    ({"username": "Robert'); DROP TABLE x;--", "password": "pw"}, "not allowed"),
+    ({"username": "postgres", "password": "pw"}, "not allowed"),
+    ({"username": "rdsadmin", "password": "pw"}, "not allowed"),
+    ({"username": "eros_app", "password": "pw"}, "not allowed"),  # the group role itself
+])
+def test_a_bad_app_login_is_a_configuration_error(secretsmanager, secret, message):
+    arn = secretsmanager.create("eros/app-db", secret)
+    with pytest.raises(ConfigurationError, match=message) as caught:
+        app_database_login(settings_from(APP_DATABASE_SECRET_ARN=arn))
+    assert "pw" not in str(caught.value).replace("'password'", "")
+
+
+def test_the_app_secret_is_completed_with_where_to_connect(secretsmanager):
+    arn = secretsmanager.create("eros/app-db", {"username": "eros_app_login", "password": "generated-pw"})
+    settings = settings_from(APP_DATABASE_SECRET_ARN=arn)
+    admin = make_conninfo(host="eros-proxy.proxy-abc.us-east-1.rds.amazonaws.com", port="5432",
+                          user="postgres", password="admin-pw", dbname="eros", sslmode="verify-full")
+    assert complete_app_secret(settings, admin) is True
+    stored = json.loads(secretsmanager.get_secret_value(SecretId=arn)["SecretString"])
+    assert stored == {"username": "eros_app_login", "password": "generated-pw", "engine": "postgres",
+                      "host": "eros-proxy.proxy-abc.us-east-1.rds.amazonaws.com", "port": 5432, "dbname": "eros"}
+    parameters.clear_caches()
+    assert complete_app_secret(settings, admin) is False  # already complete: no new version
+
+    # and the app functions connect from it alone, as the app user
+    parts = conninfo_to_dict(database_dsn(settings_from(DATABASE_SECRET_ARN=arn)))
+    assert (parts["user"], parts["password"], parts["host"], parts["dbname"]) == (
+        "eros_app_login", "generated-pw", "eros-proxy.proxy-abc.us-east-1.rds.amazonaws.com", "eros")

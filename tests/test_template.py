@@ -159,12 +159,21 @@ def test_no_wildcard_actions_or_resources(template):
             assert all(r != "*" and "*" not in json.dumps(r) for r in as_list(statement["Resource"])), (name, statement)
 
 
+APP_SECRET, ADMIN_SECRET = {"Ref": "AppDatabaseSecret"}, {"Ref": "DatabaseSecretArn"}
+
+
+def environment(template: dict, name: str) -> dict:
+    """A function's environment as deployed: Globals' variables, overridden by its own (SAM merges them)."""
+    return {**template["Globals"]["Function"]["Environment"]["Variables"],
+            **props(template, name).get("Environment", {}).get("Variables", {})}
+
+
 def test_secrets_are_readable_only_by_name(template):
     expected = {
-        "ChatFunction": [{"Ref": "DatabaseSecretArn"}, {"Ref": "ProviderSecretArn"}],
-        "ExtractFunction": [{"Ref": "DatabaseSecretArn"}, {"Ref": "ProviderSecretArn"}],
-        "SweeperFunction": [{"Ref": "DatabaseSecretArn"}],
-        "MigrateFunction": [{"Ref": "DatabaseSecretArn"}],
+        "ChatFunction": [APP_SECRET, {"Ref": "ProviderSecretArn"}],
+        "ExtractFunction": [APP_SECRET, {"Ref": "ProviderSecretArn"}],
+        "SweeperFunction": [APP_SECRET],
+        "MigrateFunction": [ADMIN_SECRET, APP_SECRET],
     }
     for name, secrets in expected.items():
         granted = [r for s in statements(template, name) if s["Action"] == "secretsmanager:GetSecretValue"
@@ -174,6 +183,50 @@ def test_secrets_are_readable_only_by_name(template):
         # A function is told about the provider secret only if it may read it.
         assert ("PROVIDER_SECRET_ARN" in env) == ({"Ref": "ProviderSecretArn"} in secrets), name
     assert "PROVIDER_SECRET_ARN" not in template["Globals"]["Function"]["Environment"]["Variables"]
+
+
+def test_only_the_migration_has_the_admin_database_secret(template):
+    """The app functions log in as the DML-only app user; the migration keeps the DDL-capable admin login."""
+    for name in ("ChatFunction", "SweeperFunction", "ExtractFunction"):
+        env = environment(template, name)
+        assert env["DATABASE_SECRET_ARN"] == APP_SECRET, name
+        assert "APP_DATABASE_SECRET_ARN" not in env, name
+        assert ADMIN_SECRET not in [r for s in statements(template, name) for r in as_list(s["Resource"])], name
+        assert {a for s in statements(template, name) if any(a.startswith("secretsmanager:")
+                                                             for a in as_list(s["Action"]))
+                for a in as_list(s["Action"])} == {"secretsmanager:GetSecretValue"}, name
+    env = environment(template, "MigrateFunction")
+    assert (env["DATABASE_SECRET_ARN"], env["APP_DATABASE_SECRET_ARN"]) == (ADMIN_SECRET, APP_SECRET)
+    # The migration writes the app secret's host/port/dbname, and nothing else.
+    writes = [s for s in statements(template, "MigrateFunction") if s["Action"] != "secretsmanager:GetSecretValue"]
+    assert [(s["Action"], s["Resource"]) for s in writes] == [("secretsmanager:PutSecretValue", APP_SECRET)]
+
+
+def test_the_app_database_secret_is_generated_with_the_app_username(template):
+    secret = resource(template, "AppDatabaseSecret")
+    assert secret["Type"] == "AWS::SecretsManager::Secret"
+    generate = secret["Properties"]["GenerateSecretString"]
+    assert generate["GenerateStringKey"] == "password" and generate["PasswordLength"] >= 32
+    assert generate["ExcludePunctuation"] is True  # no quoting surprises in a conninfo or a SQL literal
+    assert generate["SecretStringTemplate"] == {"Fn::Sub": '{"username": "${AppDatabaseUsername}"}'}
+    username = template["Parameters"]["AppDatabaseUsername"]
+    import re
+
+    pattern = re.compile(username["AllowedPattern"])
+    assert pattern.match(username["Default"])
+    assert not any(pattern.match(bad) for bad in ("postgres", "eros_app", "rdsadmin", "pg_read_all_data",
+                                                  "Robert'); --", ""))
+    # A new app secret (or username) re-runs the migration, which creates that user.
+    assert props(template, "DatabaseMigration")["AppDatabaseSecret"] == APP_SECRET
+    assert template["Outputs"]["AppDatabaseSecretArn"]["Value"] == APP_SECRET
+
+
+def test_every_function_verifies_the_database_certificate_with_a_configurable_bundle(template):
+    env = template["Globals"]["Function"]["Environment"]["Variables"]
+    assert env["DATABASE_SSL_ROOT_CERT"] == {"Ref": "DatabaseSslRootCert"}
+    assert template["Parameters"]["DatabaseSslRootCert"]["Default"] == ""  # the Amazon roots (RDS Proxy)
+    for name in FUNCTIONS:
+        assert environment(template, name)["DATABASE_SSL_ROOT_CERT"] == {"Ref": "DatabaseSslRootCert"}, name
 
 
 def test_the_sweeper_may_only_invoke_the_extract_function(template):

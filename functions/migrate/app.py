@@ -1,7 +1,8 @@
 """CloudFormation custom resource ``DatabaseMigration``: brings the database schema up to date on deploy.
 
 Create and Update run ``eros.migrate.migrate`` (idempotent, serialised by an advisory lock) against
-the deployed database; Delete does nothing (removing the stack never drops data). Whatever happens,
+the deployed database, then creates or updates the application's DML-only login from its secret
+(``eros.migrate.ensure_app_user``); Delete does nothing (removing the stack never drops data). Whatever happens,
 the outcome goes back to CloudFormation by an HTTP PUT of the response document to the event's
 ``ResponseURL``: a custom resource that never answers holds the stack for an hour. So the
 migration runs under a deadline kept short of the function's timeout, and the ``eros`` package is
@@ -78,13 +79,24 @@ def lambda_handler(event: dict, context) -> dict:
 
 
 def _migrate(dsn_holder: list[str]) -> list[str]:
-    from eros.config import settings
-    from eros.migrate import migrate
-    from eros.secrets import database_dsn
+    from psycopg.conninfo import make_conninfo
 
-    dsn = database_dsn(settings())
+    from eros.config import settings
+    from eros.migrate import ensure_app_user, migrate
+    from eros.secrets import app_database_login, complete_app_secret, database_dsn
+
+    cfg = settings()
+    dsn = database_dsn(cfg)
     dsn_holder.append(dsn)
-    return migrate(dsn)
+    applied = migrate(dsn)
+    # The application's login (AWS): created or updated after the migrations (0006 makes its role), and its
+    # secret completed with where to connect. Its password is scrubbed from any error like the admin's.
+    login = app_database_login(cfg)
+    if login is not None:
+        dsn_holder.append(make_conninfo(password=login[1]))
+        ensure_app_user(dsn, *login)
+        complete_app_secret(cfg, dsn)
+    return applied
 
 
 def _new_physical_id(event: dict) -> str:

@@ -24,6 +24,13 @@ class Settings(BaseModel):
     database_url: SecretStr | None = None  # local runs and tests
     database_secret_arn: str | None = None  # AWS: an RDS-style JSON secret
     database_host: str | None = None  # AWS: overrides the secret's host (the RDS Proxy endpoint)
+    # AWS: the CA bundle that verifies the server's certificate (sslmode=verify-full). Empty: the
+    # Mozilla roots of certifi, Amazon's included (RDS Proxy's certificate is issued by ACM); "system":
+    # the TLS library's store; else a file (the RDS CA bundle), relative paths from the eros package.
+    database_ssl_root_cert: str | None = None
+    # AWS, migrate function only: the application's login {username, password}, created by the migration
+    # as a member of the DML-only role eros_app; the app functions get it as their database_secret_arn.
+    app_database_secret_arn: str | None = None
 
     # --- providers ------------------------------------------------------------------
     provider_secret_arn: str | None = None  # AWS: {"OPENROUTER_API_KEY": ..., "VOYAGE_API_KEY": ...}
