@@ -28,7 +28,6 @@ from pydantic import ValidationError
 from eros import deep_pass, dreaming
 from eros.config import settings
 from eros.local import LambdaContext, load_function
-from eros.providers import ProviderError
 from eros.providers.offline import hash_embed
 from eros.store import consolidation
 from eros.store import deep_pass as store

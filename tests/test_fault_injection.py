@@ -1,0 +1,333 @@
+"""Fault injection for dreaming (issue 8, items 3 and 5): the real sweep, the real extract handler, the
+fake OpenRouter and Voyage on loopback, embedded Postgres. Time is dreaming's injectable clock
+(``eros.dreaming.utcnow``), moved tick by tick instead of slept through; thresholds are short.
+
+* A provider down for hours (far longer than the old attempts window of ~50 minutes), then back: every
+  session is extracted, none given up, none counted against; the retries are backed off, not per tick.
+* Down for longer than the retry window: stamped loudly ('retry-window'), then re-driven and extracted.
+* 5 duplicate deliveries of one extract event, in sequence and at once: exactly 1 LLM call.
+* A worker SIGKILLed in the middle of its model call, and a sweeper that died after claiming: after the
+  (short) stale threshold the session is extracted exactly once, nothing lost, nothing duplicated.
+* The provider answers 401: nothing counted, no hot loop (one probe per probe interval), /v1/health is
+  degraded with the reason, and extraction resumes once the key is fixed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from eros import dreaming, health
+from eros.config import settings
+from eros.local import LambdaContext, load_function
+from eros.store import dreaming as store
+from fakes import FakeOpenRouter, fake_llm, fake_voyage  # noqa: F401 (fixtures)
+
+ROOT = Path(__file__).resolve().parents[1]
+UTC = timezone.utc
+TICK = timedelta(seconds=300)
+ANSWER = json.dumps({"memories": [
+    {"content": "Is under heavy work pressure", "category": "emotion", "importance": 0.8},
+    {"content": "Has a cat named Miso", "category": "relation", "importance": 0.5},
+    {"content": "Likes mocha", "category": "preference", "importance": 0.2},
+]})
+
+
+class Clock:
+    """Dreaming's application clock, moved by the test."""
+
+    def __init__(self, start: datetime):
+        self.now = start
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, delta: timedelta = TICK) -> datetime:
+        self.now += delta
+        return self.now
+
+
+class Provider:
+    """The fake LLM's extraction answers, switchable between up and down (a 500 from the fake)."""
+
+    def __init__(self):
+        self.down = False
+
+    def __call__(self, body: dict) -> str:
+        if self.down:
+            raise RuntimeError("provider down")  # the fake answers 500
+        return ANSWER
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock(datetime.now(UTC) + timedelta(hours=1))  # every session below is idle at once
+    monkeypatch.setattr(dreaming, "utcnow", c)
+    return c
+
+
+@pytest.fixture
+def stack(db, env, fake_llm, fake_voyage, clock):
+    provider = Provider()
+    fake_llm.responder = provider
+    env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="key", EMBED_BASE_URL=fake_voyage.url, VOYAGE_API_KEY="key",
+        PROVIDER_MAX_RETRIES=0, DREAMING_IDLE_SECS=60, DREAMING_CLAIM_STALE_SECS=60, DREAMING_MAX_ATTEMPTS=5,
+        DREAMING_RETRY_BASE_SECS=60, DREAMING_RETRY_MAX_DELAY_SECS=3600, DREAMING_RETRY_WINDOW_SECS=86400,
+        DREAMING_CONFIG_PROBE_SECS=900, DEEP_PASS_TICK_CAP=0)
+    return provider
+
+
+# --- helpers ------------------------------------------------------------------------------------------------
+
+def sessions(db, n: int, user: str = "alice") -> list:
+    inst = db.execute("INSERT INTO engine.persona_instances (user_id, persona_id) VALUES (%s, 'luna')"
+                      " ON CONFLICT (user_id, persona_id) DO UPDATE SET user_id = EXCLUDED.user_id RETURNING id",
+                      (user,)).fetchone()["id"]
+    ids = []
+    for _ in range(n):
+        sid = db.execute("INSERT INTO engine.chat_sessions (user_id, instance_id, last_active_at)"
+                         " VALUES (%s, %s, now()) RETURNING id", (user, inst)).fetchone()["id"]
+        for i, said in enumerate(["I worked till ten again today.", "My cat Miso waited for me."]):
+            for role, content in (("user", said), ("assistant", "I hear you.")):
+                db.execute("INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id)"
+                           " VALUES (%s, %s, %s, %s)", (sid, role, content, f"t{i}"))
+        ids.append(sid)
+    return ids
+
+
+def extract(payload: dict) -> dict:
+    return load_function("extract").lambda_handler(dict(payload), LambdaContext("extract", timeout_secs=120))
+
+
+def tick(clock: Clock, run=True) -> tuple[dreaming.SweepResult, list[dict]]:
+    """One scheduled sweep at the clock's time; each payload then delivered to the extract handler (as
+    Lambda's async invoke would), unless ``run`` is False (the invokes are lost)."""
+    sent: list[dict] = []
+    result = dreaming.sweep(settings(), sent.append, now=clock)
+    outcomes = [extract(p) for p in sent] if run else []
+    return result, outcomes
+
+
+def state(db, ids) -> list[dict]:
+    return db.execute("SELECT id, classified_at, classification_claimed_at, classification_attempts AS attempts,"
+                      " classification_retries AS retries, classification_gave_up AS gave_up,"
+                      " classification_error AS error, classification_next_attempt_at AS next_at"
+                      " FROM engine.chat_sessions WHERE id = ANY(%s) ORDER BY id", (list(ids),)).fetchall()
+
+
+def memories(db, sid) -> list[str]:
+    return [r["content"] for r in db.execute(
+        "SELECT content FROM engine.companion_memories WHERE session_id = %s AND instance_id IS NULL"
+        " ORDER BY content", (sid,)).fetchall()]
+
+
+def extraction_calls(fake) -> int:
+    return sum(1 for r in fake.requests if (r["json"] or {}).get("response_format"))
+
+
+# --- item 3: the world's fault ---------------------------------------------------------------------------------
+
+def test_provider_down_for_hours_then_back_every_session_extracted_none_given_up(db, stack, clock, fake_llm):
+    ids = sessions(db, 3)
+    stack.down = True
+    outage = timedelta(hours=4)  # the old policy gave up after 5 claims, about 50 minutes
+    end = clock.now + outage
+    while clock.now < end:
+        tick(clock)
+        clock.advance()
+        assert all(s["classified_at"] is None for s in state(db, ids)), "a session was given up during the outage"
+    during = state(db, ids)
+    assert all(s["attempts"] == 0 for s in during)  # never held against the sessions
+    assert all(s["retries"] > 5 for s in during)  # tried more often than the old attempts cap allowed ...
+    calls_during = extraction_calls(fake_llm)
+    # ... but backed off (60 s doubling to 1 h, jittered), not once per 5-minute tick (48 each)
+    assert calls_during <= 3 * 14
+
+    stack.down = False
+    for _ in range(13):  # at most the longest backoff (1 h) later
+        tick(clock)
+        clock.advance()
+    after = state(db, ids)
+    assert all(s["classified_at"] is not None and s["gave_up"] is None and s["error"] is None for s in after)
+    assert all(memories(db, sid) == ["Has a cat named Miso", "Is under heavy work pressure", "Likes mocha"]
+               for sid in ids)
+    assert extraction_calls(fake_llm) == calls_during + 3  # one successful call per session, nothing more
+
+
+def test_an_outage_longer_than_the_retry_window_is_stamped_loudly_and_can_be_redriven(db, env, stack, clock,
+                                                                                       fake_llm, capfd, caplog):
+    env(DREAMING_RETRY_WINDOW_SECS=2 * 3600)
+    ids = sessions(db, 2)
+    stack.down = True
+    outcomes = []
+    for _ in range(40):  # over three hours
+        outcomes += tick(clock)[1]
+        clock.advance()
+    given_up = state(db, ids)
+    assert all(s["classified_at"] is not None and s["gave_up"] == "retry-window" for s in given_up)
+    assert all("gave up after" in s["error"] and "HTTP 500" in s["error"] for s in given_up)
+    assert [(o["outcome"], o["fault"]) for o in outcomes if o["outcome"] == "gave-up"] == [("gave-up", "world")] * 2
+    assert tick(clock)[0].claimed == 0
+    out = capfd.readouterr().out
+    assert out.count('"ExtractRetryWindowExhausted"') >= 2  # the metric, once per session given up
+    loud = [r for r in caplog.records if r.levelname == "ERROR" and "re-drive it" in r.getMessage()]
+    assert len(loud) == 2  # and a loud error log for each
+
+    stack.down = False
+    assert sorted(store.redrive("retry-window")) == sorted(ids)  # once the provider is back
+    tick(clock)
+    assert all(s["classified_at"] is not None and s["gave_up"] is None for s in state(db, ids))
+    assert all(len(memories(db, sid)) == 3 for sid in ids)
+
+
+def test_a_sweeper_that_died_after_claiming_loses_nothing_and_counts_nothing(db, stack, clock, fake_llm):
+    ids = sessions(db, 4)
+    result, _ = tick(clock, run=False)  # claimed, and the invokes never happen
+    assert result.claimed == 4
+    clock.advance(timedelta(seconds=30))
+    assert tick(clock)[0].claimed == 0  # not stale yet: still held
+    clock.advance(timedelta(seconds=31))  # past the 60 s stale threshold
+    result, outcomes = tick(clock)
+    assert result.claimed == 4 and [o["outcome"] for o in outcomes] == ["extracted"] * 4
+    assert all(s["attempts"] == 0 and s["classified_at"] is not None for s in state(db, ids))
+    assert all(len(memories(db, sid)) == 3 for sid in ids) and extraction_calls(fake_llm) == 4
+
+
+# --- item 5: duplicate deliveries ------------------------------------------------------------------------------
+
+def test_five_duplicate_deliveries_in_sequence_make_one_llm_call(db, stack, clock, fake_llm, fake_voyage):
+    [sid] = sessions(db, 1)
+    sent: list[dict] = []
+    dreaming.sweep(settings(), sent.append, now=clock)
+    outcomes = [extract(sent[0])["outcome"] for _ in range(5)]
+    assert outcomes == ["extracted"] + ["not-claimed"] * 4
+    assert (extraction_calls(fake_llm), fake_voyage.calls, len(memories(db, sid))) == (1, 1, 3)
+
+
+@pytest.mark.parametrize("start", ["while the first is in its model call", "all at once"])
+def test_five_concurrent_duplicate_deliveries_make_one_llm_call(db, stack, clock, fake_llm, fake_voyage, start):
+    [sid] = sessions(db, 1)
+    sent: list[dict] = []
+    dreaming.sweep(settings(), sent.append, now=clock)
+    gate = threading.Event()
+
+    def slow(body):
+        assert gate.wait(15)
+        return ANSWER
+
+    fake_llm.responder = slow
+    with ThreadPoolExecutor(5) as pool:
+        try:
+            if start == "all at once":
+                barrier = threading.Barrier(5)
+                futures = [pool.submit(lambda: (barrier.wait(10), extract(sent[0]))[1]) for _ in range(5)]
+                deadline = time.monotonic() + 10
+                while fake_llm.calls < 1 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                time.sleep(0.2)  # let every delivery reach the lease
+            else:
+                futures = [pool.submit(extract, sent[0])]
+                deadline = time.monotonic() + 10
+                while fake_llm.calls < 1 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                futures += [pool.submit(extract, sent[0]) for _ in range(4)]
+                for f in futures[1:]:
+                    assert (f.result(10)["outcome"], f.result()["llm_calls"]) == ("duplicate", 0)
+        finally:
+            gate.set()
+        outcomes = sorted(f.result()["outcome"] for f in futures)
+    assert outcomes.count("extracted") == 1 and set(outcomes) <= {"extracted", "duplicate", "not-claimed"}
+    assert (extraction_calls(fake_llm), fake_voyage.calls, len(memories(db, sid))) == (1, 1, 3)
+
+
+# --- a worker killed mid-extraction ---------------------------------------------------------------------------
+
+_WORKER = """
+import json, sys
+from eros.local import LambdaContext, load_function
+load_function("extract").lambda_handler(json.loads(sys.argv[1]), LambdaContext("extract", timeout_secs=120))
+"""
+
+
+def test_a_worker_killed_mid_extraction_loses_nothing_and_duplicates_nothing(db, stack, clock, fake_llm,
+                                                                             fake_voyage, database_url):
+    [sid] = sessions(db, 1)
+    sent: list[dict] = []
+    dreaming.sweep(settings(), sent.append, now=clock)
+    hang = threading.Event()
+
+    def first_call_hangs(body):
+        if not hang.is_set():
+            hang.set()
+            time.sleep(30)  # the worker is killed meanwhile
+        return ANSWER
+
+    fake_llm.responder = first_call_hangs
+    env = dict(os.environ, DATABASE_URL=database_url, PYTHONPATH=str(ROOT / "layers" / "eros"))
+    worker = subprocess.Popen([sys.executable, "-c", _WORKER, json.dumps(sent[0])], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert hang.wait(30), "the worker never reached its model call"
+        os.kill(worker.pid, signal.SIGKILL)  # kill -9 mid-extraction
+        assert worker.wait(10) == -signal.SIGKILL
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    held = state(db, [sid])[0]
+    assert held["classified_at"] is None and held["classification_claimed_at"] is not None
+    assert extract(sent[0])["outcome"] == "duplicate"  # Lambda's retry of the event: the dead worker's lease
+    assert extraction_calls(fake_llm) == 1
+
+    assert tick(clock)[0].claimed == 0  # the lease holds until the claim goes stale
+    clock.advance(timedelta(seconds=61))
+    result, outcomes = tick(clock)
+    assert result.claimed == 1 and [o["outcome"] for o in outcomes] == ["extracted"]
+    done = state(db, [sid])[0]
+    assert done["classified_at"] is not None and done["attempts"] == 0  # reset by the success
+    assert memories(db, sid) == ["Has a cat named Miso", "Is under heavy work pressure", "Likes mocha"]
+    assert (extraction_calls(fake_llm), fake_voyage.calls) == (2, 1)
+
+
+# --- configuration: 401 ---------------------------------------------------------------------------------------
+
+def test_a_bad_key_counts_nothing_holds_dreaming_says_so_in_health_and_resumes_when_fixed(db, env, stack, clock):
+    with FakeOpenRouter(lambda body: ANSWER, api_key="the-right-key") as llm:
+        env(LLM_BASE_URL=llm.url, OPENROUTER_API_KEY="a-revoked-key")
+        ids = sessions(db, 3)
+        _, outcomes = tick(clock)
+        assert [(o["outcome"], o["fault"]) for o in outcomes] == [("blocked", "configuration")] * 3
+        assert all(s["attempts"] == 0 and s["retries"] == 0 and s["classified_at"] is None
+                   and s["classification_claimed_at"] is None for s in state(db, ids))
+
+        report = health.report()
+        assert report["status"] == "degraded" and report["dreaming"]["status"] == "held"
+        [blocked] = report["dreaming"]["blocked"]
+        assert blocked["provider"] == "llm" and blocked["status"] == 401 and "HTTP 401" in blocked["error"]
+        response = load_function("chat").lambda_handler(
+            json.loads((ROOT / "events" / "chat_health.json").read_text()), LambdaContext("chat"))
+        assert response["statusCode"] == 503 and json.loads(response["body"])["dreaming"]["status"] == "held"
+
+        calls = llm.calls
+        for _ in range(8):  # 40 minutes: no hot loop, one probe per 15-minute probe interval
+            clock.advance()
+            tick(clock)
+        assert llm.calls - calls <= 3
+        assert all(s["attempts"] == 0 and s["retries"] == 0 and s["classified_at"] is None for s in state(db, ids))
+
+        env(OPENROUTER_API_KEY="the-right-key")  # the configuration is fixed
+        for _ in range(4):  # the next probe gets through, and the sweep after it takes the rest
+            clock.advance()
+            tick(clock)
+        assert all(s["classified_at"] is not None and s["attempts"] == 0 for s in state(db, ids))
+        assert all(len(memories(db, sid)) == 3 for sid in ids)
+        assert health.report()["dreaming"] == {"status": "ok"}
