@@ -336,3 +336,121 @@ def test_the_app_secret_is_completed_with_where_to_connect(secretsmanager):
     parts = conninfo_to_dict(database_dsn(settings_from(DATABASE_SECRET_ARN=arn)))
     assert (parts["user"], parts["password"], parts["host"], parts["dbname"]) == (
         "eros_app_login", "generated-pw", "eros-proxy.proxy-abc.us-east-1.rds.amazonaws.com", "eros")
+
+
+class TlsPostgresStandIn:
+    """Speaks the start of the Postgres protocol over TLS: answers the SSLRequest with 'S', does the TLS
+    handshake with a certificate for "localhost" signed by its own CA, and answers the startup message
+    with a FATAL "tls-ok". A client that gets "tls-ok" back accepted the certificate."""
+
+    def __init__(self, tmp_path):
+        import datetime
+        import socket
+        import ssl
+        import threading
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        now = datetime.datetime.now(datetime.timezone.utc)
+
+        def cert(subject, key, issuer, issuer_key, *, ca):
+            builder = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+                       .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+                       .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                       .not_valid_before(now - datetime.timedelta(hours=1))
+                       .not_valid_after(now + datetime.timedelta(hours=1))
+                       .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+            if not ca:
+                builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+            else:
+                builder = builder.add_extension(x509.KeyUsage(
+                    digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
+                    key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False,
+                    decipher_only=False), critical=True)
+            return builder.sign(issuer_key, hashes.SHA256())
+
+        ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+        ca = cert("eros test CA", ca_key, "eros test CA", ca_key, ca=True)
+        server = cert("localhost", server_key, "eros test CA", ca_key, ca=False)
+        self.ca_file = tmp_path / "test-ca.pem"
+        self.ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+        chain, key = tmp_path / "server.pem", tmp_path / "server.key"
+        chain.write_bytes(server.public_bytes(serialization.Encoding.PEM))
+        key.write_bytes(server_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                 serialization.NoEncryption()))
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.load_cert_chain(chain, key)
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        import struct
+
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                conn.settimeout(5)
+                conn.recv(8)  # SSLRequest
+                conn.sendall(b"S")
+                tls = self.context.wrap_socket(conn, server_side=True)
+                tls.recv(4096)  # the startup message
+                fields = b"SFATAL\x00VFATAL\x00C28000\x00Mtls-ok\x00\x00"
+                tls.sendall(b"E" + struct.pack("!I", len(fields) + 4) + fields)
+                tls.close()
+            except Exception:  # noqa: BLE001 - a client that rejected the certificate hangs up mid-handshake
+                conn.close()
+
+    def close(self):
+        self.listener.close()
+
+
+@pytest.fixture
+def tls_server(tmp_path):
+    server = TlsPostgresStandIn(tmp_path)
+    yield server
+    server.close()
+
+
+def _connect(dsn: str) -> str:
+    with pytest.raises(psycopg.OperationalError) as caught:
+        psycopg.connect(dsn, connect_timeout=5)
+    return str(caught.value)
+
+
+def test_verify_full_accepts_a_server_certificate_from_the_configured_ca(secretsmanager, tls_server):
+    arn = secretsmanager.create("eros/db", dict(RDS_SECRET, host="localhost", port=tls_server.port))
+    dsn = database_dsn(settings_from(DATABASE_SECRET_ARN=arn, DATABASE_SSL_ROOT_CERT=str(tls_server.ca_file)))
+    assert "tls-ok" in _connect(dsn)  # through the handshake to the startup answer
+
+
+def test_verify_full_refuses_a_certificate_of_an_unknown_ca(secretsmanager, tls_server):
+    arn = secretsmanager.create("eros/db", dict(RDS_SECRET, host="localhost", port=tls_server.port))
+    error = _connect(database_dsn(settings_from(DATABASE_SECRET_ARN=arn)))  # the default bundle: not this CA
+    assert "certificate verify failed" in error and "tls-ok" not in error
+    # what sslmode=require (the old setting, with no root certificate) accepted from the same server:
+    assert "tls-ok" in _connect(make_conninfo(host="localhost", port=str(tls_server.port), user="eros",
+                                              password="pw", dbname="eros", sslmode="require"))
+
+
+def test_verify_full_refuses_a_certificate_for_another_host(secretsmanager, tls_server):
+    arn = secretsmanager.create("eros/db", dict(RDS_SECRET, host="127.0.0.1", port=tls_server.port))
+    error = _connect(database_dsn(settings_from(DATABASE_SECRET_ARN=arn, DATABASE_SSL_ROOT_CERT=str(tls_server.ca_file))))
+    assert "does not match host name" in error and "tls-ok" not in error
+
+
+def test_system_means_the_bundle_ssl_cert_file_names(secretsmanager, tls_server, monkeypatch):
+    """psycopg's wheel bundles its own OpenSSL, whose default store is absent on Lambda: "system" verifies
+    against SSL_CERT_FILE (docs/DEPLOY.md says so)."""
+    arn = secretsmanager.create("eros/db", dict(RDS_SECRET, host="localhost", port=tls_server.port))
+    dsn = database_dsn(settings_from(DATABASE_SECRET_ARN=arn, DATABASE_SSL_ROOT_CERT="system"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_server.ca_file))
+    assert "tls-ok" in _connect(dsn)
