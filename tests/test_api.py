@@ -372,3 +372,14 @@ def test_memory_queries_with_unstorable_text_are_422(api, query):
 def test_paths_with_unstorable_text_are_4xx(api, path):
     status, body = api.call("POST" if path.endswith("turns") else "GET", path, {"content": "hi"})
     assert 400 <= status < 500, body
+
+
+def test_the_message_cursor_does_not_depend_on_its_row(api, db):
+    """next_before of the history is a message id compared by value: the page goes on if that message is gone."""
+    sid = api.session()
+    for text in ("one", "two", "three"):
+        assert api.call("POST", f"/v1/sessions/{sid}/turns", {"content": text})[0] == 200
+    status, page = api.call("GET", f"/v1/sessions/{sid}/messages?limit=2")
+    db.execute("DELETE FROM engine.chat_messages WHERE id = %s", (page["next_before"],))
+    status, rest = api.call("GET", f"/v1/sessions/{sid}/messages?limit=10&before={page['next_before']}")
+    assert status == 200 and [m["content"] for m in rest["messages"] if m["role"] == "user"] == ["two", "one"]

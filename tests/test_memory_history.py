@@ -147,6 +147,46 @@ def test_pages_through_the_before_cursor(api, world, include):
     assert pages == ids(whole["memories"]) and len(pages) == (7 if include else 4)
 
 
+@pytest.mark.parametrize("include", [False, True])
+def test_a_page_goes_on_after_its_cursor_memory_is_deleted(api, db, world, include):
+    """A client deleting what it reads (the last memory of a page among them) still gets every other memory."""
+    query = "include=superseded&" if include else ""
+    _, whole = api.call("GET", f"/v1/memories?{query}limit=500")
+    seen, deleted, before = [], [], None
+    while True:
+        status, page = api.call("GET", f"/v1/memories?{query}limit=2" + (f"&before={before}" if before else ""))
+        assert status == 200, page
+        seen += ids(page["memories"])
+        if page["memories"]:
+            last = page["memories"][-1]["id"]
+            assert api.call("DELETE", f"/v1/memories/{last}")[0] == 204
+            deleted.append(last)
+        before = page["next_before"]
+        if before is None:
+            break
+    assert seen == ids(whole["memories"]) and len(deleted) == (4 if include else 2)
+
+
+def test_an_older_clients_memory_id_cursor_still_pages_while_the_memory_exists(api, world):
+    _, whole = api.call("GET", "/v1/memories?limit=500")
+    first = ids(whole["memories"])
+    status, page = api.call("GET", f"/v1/memories?limit=2&before={first[1]}")
+    assert status == 200 and ids(page["memories"]) == first[2:4]
+    assert api.call("DELETE", f"/v1/memories/{first[1]}")[0] == 204
+    status, body = api.call("GET", f"/v1/memories?limit=2&before={first[1]}")
+    assert status == 422 and "before" in body["message"] and "next_before" in body["message"]
+
+
+@pytest.mark.parametrize("cursor", [
+    "nope", "e30", "W10", "WyJ4IiwieSJd",  # not base64 JSON, {}, [], ["x", "y"]
+    "WyIyMDI2LTAxLTAxVDAwOjAwOjAwIiwiMDAwMDAwMDAtMDAwMC0wMDAwLTAwMDAtMDAwMDAwMDAwMDAwIl0",  # no time zone
+    "%00", "a" * 201, "WyIyMDI2LTAxLTAxVDAwOjAwOjAwKzAwOjAwIiw",  # cut short
+])
+def test_a_malformed_memory_cursor_is_422(api, world, cursor):
+    status, body = api.call("GET", f"/v1/memories?before={cursor}")
+    assert status == 422 and "before" in body["message"], body
+
+
 def test_listing_and_history_statements_use_the_indexes(db, world):
     """With realistic statistics (many users, some history), the page is read through the listing index
     and ``supersedes`` / the history walk through the successor index: no per-row scan of a user's rows."""
@@ -165,11 +205,15 @@ def test_listing_and_history_statements_use_the_indexes(db, world):
     def plan(statement: str, params: dict) -> str:
         return "\n".join(r["QUERY PLAN"] for r in db.execute("EXPLAIN " + statement, params).fetchall())
 
+    cursor = db.execute("SELECT created_at, id FROM engine.companion_memories WHERE user_id = 'user7'"
+                        " ORDER BY created_at DESC, id DESC OFFSET 10 LIMIT 1").fetchone()
     for statement in (memory_store._LIST_ACTIVE, memory_store._LIST_ALL):
-        listing = plan(statement, {"user": "user7", "layer": None, "category": None, "limit": 100, "before": None})
-        assert "companion_memories_user_listing_idx" in listing, listing
-        assert "companion_memories_superseded_by_idx" in listing, listing
-        assert "Seq Scan on companion_memories" not in listing, listing
+        for before_at, before_id in [(None, None), (cursor["created_at"], cursor["id"])]:
+            listing = plan(statement, {"user": "user7", "layer": None, "category": None, "limit": 100,
+                                       "before_at": before_at, "before_id": before_id})
+            assert "companion_memories_user_listing_idx" in listing, listing
+            assert "companion_memories_superseded_by_idx" in listing, listing
+            assert "Seq Scan on companion_memories" not in listing, listing
     history = plan(memory_store._HISTORY, {"id": world.b, "user": "alice", "depth": memory_store.MAX_CHAIN_DEPTH})
     assert "companion_memories_superseded_by_idx" in history and "Seq Scan" not in history, history
 

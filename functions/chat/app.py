@@ -19,7 +19,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.logging import correlation_paths
 import psycopg
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 from eros import chat, health as health_check
 from eros.config import CATEGORIES, settings
@@ -102,12 +102,41 @@ class Memory(BaseModel):
 
 class MemoryPage(BaseModel):
     memories: list[Memory]
-    next_before: UUID | None = Field(description="pass as `before` for the next page; null on the last one")
+    next_before: str | None = Field(description="an opaque cursor: pass it as `before` for the next page (it stays "
+                                                "valid when the memory it was taken from is deleted); null on the "
+                                                "last page")
 
 
 class MemoryWithHistory(Memory):
     history: list[Memory] = Field(description="every version of this memory (itself included), oldest first: "
                                               "what it replaced and what replaced it, recursively")
+
+
+def memory_cursor(memory: dict) -> str:
+    """The opaque cursor after a memory in the listing: its position (created_at, id), not a reference to the
+    row, so that the next page does not depend on the row still existing."""
+    position = json.dumps([memory["created_at"].isoformat(), str(memory["id"])], separators=(",", ":"))
+    return base64.urlsafe_b64encode(position.encode()).rstrip(b"=").decode()
+
+
+def _listing_position(value: str) -> tuple[datetime, UUID] | UUID:
+    """``before`` of the memory listing: a cursor (a page's next_before) as a position, or a memory id (what
+    older clients send) as a UUID."""
+    try:
+        return UUID(value)
+    except ValueError:
+        pass
+    try:
+        created_at, memory_id = json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))
+        position = datetime.fromisoformat(created_at), UUID(memory_id)
+    except (ValueError, TypeError, binascii.Error, RecursionError):
+        raise ValueError("not a cursor: pass the next_before of the previous page") from None
+    if position[0].tzinfo is None:
+        raise ValueError("not a cursor: pass the next_before of the previous page")
+    return position
+
+
+MemoryCursor = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_listing_position)]
 
 
 def current_user() -> str:
@@ -189,13 +218,23 @@ def messages(session_id: UUID, limit: Annotated[int, Query(ge=1, le=200)] = 50,
 @app.get("/v1/memories")
 def memories(layer: Annotated[Literal["profile", "relationship"] | None, Query()] = None,
              category: Annotated[Literal[CATEGORIES] | None, Query()] = None,  # type: ignore[valid-type]
-             limit: Annotated[int, Query(ge=1, le=500)] = 100, before: Annotated[UUID | None, Query()] = None,
+             limit: Annotated[int, Query(ge=1, le=500)] = 100,
+             before: Annotated[MemoryCursor | None,
+                               Query(description="the next_before of the previous page (a memory id is accepted "
+                                                 "too, while that memory exists)")] = None,
              include: Annotated[Literal["superseded"] | None,
                                 Query(description="'superseded': list history (superseded rows) too; "
                                                   "default: active memories only")] = None) -> MemoryPage:
-    rows = memory_store.list_memories(current_user(), layer, category, limit, before,
-                                      include_superseded=include == "superseded")
-    return {"memories": rows, "next_before": str(rows[-1]["id"]) if len(rows) == limit else None}
+    user = current_user()
+    if isinstance(before, UUID):  # an older client's cursor: the id of the last memory it was shown
+        position = memory_store.position_of(user, before)
+        if position is None:
+            raise RequestValidationError([{"loc": ("query", "before"), "type": "value_error",
+                                           "msg": f"no memory {before} (deleted?): pass the next_before of the "
+                                                  f"previous page instead"}])
+        before = position
+    rows = memory_store.list_memories(user, layer, category, limit, before, include_superseded=include == "superseded")
+    return {"memories": rows, "next_before": memory_cursor(rows[-1]) if len(rows) == limit else None}
 
 
 def _documented(ok: tuple[int, str], *errors: tuple[int, str]) -> dict:

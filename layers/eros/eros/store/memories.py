@@ -10,6 +10,7 @@ is scoped to the user: another user's id is "not found", never a different answe
 
 from __future__ import annotations
 
+from datetime import datetime
 from uuid import UUID
 
 import psycopg
@@ -39,8 +40,7 @@ _LIST = ("SELECT" + _FIELDS + _FROM +
          " WHERE m.user_id = %(user)s {active}"
          "   AND (%(layer)s::text IS NULL OR (%(layer)s = 'profile') = (m.instance_id IS NULL))"
          "   AND (%(category)s::text IS NULL OR m.category = %(category)s)"
-         "   AND (%(before)s::uuid IS NULL OR (m.created_at, m.id) <"
-         "        (SELECT created_at, id FROM engine.companion_memories WHERE id = %(before)s AND user_id = %(user)s))"
+         "   AND (%(before_at)s::timestamptz IS NULL OR (m.created_at, m.id) < (%(before_at)s, %(before_id)s::uuid))"
          " ORDER BY m.created_at DESC, m.id DESC LIMIT %(limit)s")
 # Two fixed statements rather than a boolean parameter: the default (active rows only) is a plain
 # predicate on the listing index's rows.
@@ -91,13 +91,25 @@ class NotSuperseded(Exception):
 
 
 def list_memories(user_id: str, layer: str | None, category: str | None, limit: int,
-                  before: UUID | None = None, include_superseded: bool = False) -> list[dict]:
+                  before: tuple[datetime, UUID] | None = None, include_superseded: bool = False) -> list[dict]:
     """The user's own memories, newest first, without embeddings; active rows only unless
-    ``include_superseded``. ``before`` is the id of the last row of the previous page."""
+    ``include_superseded``. ``before`` is the (created_at, id) of the last row of the previous page: the
+    page goes on from that position whether or not the row is still there (it may have been deleted)."""
+    before_at, before_id = before or (None, None)
     return connection().execute(
         _LIST_ALL if include_superseded else _LIST_ACTIVE,
-        {"user": user_id, "layer": layer, "category": category, "limit": limit, "before": before},
+        {"user": user_id, "layer": layer, "category": category, "limit": limit, "before_at": before_at,
+         "before_id": before_id},
     ).fetchall()
+
+
+def position_of(user_id: str, memory_id: UUID) -> tuple[datetime, UUID] | None:
+    """The listing position (created_at, id) of one of the user's memories; None if there is no such row
+    (a cursor given as a bare id, as older clients do, can only be resolved while its row exists)."""
+    row = connection().execute(
+        "SELECT created_at, id FROM engine.companion_memories WHERE id = %s AND user_id = %s", (memory_id, user_id),
+    ).fetchone()
+    return (row["created_at"], row["id"]) if row else None
 
 
 def _with_history(conn: psycopg.Connection, user_id: str, memory_id: UUID) -> dict | None:
