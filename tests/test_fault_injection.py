@@ -30,7 +30,6 @@ import pytest
 from eros import dreaming, health
 from eros.config import settings
 from eros.local import LambdaContext, load_function
-from eros.store import dreaming as store
 from fakes import FakeOpenRouter, fake_llm, fake_voyage  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,7 +183,7 @@ def test_an_outage_longer_than_the_retry_window_is_stamped_loudly_and_can_be_red
     assert len(loud) == 2  # and a loud error log for each
 
     stack.down = False
-    assert sorted(store.redrive("retry-window")) == sorted(ids)  # once the provider is back
+    assert sorted(dreaming.redrive()) == sorted(ids)  # once the provider is back
     tick(clock)
     assert all(s["classified_at"] is not None and s["gave_up"] is None for s in state(db, ids))
     assert all(len(memories(db, sid)) == 3 for sid in ids)

@@ -379,3 +379,21 @@ def test_sweeper_schedule_event_runs_a_sweep_through_the_handler(aws, db):
     [sid] = idle_sessions(db, 1)
     assert tick()["invoked"] == 1
     assert [p["session_id"] for p in aws.received] == [str(sid)]
+
+
+def test_the_templates_dreaming_failure_policy_is_the_codes():
+    import yaml
+
+    from eros.config import Settings
+    from test_template import CfnLoader
+
+    template = yaml.load((ROOT / "template.yaml").read_text(), Loader=CfnLoader)
+    params, defaults = template["Parameters"], Settings()
+    assert params["DreamingRetryWindowSecs"]["Default"] == defaults.dreaming_retry_window_secs
+    assert params["DreamingMaxAttempts"]["Default"] == defaults.dreaming_max_attempts
+    variables = template["Globals"]["Function"]["Environment"]["Variables"]
+    assert variables["DREAMING_RETRY_WINDOW_SECS"] == {"Ref": "DreamingRetryWindowSecs"}
+    # The per-tick claims are sized by what the extract function can run at once.
+    concurrency = variables["DREAMING_EXTRACT_CONCURRENCY"]["Fn::If"]
+    assert concurrency[:2] == ["ReserveExtractConcurrency", {"Ref": "ExtractReservedConcurrency"}]
+    assert concurrency[2] == defaults.dreaming_extract_concurrency == params["ExtractReservedConcurrency"]["Default"]

@@ -217,6 +217,16 @@ def run_local_sweeper(cfg: Settings) -> threading.Thread:
     return thread
 
 
+def redrive(why: str = "retry-window", user_id: str | None = None) -> list[UUID]:
+    """Make sessions given up on eligible again with fresh counters: those the world failed for the
+    whole retry window (``why='retry-window'``, the default: run it once the provider is back) or, after
+    a fix in our code, those whose own attempts ran out (``'attempts'``). Returns their ids."""
+    ids = store.redrive(why, user_id)
+    metrics.add_metric(name="SessionsRedriven", unit="Count", value=len(ids))
+    logger.info("sessions re-driven", extra={"why": why, "user_id": user_id, "sessions": len(ids)})
+    return ids
+
+
 # --- extract ----------------------------------------------------------------------------------
 @dataclass
 class ExtractResult:
