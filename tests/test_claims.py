@@ -371,3 +371,75 @@ def test_stale_worker_finishing_after_a_reclaim_writes_nothing(db, providers, st
     assert llm.calls == 2 and voyage.calls == 2  # both paid; only one wrote
     state = session_row(db, sid)
     assert state["classified_at"] is not None and state["classification_claimed_at"] is None
+
+
+# --- every outcome says what happened (issue 8 item 5) ------------------------------------------
+
+@pytest.mark.parametrize("path", ["write rows", "nothing new", "provider failure", "own attempts exhausted"])
+def test_a_delivery_whose_claim_was_taken_over_before_its_write_reports_lost_claim(db, providers, env, monkeypatch,
+                                                                                   path):
+    # Before, such deliveries reported "nothing" or "gave-up" although the guard had refused their write.
+    llm, voyage = providers
+    llm.responder = lambda request: answer("late")
+    env(DREAMING_MAX_ATTEMPTS=2)
+    sid = chat_session(db, last_active=utcnow() - timedelta(hours=1))
+    if path == "nothing new":
+        db.execute("UPDATE engine.chat_sessions SET classified_through_message_id ="
+                   " (SELECT max(id) FROM engine.chat_messages WHERE session_id = %s) WHERE id = %s", (sid, sid))
+    if path == "own attempts exhausted":
+        db.execute("UPDATE engine.chat_sessions SET classification_attempts = 2 WHERE id = %s", (sid,))
+    if path == "provider failure":
+        from fakes import Status
+
+        llm.push(Status(503))
+    [payload] = sweep_once(Settings.from_env(), utcnow())
+    taken_over: list[dict] = []
+
+    def reclaim_first(original):
+        def write(*args, **kwargs):  # another sweep found the claim stale and took it just before the write
+            taken_over.extend(claim_at(token(payload) + STALE + timedelta(seconds=1)))
+            return original(*args, **kwargs)
+        return write
+
+    for name in ("finish", "give_up", "retry_later"):
+        monkeypatch.setattr(store, name, reclaim_first(getattr(store, name)))
+    result = run_extract(payload)
+    assert result["outcome"] == "lost-claim"
+    assert [p["session_id"] for p in taken_over] == [str(sid)]
+    state = session_row(db, sid)
+    assert state["classification_claimed_at"] == token(taken_over[0]) and state["classified_at"] is None
+    assert state["classification_started_at"] is None  # the new claim's worker has not started yet
+    assert profile_rows(db, sid) == []
+
+
+def test_nothing_unparsable_and_a_crash_are_reported_as_such(db, providers, monkeypatch):
+    llm, voyage = providers
+    cfg = Settings.from_env()
+    nothing = chat_session(db, last_active=utcnow() - timedelta(hours=3))
+    llm.responder = lambda request: json.dumps({"memories": []})
+    [payload] = sweep_once(cfg, utcnow())
+    assert run_extract(payload)["outcome"] == "nothing"
+
+    unparsable = chat_session(db, last_active=utcnow() - timedelta(hours=2))
+    llm.responder = lambda request: "I'd rather not say."
+    [payload] = sweep_once(cfg, utcnow())
+    assert (run_extract(payload)["outcome"], session_row(db, unparsable)["classified_at"] is not None) == (
+        "unparsable", True)
+
+    crashing = chat_session(db, last_active=utcnow() - timedelta(hours=1))
+    llm.responder = lambda request: answer("crash")
+    [payload] = sweep_once(cfg, utcnow())
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in our code")
+
+    monkeypatch.setattr(dreaming.extraction, "plan", broken)
+    with pytest.raises(RuntimeError):  # a crash is seen (Lambda's error metric), after being counted
+        run_extract(payload)
+    state = db.execute("SELECT classification_attempts AS attempts, classification_retries AS retries,"
+                       " classification_claimed_at, classification_next_attempt_at, classification_error"
+                       " FROM engine.chat_sessions WHERE id = %s", (crashing,)).fetchone()
+    assert (state["attempts"], state["retries"], state["classification_claimed_at"]) == (1, 0, None)
+    assert state["classification_next_attempt_at"] is not None and state["classification_error"] == "RuntimeError"
+    assert run_extract(payload)["outcome"] == "not-claimed"  # Lambda's retry of the crashed event: no cost
+    assert session_row(db, nothing)["classified_at"] is not None

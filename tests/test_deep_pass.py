@@ -462,6 +462,27 @@ def test_provider_outage_is_backed_off_not_stamped_not_counted_and_the_retry_con
     assert done["error"] is None and done["retries"] == 0 and done["next_attempt_at"] is None
 
 
+def test_a_bad_key_holds_the_deep_pass_counts_nothing_and_a_probe_resumes_it(db, llm, two_clusters):
+    c = two_clusters
+    answer_with(llm, {"actions": [{"keep": "m1", "duplicates": ["m2", "m3"]}]})
+    llm.push(Status(402))  # no credit
+    result = run("alice", c["token"])
+    assert (result.outcome, result.fault) == ("blocked", "configuration")
+    held = state(db, "alice")
+    assert (held["attempts"], held["retries"], held["claimed_at"], held["consolidated_at"]) == (0, 0, None, None)
+    [block] = db.execute("SELECT provider, status FROM engine.provider_blocks").fetchall()
+    assert block == {"provider": "llm", "status": 402}
+    cfg, now = settings(), utcnow()
+    sent: list[dict] = []
+    assert dreaming.sweep(cfg, sent.append, now=lambda: now).users_claimed == 0  # held: no probe due yet
+    probe_at = now + timedelta(seconds=cfg.dreaming_config_probe_secs)
+    result = dreaming.sweep(cfg, sent.append, now=lambda: probe_at)
+    assert (result.users_claimed, result.budget) == (1, 1)  # one probe (alice or bob)
+    assert extract(sent[0])["outcome"] == "consolidated"  # credit is back
+    assert db.execute("SELECT count(*) AS n FROM engine.provider_blocks").fetchone()["n"] == 0
+    assert dreaming.sweep(cfg, sent.append, now=lambda: probe_at).blocked is None  # no longer held
+
+
 def test_the_users_own_failures_are_capped_the_worlds_are_not(db, llm, env):
     env(DEEP_PASS_MAX_ATTEMPTS=2)
     copies(db, "alice", "Lives in Shanghai", 2)
