@@ -175,6 +175,7 @@ def test_an_outage_longer_than_the_retry_window_is_stamped_loudly_and_can_be_red
     given_up = state(db, ids)
     assert all(s["classified_at"] is not None and s["gave_up"] == "retry-window" for s in given_up)
     assert all("gave up after" in s["error"] and "HTTP 500" in s["error"] for s in given_up)
+    assert all(s["retries"] == 0 and s["next_at"] is None for s in given_up)  # a resumed session starts afresh
     assert [(o["outcome"], o["fault"]) for o in outcomes if o["outcome"] == "gave-up"] == [("gave-up", "world")] * 2
     assert tick(clock)[0].claimed == 0
     out = capfd.readouterr().out

@@ -243,13 +243,15 @@ def finish(session: dict, claim_token: datetime, memories: list[dict], through_m
 
 def give_up(session: dict, claim_token: datetime, error: str, why: str) -> bool:
     """Stamp the session with the error without extracting; ``why`` is 'attempts' (its own failures
-    reached the cap) or 'retry-window' (the world kept failing for the whole window: re-drivable)."""
+    reached the cap) or 'retry-window' (the world kept failing for the whole window: re-drivable). The
+    retry streak ends here: if new turns make the session eligible again, its window starts afresh."""
     with transaction() as conn:
         if not _locked(conn, session, claim_token):
             return False
         conn.execute(
             "UPDATE engine.chat_sessions SET classified_at = now(), classification_claimed_at = NULL,"
             " classification_started_at = NULL, classification_next_attempt_at = NULL,"
+            " classification_retries = 0, classification_retrying_since = NULL,"
             " classification_error = %s, classification_gave_up = %s WHERE id = %s",
             (error[:1000], why, session["id"]),
         )
