@@ -489,7 +489,8 @@ def test_bad_input_is_422_naming_the_problem(api, db, world, method, path, names
 def test_unknown_ids_are_404(api, db, world):
     before = snapshot(db)
     unknown = uuid.uuid4()
-    assert api.call("GET", f"/v1/memories/{unknown}") == (404, {"statusCode": 404, "code": "not_found", "message": "memory not found"})
+    assert api.call("GET", f"/v1/memories/{unknown}") == (
+        404, {"statusCode": 404, "code": "not_found", "message": "memory not found"})
     assert api.call("POST", f"/v1/memories/{unknown}/restore")[0] == 404
     assert snapshot(db) == before
 
