@@ -6,8 +6,9 @@ fake OpenRouter and Voyage on loopback, embedded Postgres. Time is dreaming's in
   session is extracted, none given up, none counted against; the retries are backed off, not per tick.
 * Down for longer than the retry window: stamped loudly ('retry-window'), then re-driven and extracted.
 * 5 duplicate deliveries of one extract event, in sequence and at once: exactly 1 LLM call.
-* A worker SIGKILLed in the middle of its model call, and a sweeper that died after claiming: after the
-  (short) stale threshold the session is extracted exactly once, nothing lost, nothing duplicated.
+* A worker SIGKILLed in the middle of its model call, a sweeper SIGKILLed in the middle of its fan-out, and
+  one whose invokes were lost: after the (short) stale threshold every session is extracted exactly once,
+  nothing lost, nothing duplicated, nothing counted against the sessions the fan-out never started.
 * The provider answers 401: nothing counted, no hot loop (one probe per probe interval), /v1/health is
   degraded with the reason, and extraction resumes once the key is fixed.
 """
@@ -296,6 +297,61 @@ def test_a_worker_killed_mid_extraction_loses_nothing_and_duplicates_nothing(db,
     assert done["classified_at"] is not None and done["attempts"] == 0  # reset by the success
     assert memories(db, sid) == ["Has a cat named Miso", "Is under heavy work pressure", "Likes mocha"]
     assert (extraction_calls(fake_llm), fake_voyage.calls) == (2, 1)
+
+
+_SWEEPER = """
+import json, sys, time
+from datetime import datetime
+from eros import dreaming
+from eros.config import settings
+
+moment, record = datetime.fromisoformat(sys.argv[1]), sys.argv[2]
+
+def invoke(payload):  # Lambda accepts two invokes, then the sweeper hangs on the third and is killed
+    with open(record) as f:
+        accepted = f.read().count("\\n")
+    if accepted == 2:
+        time.sleep(60)
+    with open(record, "a") as f:
+        f.write(json.dumps(payload) + "\\n")
+
+dreaming.sweep(settings(), invoke, now=lambda: moment)
+"""
+
+
+def test_a_sweeper_killed_mid_sweep_loses_nothing_and_duplicates_nothing(db, stack, clock, fake_llm, database_url,
+                                                                         tmp_path):
+    ids = sessions(db, 5)
+    record = tmp_path / "invoked.jsonl"
+    record.write_text("")
+    env = dict(os.environ, DATABASE_URL=database_url, PYTHONPATH=str(ROOT / "layers" / "eros"))
+    sweeper = subprocess.Popen([sys.executable, "-c", _SWEEPER, clock.now.isoformat(), str(record)], cwd=ROOT,
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while record.read_text().count("\n") < 2:
+            assert time.monotonic() < deadline and sweeper.poll() is None, "the sweeper never invoked"
+            time.sleep(0.02)
+        time.sleep(0.2)  # it is hanging on its third invoke
+        os.kill(sweeper.pid, signal.SIGKILL)  # kill -9 mid-sweep
+        assert sweeper.wait(10) == -signal.SIGKILL
+    finally:
+        if sweeper.poll() is None:
+            sweeper.kill()
+    accepted = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(accepted) == 2 and all(s["classification_claimed_at"] is not None for s in state(db, ids))
+    for payload in accepted:  # Lambda runs the two invokes it had accepted
+        assert extract(payload)["outcome"] == "extracted"
+
+    assert tick(clock)[0].claimed == 0  # the other three claims are held until they go stale ...
+    clock.advance(timedelta(seconds=61))
+    result, outcomes = tick(clock)  # ... then re-claimed, as the world's fault (never started), not theirs
+    assert result.claimed == 3 and [o["outcome"] for o in outcomes] == ["extracted"] * 3
+    clock.advance()
+    assert tick(clock)[0].claimed == 0
+    assert all(s["classified_at"] is not None and s["attempts"] == 0 for s in state(db, ids))
+    assert all(len(memories(db, sid)) == 3 for sid in ids)
+    assert extraction_calls(fake_llm) == 5  # one model call per session: nothing duplicated
 
 
 # --- configuration: 401 ---------------------------------------------------------------------------------------
