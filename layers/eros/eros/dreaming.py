@@ -1,9 +1,11 @@
 """Dreaming-lite: sweep idle sessions (claim, fan out) and extract one session into profile memories.
 
 sweep()            -- the sweeper Lambda's use-case: claim batches until nothing is eligible or the
-                      tick's cap/time budget is reached; hand each claim to an invoker.
-extract_session()  -- the extract Lambda's use-case: transcript -> one LLM call (per window) ->
-                      one embedding batch -> one guarded transaction.
+                      tick's budget (what the extract function can start before claims go stale, the
+                      tick cap, the time budget) is reached; hand each claim to an invoker.
+extract_session()  -- the extract Lambda's use-case: take the claim's lease -> transcript -> one LLM
+                      call (per window) -> one embedding batch -> one guarded transaction; a failure
+                      goes back with a backoff, counted against whoever was at fault (issue 8).
 
 The invoke seam: boto3's Lambda client (InvocationType=Event) in AWS, an in-process call locally.
 """

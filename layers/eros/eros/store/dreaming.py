@@ -1,8 +1,12 @@
 """Dreaming's data access: the claim, the transcript, and the one guarded write of an extraction.
 
-The claim token is the ``classification_claimed_at`` value a claim set. Every later write of that
-extraction is guarded by it (row-locked), so a duplicate delivery, a retry after success, or a
-worker whose claim went stale and was re-claimed by another, writes nothing.
+The claim token is the ``classification_claimed_at`` value a claim set; the lease is the
+``classification_started_at`` the one delivery that starts the work sets (``start``), so a duplicate
+delivery of the claim stops before any provider call. Every later write of that extraction is guarded
+by both (row-locked), so a duplicate delivery, a retry after success, or a worker whose claim went stale
+and was re-claimed by another, writes nothing. Failures give the claim back with a backoff and count
+against whoever was at fault (``retry_later``, migration 0005); provider blocks hold the sweep while a
+provider refuses our credentials.
 """
 
 from __future__ import annotations
