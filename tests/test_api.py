@@ -383,3 +383,17 @@ def test_the_message_cursor_does_not_depend_on_its_row(api, db):
     db.execute("DELETE FROM engine.chat_messages WHERE id = %s", (page["next_before"],))
     status, rest = api.call("GET", f"/v1/sessions/{sid}/messages?limit=10&before={page['next_before']}")
     assert status == 200 and [m["content"] for m in rest["messages"] if m["role"] == "user"] == ["two", "one"]
+
+
+def test_brackets_inside_text_are_not_nesting(api, db):
+    sid = api.session()
+    text = "[{" * 1000 + ' \\" ' + "}]" * 500
+    status, body = api.call("POST", f"/v1/sessions/{sid}/turns", {"content": text})
+    assert status == 200, body
+    assert db.execute("SELECT content FROM engine.chat_messages WHERE role = 'user'").fetchone()["content"] == text
+    status, body = api.call("POST", f"/v1/sessions/{sid}/turns", raw=b'{"content": "ok", "x": ' + b"[" * 33 + b"]" * 33
+                            + b"}")
+    assert status == 400 and "nested deeper than 32" in body["message"]
+    status, body = api.call("POST", f"/v1/sessions/{sid}/turns", raw=b'{"content": "ok", "x": ' + b"[" * 31 + b"]" * 31
+                            + b"}")
+    assert status == 422 and "x" in body["message"]  # 32 levels deep is read, and refused for what it says
