@@ -36,6 +36,13 @@ def test_openapi_document_lists_the_routes(api):
         assert path in body["paths"], path
 
 
+def test_openapi_documents_the_turns_errors_and_their_codes(api):
+    turn = api.call("GET", "/v1/openapi.json", user=None)[1]["paths"]["/v1/sessions/{session_id}/turns"]["post"]
+    assert {"200", "404", "409", "422", "502", "503", "504"} <= {str(code) for code in turn["responses"]}
+    error = turn["responses"]["503"]["content"]["application/json"]["schema"]
+    assert {"statusCode", "code", "message"} <= set(error["required"]) and "retryable" in error["properties"]
+
+
 def test_personas_are_seeded(api):
     status, body = api.call("GET", "/v1/personas")
     assert status == 200

@@ -171,6 +171,20 @@ def _error(status: int, message: str, code: str | None = None, **extra) -> Respo
                     body=_error_body(status, message, code, **extra))
 
 
+def _documented(ok: tuple[int, str], *errors: tuple[int, str]) -> dict:
+    """OpenAPI responses of a route: its success and the errors it answers besides 422."""
+    error = {"application/json": {"schema": {"type": "object", "required": ["statusCode", "code", "message"],
+                                              "properties": {"statusCode": {"type": "integer"},
+                                                             "code": {"type": "string"},
+                                                             "message": {"type": "string"},
+                                                             "retryable": {"type": "boolean"},
+                                                             "client_turn_id": {"type": "string"}}}}}
+    return {ok[0]: {"description": ok[1]}, **{code: {"description": text, "content": error} for code, text in errors}}
+
+
+_NOT_YOURS = (404, "no such memory of this user (another user's id answers the same)")
+
+
 @app.get("/v1/health")
 def health():
     report = health_check.report()
@@ -202,7 +216,15 @@ def sessions():
     return {"sessions": chat_store.list_sessions(current_user())}
 
 
-@app.post("/v1/sessions/<session_id>/turns")
+@app.post("/v1/sessions/<session_id>/turns", summary="one chat turn",
+          description="The message is stored, claiming `client_turn_id` for it, before the model is called: a "
+                      "retry with the same content replays the reply; other content with that id is a 409. On a "
+                      "model failure the message is kept; the answer says whether a retry can help (`retryable`).",
+          responses=_documented((200, "the reply"), (404, "no such session of this user"),
+                                (409, "turn_conflict: client_turn_id already used for another message"),
+                                (502, "model_error: the provider refused the request (not retryable)"),
+                                (503, "model_unavailable (retryable) or database_unavailable"),
+                                (504, "model_timeout (retryable)")))
 def take_turn(session_id: UUID, body: NewTurn):
     return chat.take_turn(current_user(), session_id, body.content, body.client_turn_id).as_dict()
 
@@ -235,18 +257,6 @@ def memories(layer: Annotated[Literal["profile", "relationship"] | None, Query()
         before = position
     rows = memory_store.list_memories(user, layer, category, limit, before, include_superseded=include == "superseded")
     return {"memories": rows, "next_before": memory_cursor(rows[-1]) if len(rows) == limit else None}
-
-
-def _documented(ok: tuple[int, str], *errors: tuple[int, str]) -> dict:
-    """OpenAPI responses of a route: its success and the errors it answers besides 422."""
-    error = {"application/json": {"schema": {"type": "object", "required": ["statusCode", "code", "message"],
-                                              "properties": {"statusCode": {"type": "integer"},
-                                                             "code": {"type": "string"},
-                                                             "message": {"type": "string"}}}}}
-    return {ok[0]: {"description": ok[1]}, **{code: {"description": text, "content": error} for code, text in errors}}
-
-
-_NOT_YOURS = (404, "no such memory of this user (another user's id answers the same)")
 
 
 @app.get("/v1/memories/<memory_id>", summary="one memory with its history",
