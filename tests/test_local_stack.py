@@ -180,3 +180,143 @@ def test_eros_chat_says_when_the_stack_is_not_running(capsys):
 
     assert cli.main(["chat", "dora", "--url", "http://127.0.0.1:9"]) == 1
     assert "make run" in capsys.readouterr().err
+
+
+# --- HTTP framing and the access log (raw sockets: what clients can actually send) ----------------
+def exchange(server, data: bytes, timeout: float = 5) -> list[tuple[int, dict, bytes]]:
+    """Send raw bytes on one connection; the responses read until the server closes it or goes quiet."""
+    import socket
+
+    host, port = server.server.server_address[:2]
+    with socket.create_connection((host, port), timeout=timeout) as conn:
+        conn.sendall(data)
+        received = b""
+        conn.settimeout(0.5 if b"Connection: close" not in data else timeout)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                chunk = conn.recv(65536)
+            except TimeoutError:
+                if received:
+                    break
+                continue
+            if not chunk:
+                break
+            received += chunk
+    responses = []
+    while received.startswith(b"HTTP/"):
+        head, _, rest = received.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+        length = 0 if data.startswith(b"HEAD ") else int(headers.get("content-length", 0))
+        responses.append((int(lines[0].split()[1]), headers, rest[:length]))
+        received = rest[length:]
+    return responses
+
+
+def request(method: str, target: str, headers: dict[str, str], body: bytes = b"") -> bytes:
+    lines = [f"{method} {target} HTTP/1.1", "Host: local", *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def bearer(server, user: str = "alice") -> dict[str, str]:
+    from eros.local import issue_token, local_jwt_key
+
+    return {"Authorization": f"Bearer {issue_token(user, server.settings, local_jwt_key())}"}
+
+
+def test_the_listen_backlog_holds_a_burst_of_connects(db):
+    """socketserver's backlog of 5 reset 2 of 16 concurrent connects; a burst waits in the queue instead."""
+    import select
+    import socket
+    import threading
+
+    from eros.config import settings
+    from eros.local import make_server
+
+    server = make_server(settings(), "127.0.0.1", 0)
+    sockets, serving = [], False
+    try:
+        for _ in range(64):  # before the server accepts anything: every connect waits in the backlog
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(server.server_address)
+            sockets.append(s)
+        time.sleep(0.3)
+        _, writable, _ = select.select([], sockets, [], 1)
+        assert sum(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 for s in writable) == 64
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        serving = True
+        for s in sockets:
+            s.setblocking(True)
+            s.settimeout(10)
+            s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: local\r\nConnection: close\r\n\r\n")
+        assert all(s.recv(64).startswith(b"HTTP/1.1 200") for s in sockets)
+    finally:
+        for s in sockets:
+            s.close()
+        if serving:
+            server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("length", ["-1", "abc", "+5", "1, 2", "0x10", "٣"])
+def test_an_invalid_content_length_is_a_400_not_a_held_thread(db, local_server, length):
+    started = time.monotonic()
+    answers = exchange(local_server, request("POST", "/v1/sessions", bearer(local_server) | {"Content-Length": length}),
+                       timeout=5)
+    assert [status for status, _, _ in answers] == [400]
+    assert answers[0][1].get("connection") == "close" and time.monotonic() - started < 4
+
+
+def test_a_chunked_body_is_decoded_not_parsed_as_a_second_request(db, local_server):
+    body = b'{"persona_id": "luna"}'
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:7], body[7:])) + b"0\r\n\r\n"
+    answers = exchange(local_server, request("POST", "/v1/sessions", bearer(local_server)
+                                             | {"Transfer-Encoding": "chunked"}, chunked))
+    assert [status for status, _, _ in answers] == [201]
+    assert db.execute("SELECT count(*) AS n FROM engine.chat_sessions").fetchone()["n"] == 1
+
+    # A second request hidden in a chunk is body text, never a request of its own.
+    hidden = b"GET /v1/sessions HTTP/1.1\r\nHost: local\r\n\r\n"
+    smuggled = b"%x\r\n%s\r\n0\r\n\r\n" % (len(hidden), hidden)
+    answers = exchange(local_server, request("POST", "/v1/sessions", bearer(local_server)
+                                             | {"Transfer-Encoding": "chunked"}, smuggled))
+    assert [status for status, _, _ in answers] == [400]  # the function's answer to a body that is not JSON
+
+
+@pytest.mark.parametrize("headers,body,status", [
+    ({"Transfer-Encoding": "chunked", "Content-Length": "5"}, b"0\r\n\r\n", 400),  # the smuggling shape
+    ({"Transfer-Encoding": "chunked"}, b"zz\r\n{}\r\n0\r\n\r\n", 400),
+    ({"Transfer-Encoding": "chunked"}, b"2\r\n{}0\r\n\r\n", 400),
+    ({"Transfer-Encoding": "chunked"}, b"%x\r\n" % 5_000_000, 413),
+    ({"Transfer-Encoding": "gzip, chunked"}, b"0\r\n\r\n", 501),
+])
+def test_bad_chunked_framing_is_refused(db, local_server, headers, body, status):
+    answers = exchange(local_server, request("POST", "/v1/sessions", bearer(local_server) | headers, body))
+    assert [s for s, _, _ in answers] == [status]
+    assert db.execute("SELECT count(*) AS n FROM engine.chat_sessions").fetchone()["n"] == 0
+
+
+def test_head_and_options_go_to_the_function_like_the_any_route(db, local_server):
+    """API Gateway sends every method of `ANY /{proxy+}` to the function after the authorizer (no CORS is
+    configured): no 501 from the local server, and a HEAD answer has headers only."""
+    for method in ("HEAD", "OPTIONS"):
+        assert [s for s, _, _ in exchange(local_server, request(method, "/v1/sessions", {}))] == [401]
+        (status, headers, payload), = exchange(local_server, request(method, "/v1/sessions", bearer(local_server)))
+        assert status in (404, 405), (method, status)
+        assert (payload == b"") == (method == "HEAD")
+    # A HEAD answer leaves the connection usable: the next request on it is answered normally.
+    both = request("HEAD", "/v1/sessions", bearer(local_server)) + request("GET", "/v1/sessions", bearer(local_server))
+    assert [s for s, _, _ in exchange(local_server, both)][1:] == [200]
+
+
+def test_the_access_log_never_carries_a_query_string(db, local_server, capsys):
+    secret = "eyJ-secret-token-in-the-query"
+    alice = local_server.client("alice")
+    assert alice.get(f"/v1/memories?token={secret}&access_token={secret}").status_code == 200
+    exchange(local_server, f"GET /v1/memories?token={secret} HTTP/1.1 extra\r\n\r\n".encode())  # a bad request line
+    exchange(local_server, f"GET /v1/memories?token={secret} HTTP/9.9\r\n\r\n".encode())
+    log = capsys.readouterr().err
+    assert "GET /v1/memories -> 200" in log
+    assert secret not in log and "token" not in log

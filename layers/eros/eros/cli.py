@@ -42,14 +42,13 @@ def cmd_token(args) -> int:
 def cmd_serve(args) -> int:
     from . import providers
     from .config import settings
-    from .dreaming import run_local_sweeper
-    from .local import make_server
+    from .local import make_server, run_local_sweeper
     from .migrate import migrate
 
     url = _database_url(args)
     migrate(url)
     cfg = settings()
-    server = make_server(cfg, args.host, args.port)
+    server = make_server(cfg, args.host, args.port, concurrency=args.concurrency)
     base = f"http://{args.host}:{args.port}"
     described = providers.describe()
     sweeper = run_local_sweeper(cfg) if args.sweep else None  # the local EventBridge schedule
@@ -78,11 +77,10 @@ Try it:
 
 
 def cmd_sweep(args) -> int:
-    from .config import settings
-    from .dreaming import sweep_locally
+    from .local import sweep_locally
 
     _database_url(args)
-    result = sweep_locally(settings())
+    result = sweep_locally()
     print(result)
     return 0
 
@@ -124,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=int(os.environ.get("PORT", "3000")))
     p.add_argument("--no-sweep", dest="sweep", action="store_false", help="do not run the dreaming sweeper")
+    p.add_argument("--concurrency", type=int, default=16,
+                   help="chat containers (concurrent requests handled, like Lambda's concurrency; default 16)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("migrate", help="apply migrations and seed personas")

@@ -3,7 +3,19 @@ request to the chat Lambda's own handler as an API Gateway HTTP API (v2) event.
 
 The server does what API Gateway does in front of the function and nothing more: it verifies the
 bearer token (HS256 with a local key, same issuer/audience checks as the JWT authorizer) for every
-route but the public ones, and puts the verified claims where the authorizer would.
+route but the public ones, and puts the verified claims where the authorizer would. Every method goes
+to the function, as the template's ``ANY /{proxy+}`` route sends it: HEAD and OPTIONS too (no CORS is
+configured, so API Gateway answers no preflight itself; the function answers 404 for a method it has
+no route for, and a HEAD answer carries no body).
+
+Functions run as Lambda runs them: in containers (``Function``), each on its own thread with its own
+copy of the function module, one invocation at a time; concurrent requests take concurrent containers,
+never the same one. The dreaming fan-out (``InProcessInvoker``, ``sweep_locally``,
+``run_local_sweeper``) invokes the sweeper and extract functions the same way.
+
+HTTP framing is checked before anything is read: a negative or malformed Content-Length is a 400, a
+chunked body is decoded (within the same size limit), both at once is a 400 (request smuggling), and
+the access log carries method, path and status only (a query string can carry a token).
 """
 
 from __future__ import annotations
@@ -14,11 +26,14 @@ import json
 import os
 import secrets as pysecrets
 import sys
+import threading
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
+from typing import Callable
 from urllib.parse import parse_qsl, urlsplit
 
 import jwt
@@ -90,9 +105,10 @@ class LambdaContext:
         return max(0, int((self._deadline - time.monotonic()) * 1000))
 
 
-def load_function(name: str) -> ModuleType:
-    """Import functions/<name>/app.py (the same file Lambda runs) under a unique module name."""
-    module_name = f"eros_function_{name}"
+def load_function(name: str, copy: str | None = None) -> ModuleType:
+    """Import functions/<name>/app.py (the same file Lambda runs) under a unique module name; a named
+    ``copy`` is a separate module object (a container's own module-level state)."""
+    module_name = f"eros_function_{name}" + (f"__{copy}" if copy else "")
     if module_name in sys.modules:
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, ROOT / "functions" / name / "app.py")
@@ -100,6 +116,67 @@ def load_function(name: str) -> ModuleType:
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def own_resolver_state(module: ModuleType) -> None:
+    """Powertools' resolvers keep the current event and Lambda context on a class shared by every
+    resolver of the process (``BaseRouter.current_event``; its routing context is per resolver): two
+    containers resolving at once read each other's event (another user's token, body, route). The
+    resolvers of this module copy get them as their own attributes, set before every resolve."""
+    from aws_lambda_powertools.event_handler.api_gateway import ApiGatewayResolver
+
+    for resolver in [value for value in vars(module).values() if isinstance(value, ApiGatewayResolver)]:
+        def resolve(event, context, resolver=resolver, resolve=resolver.resolve):
+            resolver.current_event = resolver._to_proxy_event(event)
+            resolver.lambda_context = context
+            return resolve(event, context)
+
+        resolver.resolve = resolve
+
+
+class Function:
+    """Warm containers of one Lambda function. An invocation takes an idle container, or starts a new
+    one (a cold start) while fewer than ``concurrency`` exist, else waits for one. A container is a
+    thread with its own copy of the function module (module-level state such as the Powertools
+    resolver, which keeps the current event), its own database connection (``eros.db`` keeps one per
+    thread) and its own log keys and metrics (``eros.observability`` keeps them per thread); it runs
+    one invocation at a time, as a Lambda execution environment does."""
+
+    def __init__(self, name: str, *, concurrency: int = 16, timeout_secs: float = 30,
+                 prepare: Callable[[ModuleType], None] | None = None):
+        self.name, self.timeout_secs, self.prepare = name, timeout_secs, prepare
+        self._local = threading.local()
+        self._started = 0
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"{name}-container")
+
+    @property
+    def containers(self) -> int:
+        return self._started
+
+    def _run(self, event: dict):
+        module = getattr(self._local, "module", None)
+        if module is None:  # this container's cold start
+            with self._lock:
+                self._started += 1
+                number = self._started
+            module = load_function(self.name, copy=f"container{number}")
+            own_resolver_state(module)
+            if self.prepare:
+                self.prepare(module)
+            self._local.module = module
+        return module.lambda_handler(event, LambdaContext(self.name, self.timeout_secs))
+
+    def submit(self, event: dict) -> Future:
+        """An asynchronous invocation; the future holds the handler's result or exception."""
+        return self._pool.submit(self._run, event)
+
+    def invoke(self, event: dict):
+        """A synchronous invocation (what API Gateway does)."""
+        return self.submit(event).result()
+
+    def close(self, wait: bool = True) -> None:
+        self._pool.shutdown(wait=wait, cancel_futures=not wait)
 
 
 def http_api_event(method: str, target: str, headers: dict[str, str], body: bytes,
@@ -133,29 +210,105 @@ def http_api_event(method: str, target: str, headers: dict[str, str], body: byte
     return event
 
 
-def make_server(settings: Settings, host: str = "127.0.0.1", port: int = 3000) -> ThreadingHTTPServer:
-    chat_function = load_function("chat")
+class BadRequest(Exception):
+    """A request whose framing cannot be trusted: answered, and the connection closed."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def read_chunked(stream, limit: int) -> bytes:
+    """A ``Transfer-Encoding: chunked`` body (RFC 9112 §7.1): chunks, then trailer lines up to an
+    empty line. Larger than ``limit`` -> 413, malformed -> 400."""
+    body = bytearray()
+    while True:
+        line = stream.readline(1026)
+        size = line.split(b";", 1)[0].strip()
+        if not line.endswith(b"\n") or not size or size.strip(b"0123456789abcdefABCDEF"):
+            raise BadRequest(400, "invalid request: malformed chunked body")
+        size = int(size, 16)
+        if size == 0:
+            break
+        if len(body) + size > limit:
+            raise BadRequest(413, f"request body is larger than {limit} bytes")
+        chunk = stream.read(size)
+        if len(chunk) != size or stream.readline(3) not in (b"\r\n", b"\n"):
+            raise BadRequest(400, "invalid request: malformed chunked body")
+        body += chunk
+    for _ in range(64):  # trailer fields, ignored
+        line = stream.readline(8192)
+        if line in (b"\r\n", b"\n"):
+            return bytes(body)
+        if not line.endswith(b"\n"):
+            break
+    raise BadRequest(400, "invalid request: malformed chunked body")
+
+
+def content_length(headers) -> int:
+    """The declared body length: digits only (no sign, no list of differing values) -> else 400."""
+    values = {v.strip() for v in headers.get_all("content-length", [])}
+    if not values:
+        return 0
+    if len(values) > 1 or not all(v.isdigit() and v.isascii() for v in values):
+        raise BadRequest(400, "invalid request: invalid Content-Length")
+    return int(values.pop())
+
+
+class LocalHTTPServer(ThreadingHTTPServer):
+    request_queue_size = 128  # the listen backlog; socketserver's 5 reset concurrent connects
+    daemon_threads = True
+
+    def __init__(self, address, handler, functions: list[Function]):
+        super().__init__(address, handler)
+        self.functions = functions
+
+    def server_close(self):
+        super().server_close()
+        for function in self.functions:
+            function.close(wait=False)
+
+
+def make_server(settings: Settings, host: str = "127.0.0.1", port: int = 3000,
+                concurrency: int = 16) -> LocalHTTPServer:
+    """The local API: every request to the chat function, ``concurrency`` containers at most."""
+    chat = Function("chat", concurrency=concurrency, timeout_secs=29)  # template.yaml: Timeout 29
     key = local_jwt_key()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = 60  # a client that stops sending mid-request frees its thread
+
+        def _body(self) -> bytes:
+            limit = settings.max_body_bytes
+            if "transfer-encoding" in self.headers:
+                if "content-length" in self.headers:  # the request-smuggling shape (RFC 9112 §6.3)
+                    raise BadRequest(400, "invalid request: both Transfer-Encoding and Content-Length")
+                if self.headers["transfer-encoding"].strip().lower() != "chunked":
+                    raise BadRequest(501, "only the chunked transfer coding is supported")
+                return read_chunked(self.rfile, limit)
+            length = content_length(self.headers)
+            if length > limit:  # API Gateway refuses oversized payloads itself; do the same without reading them
+                raise BadRequest(413, f"request body is larger than {limit} bytes")
+            return self.rfile.read(length) if length else b""
 
         def _handle(self):
-            length = int(self.headers.get("content-length") or 0)
-            if length > settings.max_body_bytes:
-                # API Gateway refuses oversized payloads itself; do the same without reading them.
-                self.close_connection = True
-                return self._send(413, {"content-type": "application/json"},
-                                  json.dumps({"statusCode": 413, "message":
-                                              f"request body is larger than {settings.max_body_bytes} bytes"}))
-            body = self.rfile.read(length) if length else b""
+            try:
+                body = self._body()
+            except BadRequest as refused:
+                self.close_connection = True  # what follows on this connection cannot be framed
+                return self._send(refused.status, {"content-type": "application/json"},
+                                  json.dumps({"statusCode": refused.status, "message": str(refused)}))
             path = urlsplit(self.path).path
             claims = verify_token(self.headers.get("authorization"), settings, key)
             if claims is None and (self.command, path) not in PUBLIC_ROUTES:
                 return self._send(401, {"content-type": "application/json"}, '{"message":"Unauthorized"}')
-            event = http_api_event(self.command, self.path, dict(self.headers), body, claims)
+            headers = {k: v for k, v in self.headers.items() if k.lower() != "transfer-encoding"}
+            if "transfer-encoding" in self.headers:
+                headers["content-length"] = str(len(body))
+            event = http_api_event(self.command, self.path, headers, body, claims)
             try:
-                result = chat_function.lambda_handler(event, LambdaContext("chat"))
+                result = chat.invoke(event)
             except Exception:  # what API Gateway answers when the function itself fails
                 return self._send(500, {"content-type": "application/json"}, '{"message":"Internal Server Error"}')
             payload = result.get("body") or ""
@@ -170,17 +323,103 @@ def make_server(settings: Settings, host: str = "127.0.0.1", port: int = 3000) -
             data = payload.encode() if isinstance(payload, str) else payload
             self.send_response(status)
             for name, value in headers.items():
-                if name.lower() not in ("content-length", "connection"):
+                if name.lower() not in ("content-length", "connection", "transfer-encoding"):
                     self.send_header(name, value)
             self.send_header("Content-Length", str(len(data)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
-            self.wfile.write(data)
+            if self.command != "HEAD":  # a HEAD answer has headers only
+                self.wfile.write(data)
 
-        do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = _handle
+        do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = do_HEAD = do_OPTIONS = _handle
 
-        def log_message(self, format, *args):  # one short line per request on stderr
-            sys.stderr.write(f"{self.command} {self.path} -> {args[1] if len(args) > 1 else ''}\n")
+        # The access log: method, path and status only. Never the query string (it can carry a token)
+        # nor the request line that http.server quotes in its error messages.
+        def log_request(self, code="-", size="-"):
+            self._log(code)
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+        def log_error(self, format, *args):
+            self._log(args[0] if args and isinstance(args[0], int) else "error")
+
+        def log_message(self, format, *args):
+            self._log("-")
+
+        def _log(self, outcome):
+            method = getattr(self, "command", None) or "-"
+            path = urlsplit(getattr(self, "path", None) or "").path or "-"
+            sys.stderr.write(f"{method} {path} -> {int(outcome) if isinstance(outcome, int) else outcome}\n")
+
+    return LocalHTTPServer((host, port), Handler, [chat])
+
+
+# --- dreaming locally: the EventBridge schedule, the sweeper and its fan-out --------------------
+def scheduled_event() -> dict:
+    """What the schedule sends the sweeper (it reads nothing from it)."""
+    return {"version": "0", "id": str(uuid.uuid4()), "detail-type": "Scheduled Event", "source": "aws.scheduler",
+            "account": "000000000000", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "region": "local", "resources": [], "detail": {}}
+
+
+class InProcessInvoker:
+    """The sweeper's fan-out locally: every job is an asynchronous invocation of the extract function in
+    a container of its own, ``workers`` at once (Lambda's concurrency). A failed invocation is logged:
+    Lambda would retry it; locally the claim goes stale and a later sweep takes the session again."""
+
+    def __init__(self, workers: int = 4):
+        self.extract = Function("extract", concurrency=workers, timeout_secs=120)  # template.yaml: Timeout 120
+
+    def __call__(self, payload: dict) -> None:
+        self.extract.submit(dict(payload)).add_done_callback(self._report)
+
+    @staticmethod
+    def _report(done: Future) -> None:
+        from .observability import logger
+
+        if not done.cancelled() and done.exception() is not None:
+            logger.warning("local extract failed", extra={"error": repr(done.exception())[:300]})
+
+    def wait(self) -> None:
+        self.extract.close(wait=True)
+
+
+def sweeper(invoker: InProcessInvoker) -> Function:
+    """The sweeper function in a container whose fan-out is ``invoker`` instead of the Lambda client."""
+    return Function("sweeper", concurrency=1, timeout_secs=240,  # template.yaml: Timeout 240
+                    prepare=lambda module: setattr(module, "_invoker", invoker))
+
+
+def sweep_locally(workers: int = 4) -> dict:
+    """`eros sweep`: one invocation of the sweeper function now, waiting for the extractions it started."""
+    invoker = InProcessInvoker(workers)
+    function = sweeper(invoker)
+    try:
+        return function.invoke(scheduled_event())
+    finally:
+        function.close()
+        invoker.wait()
+
+
+def run_local_sweeper(cfg: Settings, workers: int = 4) -> threading.Thread:
+    """The local EventBridge schedule: the sweeper function every DREAMING_TICK_SECS, from a daemon thread."""
+    from .observability import logger
+
+    invoker = InProcessInvoker(workers)
+    function = sweeper(invoker)
+
+    def loop():
+        while True:
+            time.sleep(cfg.dreaming_tick_secs)
+            try:
+                result = function.invoke(scheduled_event())
+            except Exception as exc:
+                logger.exception("local sweep failed", extra={"error": repr(exc)[:300]})
+                continue
+            if result.get("claimed"):
+                print(f"[dreaming] claimed {result['claimed']} idle session(s), extracting", flush=True)
+            if result.get("users_claimed"):
+                print(f"[dreaming] claimed {result['users_claimed']} user(s) for a deep pass", flush=True)
+
+    thread = threading.Thread(target=loop, name="schedule", daemon=True)
+    thread.start()
+    return thread
