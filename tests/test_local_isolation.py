@@ -3,6 +3,7 @@ every response belongs to its caller, per-invocation log keys and metrics stay w
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -58,3 +59,101 @@ def test_every_response_belongs_to_its_caller(db, local_server, busy_threads):
                       " JOIN engine.chat_sessions s ON s.id = m.session_id WHERE m.role = 'user'").fetchall()
     assert len(rows) == USERS * ROUNDS
     assert all(r["content"].startswith(f"{r['user_id']} says ") for r in rows)
+
+
+SESSIONS = 8
+
+
+@pytest.fixture
+def info_log():
+    """The service's log lines at INFO, as JSON, through Powertools' own formatter."""
+    import io
+    import logging
+
+    from eros.observability import logger
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logger.registered_formatter)
+    level = logger.log_level
+    logger.addHandler(handler)
+    logger.setLevel("INFO")
+    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines() if line.startswith("{")]
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def emf_documents(text: str) -> list[dict]:
+    return [doc for line in text.splitlines() if line.startswith("{") and "_aws" in (doc := json.loads(line))]
+
+
+def test_concurrent_invocations_keep_their_own_log_keys_and_metrics(db, local_server, info_log, capsys):
+    """Lambda keeps per-invocation state per container; Powertools keeps it per process. Concurrent
+    extract invocations flushed each other's metrics (or none: "Must contain at least one metric"),
+    and a local sweep logged with the last chat request's correlation id."""
+    from eros.local import sweep_locally
+
+    for n in range(SESSIONS):
+        with local_server.client(f"dreamer-{n}") as client:
+            sid = client.post("/v1/sessions", json={"persona_id": "luna"}).json()["id"]
+            for text in ("I live in Lisbon and I work as a nurse.", "I have a sister called Ana."):
+                assert client.post(f"/v1/sessions/{sid}/turns", json={"content": text}).status_code == 200
+    db.execute("UPDATE engine.chat_sessions SET last_active_at = last_active_at - interval '2 hours'")
+    capsys.readouterr()
+
+    result = sweep_locally(workers=SESSIONS)
+    assert (result["claimed"], result["invoked"]) == (SESSIONS, SESSIONS)
+    assert db.execute("SELECT count(*) AS n FROM engine.chat_sessions WHERE classified_at IS NOT NULL"
+                      ).fetchone()["n"] == SESSIONS
+
+    # Metrics: one document per invocation, each with its own values only.
+    documents = emf_documents(capsys.readouterr().out)
+    extracts = [d for d in documents if "MemoriesExtracted" in d]
+    assert len(extracts) == SESSIONS, documents
+    assert [d["MemoriesExtracted"] for d in extracts] == [[2.0]] * SESSIONS, extracts  # one value each: its own
+    sweeps = [d for d in documents if "SessionsClaimed" in d]
+    assert [d["SessionsClaimed"] for d in sweeps] == [[float(SESSIONS)]]
+    assert len(documents) == SESSIONS + 1
+
+    # Log keys: chat lines carry their own request's correlation id; sweep and extract lines none, and
+    # each extract line the request id of its own invocation.
+    lines = info_log()
+    chat = [line for line in lines if line["message"] == "chat turn"]
+    assert len(chat) == 2 * SESSIONS and len({line["correlation_id"] for line in chat}) == 2 * SESSIONS
+    dreaming = [line for line in lines if line["message"] in ("sweep done", "extract done")]
+    assert len(dreaming) == SESSIONS + 1
+    assert all("correlation_id" not in line for line in dreaming), dreaming
+    extracted = [line for line in lines if line["message"] == "extract done"]
+    assert len({line["function_request_id"] for line in extracted}) == SESSIONS
+    assert all(line["function_name"] == "extract" for line in extracted)
+
+
+def test_overlapping_invocations_flush_only_their_own_metrics(db, monkeypatch, capsys):
+    """Every extract invocation adds its metric before any of them flushes (a barrier): with one
+    process-wide buffer, the first flush took all of them and the others flushed nothing."""
+    import uuid
+    from datetime import datetime, timezone
+
+    from eros import dreaming
+    from eros.local import Function
+    from eros.observability import metrics
+
+    inside = threading.Barrier(SESSIONS, timeout=10)
+
+    def extract_session(cfg, session_id, claim_token, time_budget_secs):
+        metrics.add_metric(name="MemoriesExtracted", unit="Count", value=int(session_id.int % 1000))
+        inside.wait()
+        return dreaming.ExtractResult(str(session_id), "nothing")
+
+    monkeypatch.setattr(dreaming, "extract_session", extract_session)
+    extract = Function("extract", concurrency=SESSIONS, timeout_secs=120)
+    jobs = [{"session_id": str(uuid.uuid4()), "user_id": f"u{n}", "instance_id": str(uuid.uuid4()),
+             "claim_token": datetime.now(timezone.utc).isoformat()} for n in range(SESSIONS)]
+    try:
+        results = [future.result(timeout=30) for future in [extract.submit(job) for job in jobs]]
+    finally:
+        extract.close()
+    assert [r["session_id"] for r in results] == [job["session_id"] for job in jobs]
+    documents = emf_documents(capsys.readouterr().out)
+    assert sorted(d["MemoriesExtracted"] for d in documents) == sorted(
+        [float(uuid.UUID(job["session_id"]).int % 1000)] for job in jobs)

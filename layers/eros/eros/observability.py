@@ -1,9 +1,82 @@
-"""The one place where logging, tracing and metrics are set up (Powertools, at module scope)."""
+"""The one place where logging, tracing and metrics are set up (Powertools, at module scope).
+
+Per-invocation state is kept per thread. Lambda runs one invocation at a time per process, on one
+thread, so there this is exactly Powertools' behaviour; the local stack (eros.local) runs several
+"containers" of a function at once, each on its own thread, and Powertools keeps both the logger's
+appended keys (correlation id, request id, cold start) and the metrics buffer process-wide: a local
+sweep logged with the last chat request's correlation id, and concurrent extract invocations flushed
+each other's metrics ("Must contain at least one metric"). Here each thread has its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.logging.formatter import LambdaPowertoolsFormatter
+from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
 
 SERVICE = "eros"
 
-logger = Logger(service=SERVICE)
+
+class ThreadKeysFormatter(LambdaPowertoolsFormatter):
+    """Powertools' JSON log formatter with its appended keys (``log_format``) kept per thread; every
+    thread starts from the keys the logger was set up with (``start_here``)."""
+
+    def __init__(self, **options):
+        self._keys = threading.local()
+        self._base: dict = {}
+        super().__init__(**options)
+
+    def start_here(self) -> None:
+        """The calling thread's keys become every other thread's starting keys."""
+        self._base = dict(self.log_format)
+
+    @property
+    def log_format(self) -> dict:
+        keys = getattr(self._keys, "value", None)
+        if keys is None:
+            keys = self._keys.value = dict(self._base)
+        return keys
+
+    @log_format.setter
+    def log_format(self, keys: dict) -> None:
+        self._keys.value = keys
+
+
+class ThreadMetrics(Metrics):
+    """Powertools Metrics with one buffer (metrics, dimensions, metadata) per thread instead of one per
+    process; ``log_metrics`` flushes the buffer of the thread that runs the handler."""
+
+    def __init__(self, namespace: str, service: str):  # no super().__init__: it binds the process-wide buffer
+        self._options = {"namespace": namespace, "service": service}
+        self._local = threading.local()
+
+    @property
+    def provider(self) -> AmazonCloudWatchEMFProvider:
+        provider = getattr(self._local, "provider", None)
+        if provider is None:
+            provider = self._local.provider = AmazonCloudWatchEMFProvider(**self._options)
+        return provider
+
+    metric_set = property(lambda self: self.provider.metric_set)
+    dimension_set = property(lambda self: self.provider.dimension_set)
+    metadata_set = property(lambda self: self.provider.metadata_set)
+    default_dimensions = property(lambda self: self.provider.default_dimensions)
+
+    def log_metrics(self, lambda_handler=None, **options):
+        if lambda_handler is None:
+            return functools.partial(self.log_metrics, **options)
+
+        @functools.wraps(lambda_handler)
+        def handler(*args, **kwargs):  # the calling thread's provider, chosen per invocation
+            return self.provider.log_metrics(lambda_handler, **options)(*args, **kwargs)
+
+        return handler
+
+
+logger = Logger(service=SERVICE, logger_formatter=ThreadKeysFormatter())
+logger.registered_formatter.start_here()  # service, sampling_rate: the keys of every thread
 tracer = Tracer(service=SERVICE)
-metrics = Metrics(namespace="Eros", service=SERVICE)
+metrics = ThreadMetrics(namespace="Eros", service=SERVICE)
