@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     from eros.config import settings
     from eros.extraction import SYSTEM_PROMPT
     from apiclient import Api
-    from eros.local import load_function
+    from eros.local import InProcessInvoker
     from eros.migrate import migrate
     from fakes import FakeOpenRouter, FakeVoyage
 
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     def sweep_and_count(per_session: dict) -> tuple:
         """One sweep, the extract handler once per claimed session, in process; every provider request
         attributed to its session. Returns (sweep result, seconds, unattributed requests)."""
-        invoker = dreaming.InProcessInvoker(load_function("extract").lambda_handler, workers=args.workers)
+        invoker = InProcessInvoker(workers=args.workers)
         started = time.monotonic()
         result = dreaming.sweep(cfg, invoker)
         invoker.wait()
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # A last sweep has nothing to do and must cost nothing.
         before = (llm.calls, voyage.calls)
-        again = dreaming.sweep(cfg, dreaming.InProcessInvoker(load_function("extract").lambda_handler))
+        again = dreaming.sweep(cfg, InProcessInvoker())
         last_sweep_calls = (llm.calls - before[0]) + (voyage.calls - before[1])
     finally:
         llm.close()

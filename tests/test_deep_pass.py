@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from eros import deep_pass, dreaming
 from eros.config import settings
-from eros.local import LambdaContext, load_function
+from eros.local import InProcessInvoker, LambdaContext, load_function, sweep_locally
 from eros.providers.offline import hash_embed
 from eros.store import consolidation
 from eros.store import deep_pass as store
@@ -514,15 +514,15 @@ def test_sweep_claims_due_users_after_sessions_and_runs_their_pass_in_process(db
     for user in ("alice", "bob", "carol"):
         copies(db, user, "Lives in Shanghai", 3)
         due(db, user)
-    invoker = dreaming.InProcessInvoker(load_function("extract").lambda_handler)
+    invoker = InProcessInvoker()
     result = dreaming.sweep(settings(), invoker)
     invoker.wait()
     assert (result.claimed, result.users_claimed, result.deep_pass_invoked, result.deep_pass_invoke_failures) == (
         0, 2, 2, 0)
     assert sorted(u for u in ("alice", "bob", "carol") if len(active(db, u)) == 1) == ["alice", "bob"]
-    assert dreaming.sweep_locally(settings())["users_claimed"] == 1  # the tick cap left carol for the next tick
+    assert sweep_locally()["users_claimed"] == 1  # the tick cap left carol for the next tick
     assert len(active(db, "carol")) == 1 and active(db, "carol")[0]["mention_count"] == 3
-    assert dreaming.sweep_locally(settings())["users_claimed"] == 0
+    assert sweep_locally()["users_claimed"] == 0
 
 
 def test_no_user_is_claimed_when_the_sessions_part_of_the_tick_failed_or_ran_out_of_time(db, env):
@@ -692,15 +692,15 @@ def test_what_two_sessions_wrote_twice_is_merged_by_the_next_quiet_sweep(db, env
         sid = api.session()
         assert api.call("POST", f"/v1/sessions/{sid}/turns", {"content": said})[0] == 200
         db.execute("UPDATE engine.chat_sessions SET last_active_at = last_active_at - interval '1 hour'")
-        assert dreaming.sweep_locally(settings())["invoked"] == 1
+        assert sweep_locally()["invoked"] == 1
     assert len(active(db, "alice")) == 2 and state(db, "alice")["is_due"]
-    assert dreaming.sweep_locally(settings())["users_claimed"] == 0  # changed just now: not quiet yet
+    assert sweep_locally()["users_claimed"] == 0  # changed just now: not quiet yet
 
     db.execute("UPDATE engine.user_consolidation SET changed_at = changed_at - interval '2 hours'")
     calls = fake_llm.calls
-    result = dreaming.sweep_locally(settings())
+    result = sweep_locally()
     assert (result["claimed"], result["users_claimed"], result["deep_pass_invoked"]) == (0, 1, 1)
     assert fake_llm.calls == calls + 1
     [kept] = active(db, "alice")
     assert (kept["content"], kept["mention_count"]) == ("Lives in Shanghai", 2)
-    assert dreaming.sweep_locally(settings())["users_claimed"] == 0
+    assert sweep_locally()["users_claimed"] == 0

@@ -14,6 +14,7 @@ from fakes import Delay, Reply, Status, fake_llm, fake_voyage  # noqa: F401 (fix
 from eros import dreaming
 from eros.config import settings
 from eros.extraction import Unparsable, normalise_category, parse_candidates, windows
+from eros.local import sweep_locally
 
 
 EXTRACTED = json.dumps({"memories": [
@@ -47,7 +48,7 @@ def go_idle(db, seconds: int = 3600) -> None:
 
 
 def sweep_now() -> dict:
-    return dreaming.sweep_locally(settings())
+    return sweep_locally()
 
 
 def session_row(db, sid) -> dict:

@@ -7,16 +7,14 @@ extract_session()  -- the extract Lambda's use-case: take the claim's lease -> t
                       call (per window) -> one embedding batch -> one guarded transaction; a failure
                       goes back with a backoff, counted against whoever was at fault (issue 8).
 
-The invoke seam: boto3's Lambda client (InvocationType=Event) in AWS, an in-process call locally.
+The invoke seam: boto3's Lambda client (InvocationType=Event) in AWS; locally, eros.local.InProcessInvoker.
 """
 
 from __future__ import annotations
 
 import json
 import random
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Protocol
@@ -162,61 +160,6 @@ class LambdaInvoker:
                                       Payload=json.dumps(payload).encode())
         if response.get("StatusCode") != 202:
             raise RuntimeError(f"async invoke answered {response.get('StatusCode')}")
-
-
-class InProcessInvoker:
-    """Fan-out locally: the extract handler itself, on a small thread pool (like concurrent Lambdas)."""
-
-    def __init__(self, handler: Callable[[dict, object], dict], workers: int = 4):
-        self.handler = handler
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="extract")
-
-    def __call__(self, payload: dict) -> None:
-        from .local import LambdaContext
-
-        def run():
-            try:
-                self.handler(payload, LambdaContext("extract", timeout_secs=120))
-            except Exception as exc:  # Lambda would retry; locally the claim goes stale and a later sweep retries
-                logger.warning("local extract failed", extra={"error": repr(exc)[:300]})
-
-        self.pool.submit(run)
-
-    def wait(self) -> None:
-        self.pool.shutdown(wait=True)
-
-
-def sweep_locally(cfg: Settings) -> dict:
-    """`eros sweep`: one sweep now, extractions in-process, waiting for them to finish."""
-    from .local import load_function
-
-    invoker = InProcessInvoker(load_function("extract").lambda_handler)
-    result = sweep(cfg, invoker)
-    invoker.wait()
-    return asdict(result)
-
-
-def run_local_sweeper(cfg: Settings) -> threading.Thread:
-    """The local EventBridge schedule: a sweep every DREAMING_TICK_SECS, in a daemon thread."""
-    from .local import load_function
-
-    invoker = InProcessInvoker(load_function("extract").lambda_handler)
-
-    def loop():
-        while True:
-            time.sleep(cfg.dreaming_tick_secs)
-            try:
-                result = sweep(cfg, invoker)
-                if result.claimed:
-                    print(f"[dreaming] claimed {result.claimed} idle session(s), extracting", flush=True)
-                if result.users_claimed:
-                    print(f"[dreaming] claimed {result.users_claimed} user(s) for a deep pass", flush=True)
-            except Exception as exc:
-                logger.exception("local sweep failed", extra={"error": repr(exc)[:300]})
-
-    thread = threading.Thread(target=loop, name="sweeper", daemon=True)
-    thread.start()
-    return thread
 
 
 def redrive(why: str = "retry-window", user_id: str | None = None) -> list[UUID]:
