@@ -432,11 +432,11 @@ class Stages:
 
     Every call is timed under its own name (summed per turn); the stage totals count only the outermost
     timed calls, so nothing is counted twice. Stage of an outermost call: session (get_session,
-    find_turn), persist (record_turn, keep_user_message), prompt (eros.prompt), recall (every other:
-    profile, relationship, history)."""
+    find_turn), persist (claim_turn, the user's message stored before the model; record_turn), prompt
+    (eros.prompt), recall (every other: profile, relationship, history)."""
 
     SESSION = {"get_session", "find_turn"}
-    PERSIST = {"record_turn", "keep_user_message"}
+    PERSIST = {"claim_turn", "record_turn"}
     SKIP = ("eros.config", "eros.observability", "eros.providers", "eros.db", "eros.secrets", "eros.migrate")
 
     def __init__(self):

@@ -10,8 +10,6 @@ utterance from a real chat turn; bob has his own chain X -> Y.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import threading
 import time
 import uuid
@@ -337,18 +335,15 @@ def test_restoring_an_active_memory_is_409(api, db, world):
 
 
 def containers(n: int) -> list[Api]:
-    """n Lambda containers of the chat function, each its own copy of functions/chat/app.py: a
-    resolver keeps the request it is handling in its own state, so concurrent requests (which AWS gives
-    to different containers) must not share one in-process copy."""
-    from eros.local import ROOT
+    """n Lambda containers of the chat function, as the local stack makes them: each its own copy of
+    functions/chat/app.py whose resolver keeps the request it is handling in its own state, so
+    concurrent requests (which AWS gives to different containers) do not share one."""
+    from eros.local import load_function, own_resolver_state
 
     apis = []
     for i in range(n):
-        spec = importlib.util.spec_from_file_location(f"eros_function_chat_container_{i}",
-                                                      ROOT / "functions" / "chat" / "app.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # as eros.local.load_function does: annotations resolve through it
-        spec.loader.exec_module(module)
+        module = load_function("chat", copy=f"history_container_{i}")
+        own_resolver_state(module)
         api = Api()
         api.function = module
         apis.append(api)
