@@ -412,3 +412,35 @@ def test_the_migration_sample_is_a_custom_resource_create():
     assert event["ResponseURL"].startswith("https://")
     assert {"StackId", "RequestId", "LogicalResourceId", "ResourceProperties"} <= set(event)
     assert {"ServiceToken", "MigrationsVersion"} <= set(event["ResourceProperties"])
+
+
+# --- spend (issue 8 item 10) ----------------------------------------------------------------------
+def test_the_http_api_is_throttled_by_parameters(template):
+    routes = props(template, "ChatApi")["DefaultRouteSettings"]
+    assert routes == {"ThrottlingRateLimit": {"Ref": "ApiThrottlingRateLimit"},
+                      "ThrottlingBurstLimit": {"Ref": "ApiThrottlingBurstLimit"}}
+    params = template["Parameters"]
+    rate, burst = params["ApiThrottlingRateLimit"], params["ApiThrottlingBurstLimit"]
+    assert rate["MinValue"] >= 1 and burst["MinValue"] >= 1  # 0 would refuse every request
+    assert 1 <= rate["Default"] <= burst["Default"] <= 5000  # below the account's default quota
+
+
+def test_the_chat_function_has_a_concurrency_cap_parameter(template):
+    params = template["Parameters"]
+    assert params["ChatReservedConcurrency"]["Default"] > 0
+    assert props(template, "ChatFunction")["ReservedConcurrentExecutions"] == {
+        "Fn::If": ["ReserveChatConcurrency", {"Ref": "ChatReservedConcurrency"}, {"Ref": "AWS::NoValue"}]}
+    assert template["Conditions"]["ReserveChatConcurrency"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "ChatReservedConcurrency"}, 0]}]}
+
+
+def test_per_user_limits_are_on_in_aws_and_reach_every_function(template):
+    params, variables = template["Parameters"], template["Globals"]["Function"]["Environment"]["Variables"]
+    assert variables["TURNS_PER_MINUTE"] == {"Ref": "TurnsPerMinute"}
+    assert variables["DAILY_TOKEN_BUDGET"] == {"Ref": "DailyTokenBudget"}
+    # Off in the code's defaults (local runs), on in a deployment.
+    assert Settings().turns_per_minute == 0 and Settings().daily_token_budget == 0
+    env = {"TURNS_PER_MINUTE": str(params["TurnsPerMinute"]["Default"]),
+           "DAILY_TOKEN_BUDGET": str(params["DailyTokenBudget"]["Default"])}
+    parsed = Settings.from_env(env)
+    assert parsed.turns_per_minute > 0 and parsed.daily_token_budget > 0

@@ -159,7 +159,7 @@ def _session_of(user: str, session_id: UUID) -> dict:
 # Every error answer is {"statusCode", "code", "message", ...}: ``code`` is stable (clients branch on it),
 # ``message`` is for people. Codes not named where the error is raised come from its status.
 _CODES = {400: "invalid_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 409: "conflict",
-          413: "payload_too_large", 422: "invalid_request", 500: "internal_error", 503: "unavailable"}
+          413: "payload_too_large", 429: "rate_limited", 422: "invalid_request", 500: "internal_error", 503: "unavailable"}
 
 
 def _error_body(status: int, message: str, code: str | None = None, **extra) -> str:
@@ -222,6 +222,7 @@ def sessions():
                       "model failure the message is kept; the answer says whether a retry can help (`retryable`).",
           responses=_documented((200, "the reply"), (404, "no such session of this user"),
                                 (409, "turn_conflict: client_turn_id already used for another message"),
+                                (429, "rate_limited or budget_exhausted: over a per-user limit (Retry-After)"),
                                 (502, "model_error: the provider refused the request (not retryable)"),
                                 (503, "model_unavailable (retryable) or database_unavailable"),
                                 (504, "model_timeout (retryable)")))
@@ -309,6 +310,15 @@ def not_found(error: chat.NotFound):
 @app.exception_handler(chat.TurnConflict)
 def turn_conflict(error: chat.TurnConflict):
     return _error(409, str(error), "turn_conflict")
+
+
+@app.exception_handler(chat.OverLimit)
+def over_limit(error: chat.OverLimit):
+    # code: rate_limited or budget_exhausted; Retry-After: seconds until the limit lifts.
+    response = _error(429, str(error), error.code, limit=error.limit, retry_after=error.retry_after,
+                      retryable=True)
+    response.headers["Retry-After"] = str(error.retry_after)
+    return response
 
 
 @app.exception_handler(memory_store.NotSuperseded)

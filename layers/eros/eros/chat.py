@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass
 from uuid import UUID
@@ -11,6 +12,7 @@ from .config import settings
 from .observability import logger, metrics, tracer
 from .providers import Deadline, ProviderError, ProviderTimeout, ProviderUnavailable, chat_client, embedder
 from .store import chat as chat_store
+from .store import usage as usage_store
 
 
 class NotFound(Exception):
@@ -19,6 +21,37 @@ class NotFound(Exception):
 
 class TurnConflict(Exception):
     """A client_turn_id reused for different content."""
+
+
+class OverLimit(Exception):
+    """The user is over a spend limit: ``code`` names it ("rate_limited", "budget_exhausted"),
+    ``retry_after`` is the seconds until it lifts. Nothing was stored or paid for."""
+
+    def __init__(self, code: str, message: str, retry_after: int, limit: int):
+        super().__init__(message)
+        self.code = code
+        self.retry_after = retry_after
+        self.limit = limit
+
+
+def admit(user_id: str) -> None:
+    """Count this turn against the user's rate and check their daily token budget (raises OverLimit)."""
+    cfg = settings()
+    if not cfg.turns_per_minute and not cfg.daily_token_budget:
+        return
+    now = usage_store.utcnow()
+    refused = usage_store.admit_turn(user_id, now, cfg.turns_per_minute, cfg.daily_token_budget)
+    if refused is None:
+        return
+    code, until = refused
+    wait = max(1, math.ceil((until - now).total_seconds()))
+    metrics.add_metric(name="TurnsRefused", unit="Count", value=1)
+    logger.info("turn refused by a spend limit", extra={"code": code, "retry_after": wait})
+    if code == "rate_limited":
+        raise OverLimit(code, f"too many turns: at most {cfg.turns_per_minute} per minute", wait,
+                        cfg.turns_per_minute)
+    raise OverLimit(code, f"the daily token budget ({cfg.daily_token_budget} tokens) is spent; it resets at"
+                    " midnight UTC", wait, cfg.daily_token_budget)
 
 
 class TurnFailed(Exception):
@@ -83,6 +116,7 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
     session = chat_store.get_session(user_id, session_id)
     if session is None:
         raise NotFound("session not found")
+    admit(user_id)  # before anything is stored or paid for
     turn_id = client_turn_id or str(uuid.uuid4())
     # The message is stored (and the turn id claimed for it) before any model call: of concurrent senders
     # of one turn id, exactly one owns it; the others are a conflict or, with the same message, its replay.
@@ -120,6 +154,8 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
         {"recalled": recalled, "model": completion.model, "usage": completion.usage, "offline": completion.offline},
         query.vectors[0], query.model,
     )
+    usage_store.record(user_id, usage_store.tokens_of(completion.usage) + usage_store.tokens_of(query.usage),
+                       "chat", usage_store.utcnow())
     if stored["replayed"]:  # a concurrent duplicate of this turn finished first
         return _replay(chat_store.find_turn(session_id, turn_id), turn_id)
     metrics.add_metric(name="Turns", unit="Count", value=1)

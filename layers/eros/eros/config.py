@@ -52,6 +52,16 @@ class Settings(BaseModel):
     history_messages: int = Field(12, ge=0, le=200)
     chat_max_tokens: int = Field(600, ge=16)
 
+    # --- spend (issue 8 item 10; eros.store.usage, migration 0007) ---------------------------
+    # Per user, kept in Postgres (every container sees the same counts); 0 = off. A turn over either
+    # limit is refused with 429 and Retry-After before any provider call. The budget counts the tokens
+    # of every provider call of the user's UTC day (chat, extraction, deep pass, embeddings); a user
+    # over it is not dreamt about until midnight UTC (the session waits, it is not lost or counted).
+    # Off by default here (local runs, tests); the SAM template turns both on (TurnsPerMinute,
+    # DailyTokenBudget parameters).
+    turns_per_minute: int = Field(0, ge=0)
+    daily_token_budget: int = Field(0, ge=0)
+
     # --- recall (eros.recall) -------------------------------------------------------------
     # Defaults: the winner of bench/recall_eval.py on the dev set with semantic (e5) embeddings,
     # bench/results/recall_eval_e5.md. lambda and ifloor are on the embedder's cosine scale: re-run

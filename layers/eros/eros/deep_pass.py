@@ -40,6 +40,7 @@ from .providers import Deadline, ProviderConfigurationError, ProviderError, Prov
 from .providers.offline import statement_key, topic_slot
 from .store import deep_pass as store
 from .store import dreaming as dreaming_store
+from .store import usage as usage_store
 
 KIND = "deep_pass"  # the extract event's "kind" that asks for a deep pass
 _MAX_ANSWER_CHARS = 100_000
@@ -64,7 +65,8 @@ Answer with JSON only: {"actions": [...]} (an empty list when there is nothing t
 class DeepPassResult:
     user_id: str
     # consolidated | nothing (no cluster, or nothing to change) | unparsable | retry-later | blocked | gave-up
-    # | duplicate | not-claimed | lost-claim: as ``dreaming.ExtractResult``
+    # | deferred (the daily token budget is spent) | duplicate | not-claimed | lost-claim: as
+    # ``dreaming.ExtractResult``
     outcome: str
     clusters: int = 0  # clusters shown to the model
     shown: int = 0  # rows shown
@@ -267,6 +269,13 @@ def run(cfg: Settings, user_id: str, claim_token: datetime, time_budget_secs: fl
                            unit="Count", value=1)
         return DeepPassResult(user_id, state)
     lease = claimed["lease"]
+    if usage_store.over_budget(user_id, moment, cfg.daily_token_budget):  # waits for midnight UTC, uncounted
+        if not store.retry_later(user_id, claim_token, lease, "deferred: the user's daily token budget is spent",
+                                 usage_store.next_day(moment), None, moment):
+            return DeepPassResult(user_id, "lost-claim")
+        metrics.add_metric(name="DeepPassDeferredOverBudget", unit="Count", value=1)
+        logger.info("deep pass deferred: daily token budget spent", extra={"user_id": user_id})
+        return DeepPassResult(user_id, "deferred")
     if claimed["attempts"] >= cfg.deep_pass_max_attempts:
         return _give_up(user_id, claim_token, lease, "own",
                         f"gave up after {claimed['attempts']} attempts: {claimed['error']}")
@@ -297,6 +306,7 @@ def _run(cfg: Settings, user_id: str, claim_token: datetime, lease: datetime, ti
         {"role": "user", "content": render(chosen)},
     ], max_tokens=1200, temperature=0.0, deadline=Deadline.after(time_budget_secs), json_mode=True)
     dreaming_store.unblock("llm")
+    usage_store.record(user_id, usage_store.tokens_of(completion.usage), "dream", usage_store.utcnow())
     result.llm_calls = 1
     try:
         resolved = resolve(parse_actions(completion.text), shown, cfg.deep_pass_max_supersessions)

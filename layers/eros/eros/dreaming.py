@@ -27,6 +27,7 @@ from .observability import logger, metrics
 from .providers import (Deadline, ProviderConfigurationError, ProviderError, ProviderUnavailable, chat_client,
                         embedder)
 from .store import dreaming as store
+from .store import usage as usage_store
 
 CONTEXT_MESSAGES = 6  # earlier turns shown (marked) to a resumed session's extraction
 WINDOW_CHARS = 24_000  # transcript characters per extraction call (~6k tokens)
@@ -181,6 +182,7 @@ class ExtractResult:
     #   retry-later   -- a failure; the claim is back with a backoff (``fault`` says whose)
     #   blocked       -- a provider refused our credentials; nothing counted, dreaming held until fixed
     #   gave-up       -- stamped without extracting (``fault``: own = attempts cap, world = retry window)
+    #   deferred      -- the user's daily token budget is spent: back with retry_at = midnight UTC, uncounted
     #   duplicate     -- another delivery of this claim holds its lease: returned before any provider call
     #   not-claimed   -- this claim no longer holds the session (done, released, re-claimed, unknown)
     #   lost-claim    -- the claim was lost while working (it went stale and was re-taken): nothing written
@@ -197,7 +199,7 @@ class ExtractResult:
 
 _OUTCOME_METRICS = {"duplicate": "ExtractDuplicates", "not-claimed": "ExtractNotClaimed",
                     "lost-claim": "ExtractLostClaims", "gave-up": "ExtractGaveUp", "blocked": "ExtractBlocked",
-                    "retry-later": "ExtractRetriesScheduled"}
+                    "retry-later": "ExtractRetriesScheduled", "deferred": "ExtractDeferredOverBudget"}
 
 
 def _report(result: ExtractResult, **extra) -> ExtractResult:
@@ -242,6 +244,14 @@ def extract_session(cfg: Settings, session_id: UUID, claim_token: datetime,
     state, session = store.start(session_id, claim_token, moment)
     if session is None:  # a duplicate delivery, a retry after success, or a claim taken over by another
         return _report(ExtractResult(sid, state))
+    if usage_store.over_budget(session["user_id"], moment, cfg.daily_token_budget):
+        # The user's daily token budget is spent: the session waits for midnight UTC, counted as nobody's
+        # failure (not an attempt, not a retry), and is extracted then.
+        retry_at = usage_store.next_day(moment)
+        if not store.retry_later(session, claim_token, "deferred: the user's daily token budget is spent",
+                                 retry_at, None, moment):
+            return _report(ExtractResult(sid, "lost-claim"))
+        return _report(ExtractResult(sid, "deferred", retry_at=retry_at.isoformat()))
     if session["classification_attempts"] >= cfg.dreaming_max_attempts:  # e.g. its workers kept dying
         return _give_up(session, claim_token, "own", f"gave up after {session['classification_attempts']}"
                         f" attempts: {session['classification_error']}", "attempts")
@@ -273,11 +283,12 @@ def _extract(cfg: Settings, session: dict, claim_token: datetime, time_budget_se
     shown = extraction.handles(store.touched_memories(session["user_id"], session_id, session["watermark"],
                                                       extraction.MAX_KNOWN))
     deadline = Deadline.after(time_budget_secs)
+    progress["user_id"] = session["user_id"]
     candidates, problems, model = _candidates(cfg, earlier, parts, shown, deadline, progress)
     store.unblock("llm")  # it answered: whatever block it had is over
     decided = extraction.plan(candidates, shown)
     progress["step"] = "embedder"
-    rows = _rows(decided, model, deadline, first, through)
+    rows = _rows(decided, model, deadline, first, through, session["user_id"])
     if rows:
         store.unblock("embedder")
     calls = progress["calls"]
@@ -313,6 +324,7 @@ def _candidates(cfg: Settings, earlier: list[dict], parts: list[list[dict]], sho
             {"role": "user", "content": extraction.render_transcript(earlier, part, shown)},
         ], max_tokens=1200, temperature=0.0, deadline=deadline, json_mode=True)
         progress["calls"] += 1
+        usage_store.record(progress["user_id"], usage_store.tokens_of(completion.usage), "dream", usage_store.utcnow())
         model = completion.model
         try:
             candidates.extend(extraction.parse_candidates(completion.text))
@@ -322,11 +334,13 @@ def _candidates(cfg: Settings, earlier: list[dict], parts: list[list[dict]], sho
     return candidates, problems, model
 
 
-def _rows(decided: extraction.Plan, model: str, deadline: Deadline, first: int, through: int) -> list[dict]:
+def _rows(decided: extraction.Plan, model: str, deadline: Deadline, first: int, through: int, user_id: str
+          ) -> list[dict]:
     """The new profile rows, embedded in one batch (none when the session only repeated known memories)."""
     if not decided.new:
         return []
     vectors = embedder().embed([c.content for c, _ in decided.new], "document", deadline=deadline)
+    usage_store.record(user_id, usage_store.tokens_of(vectors.usage), "dream", usage_store.utcnow())
     return [{"id": uuid4(), "content": c.content, "category": c.category, "importance": c.importance,
              "embedding": v, "supersedes": supersedes, "from_message_id": first, "through_message_id": through,
              "metadata": {"model": model, "embed_model": vectors.model}}

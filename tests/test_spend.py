@@ -1,0 +1,196 @@
+"""Spend limits (issue 8 item 10): a per-user turn rate and daily token budget kept in Postgres, checked
+before any provider call (429 with Retry-After); the tokens of every provider call recorded per user per
+day; and a user over the budget is not dreamt about until the budget resets (the session waits)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from apiclient import Api
+from fakes import fake_llm, fake_voyage  # noqa: F401 (fixtures)
+
+from eros import chat, dreaming
+from eros.local import LambdaContext, http_api_event, load_function, sweep_locally
+from eros.store import usage as usage_store
+
+NOON = datetime(2026, 3, 14, 12, 0, 10, tzinfo=timezone.utc)
+EXTRACTED = json.dumps({"memories": [{"content": "Works at a bakery", "category": "fact", "importance": 0.6}]})
+
+
+class Clock:
+    """The spend clock and dreaming's, moved by the test."""
+
+    def __init__(self, moment: datetime):
+        self.moment = moment
+
+    def __call__(self) -> datetime:
+        return self.moment
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    clock = Clock(NOON)
+    monkeypatch.setattr(usage_store, "utcnow", clock)
+    monkeypatch.setattr(dreaming, "utcnow", clock)
+    return clock
+
+
+@pytest.fixture
+def online(db, env, fake_llm, fake_voyage, clock):
+    db.execute("TRUNCATE engine.user_usage")
+    fake_llm.responder = lambda body: EXTRACTED if body.get("response_format") else "fake reply"
+    env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="test-key", EMBED_BASE_URL=fake_voyage.url,
+        VOYAGE_API_KEY="test-key", PROVIDER_MAX_RETRIES=0)
+    return fake_llm, fake_voyage
+
+
+def turn(sid: str, content: str = "hello", user: str = "alice") -> tuple[int, dict, dict]:
+    """One turn through the chat handler: (status, headers, body)."""
+    event = http_api_event("POST", f"/v1/sessions/{sid}/turns", {"content-type": "application/json"},
+                           json.dumps({"content": content}).encode(), {"sub": user, "iss": "test", "aud": "test"})
+    result = load_function("chat").lambda_handler(event, LambdaContext("chat"))
+    return result["statusCode"], result.get("headers") or {}, json.loads(result["body"])
+
+
+def provider_calls(fake_llm, fake_voyage) -> int:
+    return len(fake_llm.requests) + len(fake_voyage.requests)
+
+
+def usage_row(db, user: str, day) -> dict | None:
+    return db.execute("SELECT * FROM engine.user_usage WHERE user_id = %s AND day = %s", (user, day)).fetchone()
+
+
+# --- the turn rate -------------------------------------------------------------------------------------
+def test_over_the_turn_rate_is_429_with_retry_after_and_no_provider_call(online, db, env, clock):
+    fake_llm, fake_voyage = online
+    env(TURNS_PER_MINUTE=2)
+    sid = Api().session()
+    assert [turn(sid)[0] for _ in range(2)] == [200, 200]
+    paid = provider_calls(fake_llm, fake_voyage)
+
+    status, headers, body = turn(sid, "one more")
+    assert status == 429
+    assert headers["Retry-After"] == "50"  # the minute window ends 50 s after 12:00:10
+    assert body["code"] == "rate_limited" and body["limit"] == 2 and body["retry_after"] == 50
+    assert provider_calls(fake_llm, fake_voyage) == paid  # refused before any provider call
+    # Nothing of the refused turn was stored.
+    assert db.execute("SELECT count(*) AS n FROM engine.chat_messages WHERE content = 'one more'").fetchone()["n"] == 0
+
+    # Other users are not affected.
+    assert turn(Api().session(user="bob"), user="bob")[0] == 200
+    # The next window admits again.
+    clock.moment = NOON + timedelta(seconds=50)
+    assert turn(sid, "one more")[0] == 200
+
+
+def test_concurrent_turns_of_one_user_cannot_exceed_the_rate(online, db, env):
+    env(TURNS_PER_MINUTE=5, LLM_BASE_URL=None, OPENROUTER_API_KEY=None, EMBED_BASE_URL=None, VOYAGE_API_KEY=None)
+    api = Api()
+    sessions = [api.session() for _ in range(16)]
+    start, outcomes = threading.Barrier(16), []
+
+    def sender(sid: str) -> None:
+        start.wait(10)
+        try:
+            chat.take_turn("alice", sid, "hi", None)
+            outcomes.append("ok")
+        except chat.OverLimit as exc:
+            outcomes.append(exc.code)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            outcomes.append(repr(exc))
+
+    threads = [threading.Thread(target=sender, args=(sid,)) for sid in sessions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(outcomes) == ["ok"] * 5 + ["rate_limited"] * 11, outcomes
+    assert usage_row(db, "alice", NOON.date())["turns"] == 5
+    assert db.execute("SELECT count(*) AS n FROM engine.chat_messages WHERE role = 'assistant'").fetchone()["n"] == 5
+
+
+# --- the daily token budget ------------------------------------------------------------------------
+def test_budget_exhausted_is_429_until_midnight_utc_then_resets(online, db, env, clock):
+    fake_llm, fake_voyage = online
+    env(DAILY_TOKEN_BUDGET=10)
+    sid = Api().session()
+    status, _, body = turn(sid, "tell me a long story about the sea")
+    assert status == 200
+    used = usage_row(db, "alice", NOON.date())
+    assert used["tokens"] == used["chat_tokens"] >= 10  # the chat model's and the query embedding's tokens
+    paid = provider_calls(fake_llm, fake_voyage)
+
+    status, headers, body = turn(sid)
+    assert status == 429 and body["code"] == "budget_exhausted" and body["limit"] == 10
+    midnight = datetime(2026, 3, 15, tzinfo=timezone.utc)
+    assert int(headers["Retry-After"]) == (midnight - NOON).total_seconds() == body["retry_after"]
+    assert provider_calls(fake_llm, fake_voyage) == paid
+    assert turn(Api().session(user="bob"), user="bob")[0] == 200  # bob has his own budget
+
+    clock.moment = midnight + timedelta(seconds=1)  # a new UTC day: a new budget
+    assert turn(sid)[0] == 200
+    assert usage_row(db, "alice", midnight.date())["turns"] == 1
+
+
+def test_chat_turn_usage_matches_what_the_providers_reported(online, db):
+    fake_llm, fake_voyage = online
+    sid = Api().session()
+    assert turn(sid, "how are you today?")[0] == 200
+    completion = [r for r in fake_llm.requests if not r["json"].get("response_format")]
+    assert len(completion) == 1
+    reported = db.execute("SELECT metadata FROM engine.chat_messages WHERE session_id = %s AND role = 'assistant'",
+                          (sid,)).fetchone()["metadata"]["usage"]
+    llm_tokens = reported["total_tokens"] if "total_tokens" in reported else \
+        reported["prompt_tokens"] + reported["completion_tokens"]
+    embedded = usage_row(db, "alice", NOON.date())["chat_tokens"] - llm_tokens
+    assert embedded >= 1  # the query embedding is counted too
+
+
+# --- dreaming ------------------------------------------------------------------------------------------
+def go_idle(db) -> None:
+    db.execute("UPDATE engine.chat_sessions SET last_active_at = %s", (NOON - timedelta(hours=2),))
+
+
+def test_extraction_usage_is_recorded_per_user_per_day(online, db):
+    sid = Api().session()
+    assert turn(sid, "I started a new job at a bakery")[0] == 200
+    chat_tokens = usage_row(db, "alice", NOON.date())["tokens"]
+    go_idle(db)
+    assert sweep_locally()["invoked"] == 1
+    row = usage_row(db, "alice", NOON.date())
+    assert db.execute("SELECT classified_at FROM engine.chat_sessions WHERE id = %s", (sid,)).fetchone()["classified_at"]
+    assert row["dream_tokens"] > 0  # the extraction call and the new row's embedding
+    assert row["tokens"] == chat_tokens + row["dream_tokens"]
+
+
+def test_a_user_over_budget_is_deferred_not_lost_and_extracted_after_the_reset(online, db, env, clock):
+    fake_llm, _ = online
+    sid = Api().session()
+    bob = Api().session(user="bob")
+    assert turn(sid, "I started a new job at a bakery")[0] == 200
+    assert turn(bob, "I started a new job at a bakery", user="bob")[0] == 200
+    env(DAILY_TOKEN_BUDGET=10)  # alice's turn used more than that; so did bob's: give bob room
+    db.execute("UPDATE engine.user_usage SET tokens = 0 WHERE user_id = 'bob'")
+    go_idle(db)
+    extractions = lambda: len([r for r in fake_llm.requests if r["json"].get("response_format")])  # noqa: E731
+
+    assert sweep_locally()["invoked"] == 2
+    assert extractions() == 1  # bob's only: alice's session waits without a provider call
+    row = db.execute("SELECT * FROM engine.chat_sessions WHERE id = %s", (sid,)).fetchone()
+    midnight = datetime(2026, 3, 15, tzinfo=timezone.utc)
+    assert row["classified_at"] is None and row["classification_claimed_at"] is None
+    assert row["classification_next_attempt_at"] == midnight
+    assert (row["classification_attempts"], row["classification_retries"], row["classification_gave_up"]) == (0, 0, None)
+
+    clock.moment = midnight - timedelta(seconds=1)
+    assert sweep_locally()["claimed"] == 0  # still today: not claimed again
+    clock.moment = midnight + timedelta(minutes=5)
+    assert sweep_locally()["invoked"] == 1
+    row = db.execute("SELECT * FROM engine.chat_sessions WHERE id = %s", (sid,)).fetchone()
+    assert row["classified_at"] is not None and row["classification_error"] is None
+    assert extractions() == 2
+    assert usage_row(db, "alice", midnight.date())["dream_tokens"] > 0
