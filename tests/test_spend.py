@@ -69,7 +69,11 @@ def test_over_the_turn_rate_is_429_with_retry_after_and_no_provider_call(online,
     fake_llm, fake_voyage = online
     env(TURNS_PER_MINUTE=2)
     sid = Api().session()
-    assert [turn(sid)[0] for _ in range(2)] == [200, 200]
+    answered = http_api_event("POST", f"/v1/sessions/{sid}/turns", {"content-type": "application/json"},
+                              json.dumps({"content": "first", "client_turn_id": "t-1"}).encode(),
+                              {"sub": "alice", "iss": "test", "aud": "test"})
+    assert load_function("chat").lambda_handler(dict(answered), LambdaContext("chat"))["statusCode"] == 200
+    assert turn(sid)[0] == 200
     paid = provider_calls(fake_llm, fake_voyage)
 
     status, headers, body = turn(sid, "one more")
@@ -79,6 +83,11 @@ def test_over_the_turn_rate_is_429_with_retry_after_and_no_provider_call(online,
     assert provider_calls(fake_llm, fake_voyage) == paid  # refused before any provider call
     # Nothing of the refused turn was stored.
     assert db.execute("SELECT count(*) AS n FROM engine.chat_messages WHERE content = 'one more'").fetchone()["n"] == 0
+
+    # A client's retry of an answered turn is a free replay, not refused.
+    again = load_function("chat").lambda_handler(dict(answered), LambdaContext("chat"))
+    assert again["statusCode"] == 200 and json.loads(again["body"])["replayed"] is True
+    assert turn(sid, "still no")[0] == 429
 
     # Other users are not affected.
     assert turn(Api().session(user="bob"), user="bob")[0] == 200
@@ -193,4 +202,32 @@ def test_a_user_over_budget_is_deferred_not_lost_and_extracted_after_the_reset(o
     row = db.execute("SELECT * FROM engine.chat_sessions WHERE id = %s", (sid,)).fetchone()
     assert row["classified_at"] is not None and row["classification_error"] is None
     assert extractions() == 2
+    assert usage_row(db, "alice", midnight.date())["dream_tokens"] > 0
+
+
+def test_a_user_over_budget_has_the_deep_pass_deferred_then_run_and_recorded_after_the_reset(online, db, env, clock):
+    from eros import deep_pass
+    from eros.config import settings
+    from test_deep_pass import claim_all, claim_one, copies, due, state
+
+    fake_llm, _ = online
+    fake_llm.responder = lambda body: json.dumps({"actions": []})
+    clock.moment = datetime.now(timezone.utc)
+    midnight = usage_store.next_day(clock.moment)
+    env(DAILY_TOKEN_BUDGET=10)
+    usage_store.record("alice", 10, "chat", clock.moment)  # the day's budget is spent
+    copies(db, "alice", "Lives in Shanghai", 3)
+    due(db, "alice")
+
+    result = deep_pass.run(settings(), "alice", claim_one(db, "alice"))
+    assert result.outcome == "deferred" and fake_llm.requests == []
+    held = state(db, "alice")
+    assert held["claimed_at"] is None and held["next_attempt_at"] == midnight
+    assert (held["attempts"], held["retries"]) == (0, 0)
+    assert claim_all(now=midnight - timedelta(seconds=1)) == []  # waits for the reset
+
+    clock.moment = midnight + timedelta(seconds=1)
+    [again] = claim_all(now=clock.moment)
+    result = deep_pass.run(settings(), "alice", again["claim_token"])
+    assert result.outcome != "deferred" and result.llm_calls == 1
     assert usage_row(db, "alice", midnight.date())["dream_tokens"] > 0

@@ -116,6 +116,10 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
     session = chat_store.get_session(user_id, session_id)
     if session is None:
         raise NotFound("session not found")
+    if client_turn_id and (cfg.turns_per_minute or cfg.daily_token_budget):
+        done = chat_store.find_turn(session_id, client_turn_id)
+        if "assistant" in done and done["user"]["content"] == content:
+            return _replay(done, client_turn_id)  # a retry of an answered turn costs nothing: never limited
     admit(user_id)  # before anything is stored or paid for
     turn_id = client_turn_id or str(uuid.uuid4())
     # The message is stored (and the turn id claimed for it) before any model call: of concurrent senders
