@@ -56,8 +56,9 @@ def db(database_url, monkeypatch):
 
     reset_process_state()
     with connect(database_url) as conn:
-        conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions, engine.user_consolidation,"
-                     " engine.persona_instances, engine.provider_blocks CASCADE")
+        conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions,"
+                     " engine.user_consolidation, engine.persona_instances, engine.provider_blocks,"
+                     " engine.user_usage CASCADE")
         yield conn
     reset_process_state()
 
