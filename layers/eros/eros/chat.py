@@ -157,9 +157,8 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
         session, user_id, turn["user"]["id"], content, turn_id, completion.text,
         {"recalled": recalled, "model": completion.model, "usage": completion.usage, "offline": completion.offline},
         query.vectors[0], query.model,
+        tokens=usage_store.tokens_of(completion.usage) + usage_store.tokens_of(query.usage),
     )
-    usage_store.record(user_id, usage_store.tokens_of(completion.usage) + usage_store.tokens_of(query.usage),
-                       "chat", usage_store.utcnow())
     if stored["replayed"]:  # a concurrent duplicate of this turn finished first
         return _replay(chat_store.find_turn(session_id, turn_id), turn_id)
     metrics.add_metric(name="Turns", unit="Count", value=1)

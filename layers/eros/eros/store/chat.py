@@ -8,6 +8,7 @@ from pgvector import Vector
 from psycopg.types.json import Jsonb
 
 from ..db import connection, transaction
+from . import usage
 
 
 def list_personas() -> list[dict]:
@@ -110,11 +111,13 @@ def claim_turn(session_id: UUID, content: str, client_turn_id: str) -> dict[str,
 
 
 def record_turn(session: dict, user_id: str, user_message_id: int, content: str, client_turn_id: str,
-                reply: str, reply_metadata: dict, embedding: list[float], embed_model: str) -> dict:
-    """One transaction: the reply to the user's message (stored by ``claim_turn``), the session's
-    activity, and the utterance in the relationship layer. Returns both message ids, or ``replayed`` when
-    a concurrent sender of the same message recorded its reply first (keep that one)."""
+                reply: str, reply_metadata: dict, embedding: list[float], embed_model: str, tokens: int = 0) -> dict:
+    """One transaction: the tokens the turn's provider calls cost (paid even if a concurrent sender's
+    reply wins), the reply to the user's message (stored by ``claim_turn``), the session's activity, and
+    the utterance in the relationship layer. Returns both message ids, or ``replayed`` when a concurrent
+    sender of the same message recorded its reply first (keep that one)."""
     with transaction() as conn:
+        usage.record(user_id, tokens, "chat", usage.utcnow(), conn)
         assistant = _insert_message(conn, session["id"], "assistant", reply, client_turn_id, reply_metadata)
         if assistant is None:
             return {"replayed": True}

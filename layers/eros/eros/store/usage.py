@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import psycopg
+
 from ..db import connection
 
 
@@ -63,12 +65,13 @@ def admit_turn(user_id: str, now: datetime, turns_per_minute: int, daily_budget:
     return "rate_limited", window + timedelta(minutes=1)
 
 
-def record(user_id: str, tokens: int, kind: str, now: datetime) -> None:
-    """Add a provider call's tokens to the user's day (``kind``: "chat" or "dream")."""
+def record(user_id: str, tokens: int, kind: str, now: datetime, conn: psycopg.Connection | None = None) -> None:
+    """Add a provider call's tokens to the user's day (``kind``: "chat" or "dream"); ``conn``: inside a
+    transaction the caller holds (the turn's own, so the count costs no commit of its own)."""
     if tokens <= 0:
         return
     column = {"chat": "chat_tokens", "dream": "dream_tokens"}[kind]
-    connection().execute(
+    (conn or connection()).execute(
         f"INSERT INTO engine.user_usage AS u (user_id, day, tokens, {column}) VALUES (%(user)s, %(day)s, %(n)s, %(n)s)"
         f" ON CONFLICT (user_id, day) DO UPDATE SET tokens = u.tokens + EXCLUDED.tokens,"
         f" {column} = u.{column} + EXCLUDED.{column}",
