@@ -93,7 +93,8 @@ def lambda_handler(annotations: Callable[[Any, Any], Annotations]):
             except Exception as error:
                 _safely(lambda: _annotate({"outcome": "error", "error_type": type(error).__name__}))
                 raise
-            _safely(lambda: _annotate(annotations(event, result)))
+            if not tracer.disabled:  # reading the response for annotations is work only a trace wants
+                _safely(lambda: _annotate(annotations(event, result)))
             return result
 
         return tracer.capture_lambda_handler(annotated, capture_response=False, capture_error=False)
