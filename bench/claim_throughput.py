@@ -14,7 +14,7 @@ session returned to two claims; must be 0) and **missing** (a session nobody cla
 Postgres 16 + pgvector is embedded, in its own folder (``/tmp/eros-bench-claim`` by default), and
 left running for re-runs. The backlog (``--sessions`` idle sessions spread over 1,000 users) is
 loaded once with INSERT … SELECT generate_series and reused; between runs the claims are reset
-(``UPDATE … SET classification_claimed_at = NULL``) and the table vacuumed, so each run starts from
+(``UPDATE … SET extraction_claimed_at = NULL``) and the table vacuumed, so each run starts from
 the same state. Results go to stdout and to ``bench/results/claim_throughput.md``; anything below the
 ``<!-- notes -->`` line of that file is hand-written analysis and is kept across runs.
 """
@@ -63,7 +63,7 @@ def start_database(pgdata: str) -> str:
 
 
 def load_backlog(url: str, sessions: int) -> None:
-    """``sessions`` idle, unclassified bench sessions (reused when the count already matches)."""
+    """``sessions`` idle, unextracted bench sessions (reused when the count already matches)."""
     from eros.db import connect
 
     with connect(url, vector=False) as conn:
@@ -92,9 +92,9 @@ def reset_claims(url: str) -> None:
     from eros.db import connect
 
     with connect(url, vector=False) as conn:
-        conn.execute("UPDATE engine.chat_sessions SET classification_claimed_at = NULL, classification_attempts = 0,"
-                     " classified_at = NULL WHERE user_id LIKE %s"
-                     " AND (classification_claimed_at IS NOT NULL OR classified_at IS NOT NULL)",
+        conn.execute("UPDATE engine.chat_sessions SET extraction_claimed_at = NULL, extraction_attempts = 0,"
+                     " extracted_at = NULL WHERE user_id LIKE %s"
+                     " AND (extraction_claimed_at IS NOT NULL OR extracted_at IS NOT NULL)",
                      (USER_PREFIX + "%",))
         conn.execute("VACUUM ANALYZE engine.chat_sessions")
 
@@ -177,7 +177,7 @@ def render(args, results: list[dict], mach: str, pg: str, command: str) -> str:
         f"* **Date:** {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"* **Machine:** {mach}",
         f"* **Database:** embedded PostgreSQL {pg} (pgserver, `{args.pgdata}`), one connection per claimer",
-        f"* **Backlog:** {args.sessions:,} idle unclassified sessions (1,000 users). Each claimer (a process, "
+        f"* **Backlog:** {args.sessions:,} idle unextracted sessions (1,000 users). Each claimer (a process, "
         "like a separate sweeper Lambda, or a thread) calls `eros.store.dreaming.claim` until a claim comes "
         f"back empty; claims are reset and the table vacuumed between runs; {args.repeat} run(s) per row.",
         f"* **Goal:** ≥ {GOAL:,} sessions/s at 16 claimers, 0 duplicates, 0 missing", "",

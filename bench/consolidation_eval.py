@@ -374,8 +374,8 @@ def _backdate_extraction(conn, sid: str, uid: str, at: dt.datetime) -> None:
                  " AND superseded_at > %(done)s", {"done": done, "uid": uid})
     conn.execute("UPDATE engine.companion_memories SET last_confirmed_at = %(done)s WHERE user_id = %(uid)s"
                  " AND last_confirmed_at > %(done)s", {"done": done, "uid": uid})
-    conn.execute("UPDATE engine.chat_sessions SET classified_at = %(done)s WHERE id = %(sid)s"
-                 " AND classified_at IS NOT NULL", {"done": done, "sid": sid})
+    conn.execute("UPDATE engine.chat_sessions SET extracted_at = %(done)s WHERE id = %(sid)s"
+                 " AND extracted_at IS NOT NULL", {"done": done, "sid": sid})
 
 
 def _score_user(arm: Arm, user: dict, uid: str, conn, providers, recall) -> None:

@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             stored = {int(MARKER.search(r["content"]).group(1)): r["n"] for r in conn.execute(
                 "SELECT min(content) AS content, count(*) AS n FROM engine.companion_memories"
                 " WHERE instance_id IS NULL GROUP BY session_id").fetchall()}
-            unstamped = conn.execute("SELECT count(*) AS n FROM engine.chat_sessions WHERE classified_at IS NULL"
+            unstamped = conn.execute("SELECT count(*) AS n FROM engine.chat_sessions WHERE extracted_at IS NULL"
                                      ).fetchone()["n"]
             consolidated = conn.execute(
                 "SELECT count(*) FILTER (WHERE superseded_at IS NOT NULL) AS superseded,"

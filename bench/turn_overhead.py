@@ -263,7 +263,7 @@ def load(url: str, args: argparse.Namespace) -> float:
                 "      (SELECT array_agg(id ORDER BY id) AS ids FROM engine.personas) p",
                 {"prefix": USER_PREFIX, "users": args.users})
             conn.execute(
-                "INSERT INTO engine.chat_sessions (user_id, instance_id, created_at, last_active_at, classified_at)"
+                "INSERT INTO engine.chat_sessions (user_id, instance_id, created_at, last_active_at, extracted_at)"
                 " SELECT user_id, id, now() - interval '3 hours', now() - interval '2 hours', now() - interval '1 hour'"
                 " FROM engine.persona_instances WHERE user_id LIKE 'bench-u%'")
             conn.execute(
@@ -437,7 +437,7 @@ class Stages:
 
     SESSION = {"get_session", "find_turn"}
     PERSIST = {"claim_turn", "record_turn"}
-    SKIP = ("eros.config", "eros.observability", "eros.providers", "eros.db", "eros.secrets", "eros.migrate")
+    SKIP = ("eros.config", "eros.observability", "eros.providers", "eros.db", "eros.credentials", "eros.migrate")
 
     def __init__(self):
         self.current: dict[str, float] = {}

@@ -1,7 +1,7 @@
 """The dreaming claim and the exactly-once extraction, against the real SQL and the real extract handler.
 
 * Concurrent claimers take disjoint sets (FOR UPDATE SKIP LOCKED), every session exactly once.
-* Eligibility: idle, unclassified, unclaimed-or-stale; LIMIT and ORDER BY last_active_at; the cut-offs
+* Eligibility: idle, unextracted, unclaimed-or-stale; LIMIT and ORDER BY last_active_at; the cut-offs
   are values the application computes and binds (a fake ``now`` far from the database clock works).
 * A worker that dies after claiming: the session is re-claimed only after the stale threshold, then
   extracted once.
@@ -60,11 +60,11 @@ def bulk_sessions(db, n: int, *, newest: datetime, step_secs: float = 1.0, user:
     return [r["id"] for r in sorted(rows, key=lambda r: r["last_active_at"])]
 
 
-def session(db, *, last_active: datetime, classified_at=None, claimed_at=None, user: str = "alice"):
+def session(db, *, last_active: datetime, extracted_at=None, claimed_at=None, user: str = "alice"):
     return db.execute(
-        "INSERT INTO engine.chat_sessions (user_id, instance_id, created_at, last_active_at, classified_at,"
-        " classification_claimed_at) VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
-        (user, instance(db, user), last_active - timedelta(minutes=5), last_active, classified_at, claimed_at),
+        "INSERT INTO engine.chat_sessions (user_id, instance_id, created_at, last_active_at, extracted_at,"
+        " extraction_claimed_at) VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
+        (user, instance(db, user), last_active - timedelta(minutes=5), last_active, extracted_at, claimed_at),
     ).fetchone()["id"]
 
 
@@ -130,8 +130,8 @@ def profile_rows(db, sid) -> list[dict]:
 
 
 def session_row(db, sid) -> dict:
-    return db.execute("SELECT classified_at, classification_claimed_at, classification_attempts, classification_retries,"
-                      " classification_started_at, classified_through_message_id FROM engine.chat_sessions"
+    return db.execute("SELECT extracted_at, extraction_claimed_at, extraction_attempts, extraction_retries,"
+                      " extraction_started_at, extraction_watermark FROM engine.chat_sessions"
                       " WHERE id = %s", (sid,)).fetchone()
 
 
@@ -191,8 +191,8 @@ def test_16_concurrent_claimers_take_5000_sessions_exactly_once(db):
     assert sum(1 for got in per_worker if got) >= 2, "the claimers did not actually run concurrently"
     # The database agrees: every session was claimed by exactly one claim statement, and taking a claim
     # counts nothing against the session (only a failure does: issue 8 item 3).
-    counts = db.execute("SELECT classification_attempts AS attempts, classification_retries AS retries,"
-                        " count(*) AS n, count(classification_claimed_at) AS stamped FROM engine.chat_sessions"
+    counts = db.execute("SELECT extraction_attempts AS attempts, extraction_retries AS retries,"
+                        " count(*) AS n, count(extraction_claimed_at) AS stamped FROM engine.chat_sessions"
                         " GROUP BY 1, 2").fetchall()
     assert counts == [{"attempts": 0, "retries": 0, "n": 5000, "stamped": 5000}]
 
@@ -221,13 +221,13 @@ def test_claim_honours_limit_order_and_returns_the_claim_token(db):
     assert {r["id"] for r in second} == set(ids[3:6])
     for row in first + second:
         stored = session_row(db, row["id"])
-        assert row["claim_token"] == stored["classification_claimed_at"]
-        assert stored["classification_attempts"] == 0  # a claim is not a failure
+        assert row["claim_token"] == stored["extraction_claimed_at"]
+        assert stored["extraction_attempts"] == 0  # a claim is not a failure
         assert row["user_id"] == "alice" and row["instance_id"] is not None
-    assert all(session_row(db, sid)["classification_claimed_at"] is None for sid in ids[6:])
+    assert all(session_row(db, sid)["extraction_claimed_at"] is None for sid in ids[6:])
 
 
-def test_only_idle_unclassified_unclaimed_or_stale_sessions_are_claimed_with_python_cutoffs(db):
+def test_only_idle_unextracted_unclaimed_or_stale_sessions_are_claimed_with_python_cutoffs(db):
     # A clock decades behind the database's: cut-offs taken from the database's now() would claim
     # the not-yet-idle sessions and the fresh claim too; only cut-offs computed from the given `now`
     # and bound leave them alone. (A clock *ahead* would make every claim this sweep stamps look stale
@@ -239,9 +239,9 @@ def test_only_idle_unclassified_unclaimed_or_stale_sessions_are_claimed_with_pyt
     idle_recent = session(db, last_active=t - IDLE - timedelta(seconds=1))
     not_idle = session(db, last_active=t - timedelta(minutes=10))
     exactly_idle = session(db, last_active=t - IDLE)  # the cut-off is strict
-    classified = session(db, last_active=t - timedelta(hours=4), classified_at=t - timedelta(hours=1))
+    extracted = session(db, last_active=t - timedelta(hours=4), extracted_at=t - timedelta(hours=1))
     fresh_claim = session(db, last_active=t - timedelta(hours=5), claimed_at=t - timedelta(minutes=5))
-    stale_but_classified = session(db, last_active=t - timedelta(hours=6), classified_at=t - timedelta(hours=2),
+    stale_but_extracted = session(db, last_active=t - timedelta(hours=6), extracted_at=t - timedelta(hours=2),
                                    claimed_at=t - timedelta(hours=3))
 
     cfg = Settings.from_env(dreaming_batch_size=3)
@@ -251,11 +251,11 @@ def test_only_idle_unclassified_unclaimed_or_stale_sessions_are_claimed_with_pyt
     # Batch one is the three oldest eligible sessions, batch two the rest.
     assert {p["session_id"] for p in sent[:3]} == {str(s) for s in (oldest, stale_claim, idle)}
     assert [p["session_id"] for p in sent[3:]] == [str(idle_recent)]
-    for sid in (not_idle, exactly_idle, classified, fresh_claim, stale_but_classified):
+    for sid in (not_idle, exactly_idle, extracted, fresh_claim, stale_but_extracted):
         assert str(sid) not in {p["session_id"] for p in sent}
     # The untouched sessions kept their state.
-    assert session_row(db, fresh_claim)["classification_claimed_at"] == t - timedelta(minutes=5)
-    assert session_row(db, not_idle)["classification_attempts"] == 0
+    assert session_row(db, fresh_claim)["extraction_claimed_at"] == t - timedelta(minutes=5)
+    assert session_row(db, not_idle)["extraction_attempts"] == 0
 
 
 # --- a worker that dies after claiming ----------------------------------------------------------
@@ -269,7 +269,7 @@ def test_dead_worker_claim_is_retaken_only_after_the_stale_threshold_then_extrac
     lost = sweep_once(cfg, utcnow())  # the worker dies: its payload is never extracted
     assert [p["session_id"] for p in lost] == [str(sid)]
     claimed_at = token(lost[0])
-    assert session_row(db, sid)["classification_claimed_at"] == claimed_at
+    assert session_row(db, sid)["extraction_claimed_at"] == claimed_at
 
     assert sweep_once(cfg, claimed_at + STALE - timedelta(seconds=1)) == []  # not stale yet
     assert claim_at(claimed_at + STALE) == []  # exactly at the threshold: still held
@@ -277,7 +277,7 @@ def test_dead_worker_claim_is_retaken_only_after_the_stale_threshold_then_extrac
     assert [p["session_id"] for p in retaken] == [str(sid)]
     assert token(retaken[0]) > claimed_at
     # No worker ever started the lost claim: our backlog, the world's fault -- a retry, not an attempt.
-    assert (session_row(db, sid)["classification_attempts"], session_row(db, sid)["classification_retries"]) == (0, 1)
+    assert (session_row(db, sid)["extraction_attempts"], session_row(db, sid)["extraction_retries"]) == (0, 1)
 
     assert run_extract(retaken[0])["outcome"] == "extracted"
     assert run_extract(lost[0])["outcome"] == "not-claimed"  # the dead worker's event, delivered late
@@ -288,8 +288,8 @@ def test_dead_worker_claim_is_retaken_only_after_the_stale_threshold_then_extrac
         ("Likes mocha [retaken]", "fact")]
     assert (llm.calls, voyage.calls) == (1, 1)
     state = session_row(db, sid)
-    assert state["classified_at"] is not None and state["classification_claimed_at"] is None
-    assert state["classified_through_message_id"] is not None
+    assert state["extracted_at"] is not None and state["extraction_claimed_at"] is None
+    assert state["extraction_watermark"] is not None
     assert sweep_once(cfg, utcnow() + timedelta(days=1)) == []  # done: never claimed again
 
 
@@ -332,7 +332,7 @@ def test_same_event_delivered_twice_concurrently_writes_one_set_and_pays_one_cal
     assert len(rows) == 3
     assert len({r["content"].rsplit("[", 1)[1] for r in rows}) == 1  # all from one writer
     state = session_row(db, sid)
-    assert state["classified_at"] is not None and state["classification_claimed_at"] is None
+    assert state["extracted_at"] is not None and state["extraction_claimed_at"] is None
 
 
 @pytest.mark.parametrize("stale_finishes", ["after the re-claimer", "while the re-claimer is in flight"])
@@ -360,7 +360,7 @@ def test_stale_worker_finishing_after_a_reclaim_writes_nothing(db, providers, st
                 gate.open(0)
                 assert stale.result()["outcome"] == "lost-claim"
                 assert profile_rows(db, sid) == []  # the stale worker wrote nothing
-                assert session_row(db, sid)["classification_claimed_at"] == token(new)  # nor the live claim
+                assert session_row(db, sid)["extraction_claimed_at"] == token(new)  # nor the live claim
                 gate.open(1)
                 assert reclaimer.result()["outcome"] == "extracted"
         finally:
@@ -370,7 +370,7 @@ def test_stale_worker_finishing_after_a_reclaim_writes_nothing(db, providers, st
     assert len(rows) == 3 and all(r["content"].endswith("[reclaimer]") for r in rows)
     assert llm.calls == 2 and voyage.calls == 2  # both paid; only one wrote
     state = session_row(db, sid)
-    assert state["classified_at"] is not None and state["classification_claimed_at"] is None
+    assert state["extracted_at"] is not None and state["extraction_claimed_at"] is None
 
 
 # --- every outcome says what happened (issue 8 item 5) ------------------------------------------
@@ -384,10 +384,10 @@ def test_a_delivery_whose_claim_was_taken_over_before_its_write_reports_lost_cla
     env(DREAMING_MAX_ATTEMPTS=2)
     sid = chat_session(db, last_active=utcnow() - timedelta(hours=1))
     if path == "nothing new":
-        db.execute("UPDATE engine.chat_sessions SET classified_through_message_id ="
+        db.execute("UPDATE engine.chat_sessions SET extraction_watermark ="
                    " (SELECT max(id) FROM engine.chat_messages WHERE session_id = %s) WHERE id = %s", (sid, sid))
     if path == "own attempts exhausted":
-        db.execute("UPDATE engine.chat_sessions SET classification_attempts = 2 WHERE id = %s", (sid,))
+        db.execute("UPDATE engine.chat_sessions SET extraction_attempts = 2 WHERE id = %s", (sid,))
     if path == "provider failure":
         from fakes import Status
 
@@ -407,8 +407,8 @@ def test_a_delivery_whose_claim_was_taken_over_before_its_write_reports_lost_cla
     assert result["outcome"] == "lost-claim"
     assert [p["session_id"] for p in taken_over] == [str(sid)]
     state = session_row(db, sid)
-    assert state["classification_claimed_at"] == token(taken_over[0]) and state["classified_at"] is None
-    assert state["classification_started_at"] is None  # the new claim's worker has not started yet
+    assert state["extraction_claimed_at"] == token(taken_over[0]) and state["extracted_at"] is None
+    assert state["extraction_started_at"] is None  # the new claim's worker has not started yet
     assert profile_rows(db, sid) == []
 
 
@@ -423,7 +423,7 @@ def test_nothing_unparsable_and_a_crash_are_reported_as_such(db, providers, monk
     unparsable = chat_session(db, last_active=utcnow() - timedelta(hours=2))
     llm.responder = lambda request: "I'd rather not say."
     [payload] = sweep_once(cfg, utcnow())
-    assert (run_extract(payload)["outcome"], session_row(db, unparsable)["classified_at"] is not None) == (
+    assert (run_extract(payload)["outcome"], session_row(db, unparsable)["extracted_at"] is not None) == (
         "unparsable", True)
 
     crashing = chat_session(db, last_active=utcnow() - timedelta(hours=1))
@@ -436,10 +436,10 @@ def test_nothing_unparsable_and_a_crash_are_reported_as_such(db, providers, monk
     monkeypatch.setattr(dreaming.extraction, "plan", broken)
     with pytest.raises(RuntimeError):  # a crash is seen (Lambda's error metric), after being counted
         run_extract(payload)
-    state = db.execute("SELECT classification_attempts AS attempts, classification_retries AS retries,"
-                       " classification_claimed_at, classification_next_attempt_at, classification_error"
+    state = db.execute("SELECT extraction_attempts AS attempts, extraction_retries AS retries,"
+                       " extraction_claimed_at, extraction_next_attempt_at, extraction_error"
                        " FROM engine.chat_sessions WHERE id = %s", (crashing,)).fetchone()
-    assert (state["attempts"], state["retries"], state["classification_claimed_at"]) == (1, 0, None)
-    assert state["classification_next_attempt_at"] is not None and state["classification_error"] == "RuntimeError"
+    assert (state["attempts"], state["retries"], state["extraction_claimed_at"]) == (1, 0, None)
+    assert state["extraction_next_attempt_at"] is not None and state["extraction_error"] == "RuntimeError"
     assert run_extract(payload)["outcome"] == "not-claimed"  # Lambda's retry of the crashed event: no cost
-    assert session_row(db, nothing)["classified_at"] is not None
+    assert session_row(db, nothing)["extracted_at"] is not None

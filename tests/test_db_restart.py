@@ -220,9 +220,9 @@ def test_an_extraction_whose_database_stops_fails_unstamped_and_the_next_sweep_e
     own_pg.start()
     fake_llm.responder = lambda body: ANSWER
     with own_pg.connect() as conn:
-        row = conn.execute("SELECT classified_at, classification_gave_up AS gave_up FROM engine.chat_sessions"
+        row = conn.execute("SELECT extracted_at, extraction_gave_up AS gave_up FROM engine.chat_sessions"
                            " WHERE id = %s", (sid,)).fetchone()
-        assert row["classified_at"] is None and not row["gave_up"], row
+        assert row["extracted_at"] is None and not row["gave_up"], row
         assert conn.execute("SELECT count(*) AS n FROM engine.companion_memories").fetchone()["n"] == 0
 
     now[0] += timedelta(seconds=120)  # the dead delivery's claim goes stale
@@ -231,9 +231,9 @@ def test_an_extraction_whose_database_stops_fails_unstamped_and_the_next_sweep_e
     outcome = extract.lambda_handler(dict(sent[0]), LambdaContext("extract", timeout_secs=120))
     assert outcome["outcome"] == "extracted", outcome
     with own_pg.connect() as conn:
-        row = conn.execute("SELECT classified_at, classification_gave_up AS gave_up FROM engine.chat_sessions"
+        row = conn.execute("SELECT extracted_at, extraction_gave_up AS gave_up FROM engine.chat_sessions"
                            " WHERE id = %s", (sid,)).fetchone()
-        assert row["classified_at"] is not None and not row["gave_up"], row
+        assert row["extracted_at"] is not None and not row["gave_up"], row
         contents = sorted(r["content"] for r in conn.execute(
             "SELECT content FROM engine.companion_memories WHERE session_id = %s", (sid,)).fetchall())
         assert contents == ["Has a cat named Miso", "Likes mocha"], contents

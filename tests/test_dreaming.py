@@ -96,7 +96,7 @@ def test_two_turns_silence_then_categorised_profile_rows_recalled_next_turn(onli
     memories = client.get("/v1/memories?layer=profile").json()["memories"]
     assert sorted((m["category"], m["content"]) for m in memories) == [
         ("fact", "Lives in Shanghai"), ("preference", "Likes mocha"), ("relation", "Her mother pushes her to marry")]
-    assert session_row(db, sid)["classified_at"] is not None
+    assert session_row(db, sid)["extracted_at"] is not None
     # The document embeddings came in one batch.
     batches = [r["json"] for r in fake_voyage.requests if r["json"]["input_type"] == "document"]
     assert len(batches) == 1 and len(batches[0]["input"]) == 3
@@ -110,7 +110,7 @@ def test_two_turns_silence_then_categorised_profile_rows_recalled_next_turn(onli
     system = chat_requests(fake_llm)[-1]["messages"][0]["content"]
     assert "[fact]\n- Lives in Shanghai" in system
     assert "[relation]\n- Her mother pushes her to marry" in system
-    assert sweep_now()["claimed"] == 0  # classified: not claimed again
+    assert sweep_now()["claimed"] == 0  # extracted: not claimed again
 
 
 def test_offline_extractor_makes_categorised_rows_with_no_keys(db):
@@ -142,8 +142,8 @@ def test_poison_pills_are_stamped_with_a_reason_and_never_loop(online, db, answe
     answer_extraction_with(fake_llm, answer)
     sid = chat_then_dream(db, "hello")
     row = session_row(db, sid)
-    assert row["classified_at"] is not None and row["classification_claimed_at"] is None
-    assert row["classification_error"]  # why it produced nothing
+    assert row["extracted_at"] is not None and row["extraction_claimed_at"] is None
+    assert row["extraction_error"]  # why it produced nothing
     assert profile_rows(db) == []
     assert sweep_now()["claimed"] == 0  # no loop
     assert len(extraction_requests(fake_llm)) == 1
@@ -157,7 +157,7 @@ def test_fifty_candidates_keep_the_ten_most_important(online, db):
     sid = chat_then_dream(db, "lots to say")
     rows = profile_rows(db)
     assert sorted(r["content"] for r in rows) == sorted(f"memory number {i}" for i in range(40, 50))
-    assert session_row(db, sid)["classified_at"] is not None and sweep_now()["claimed"] == 0
+    assert session_row(db, sid)["extracted_at"] is not None and sweep_now()["claimed"] == 0
 
 
 def test_categories_in_other_languages_collapse_to_fact(online, db):
@@ -199,12 +199,12 @@ def test_provider_outage_is_backed_off_not_stamped_not_counted_then_extracted(on
     result = load_function("extract").lambda_handler(payload, LambdaContext("extract"))
     assert (result["outcome"], result["fault"]) == ("retry-later", "world")
     row = session_row(db, sid)
-    assert row["classified_at"] is None and row["classification_claimed_at"] is None
-    assert (row["classification_attempts"], row["classification_retries"]) == (0, 1)
-    assert row["classification_error"].startswith("Provider") and "fake provider error" not in row["classification_error"]
-    retry_at = row["classification_next_attempt_at"]
+    assert row["extracted_at"] is None and row["extraction_claimed_at"] is None
+    assert (row["extraction_attempts"], row["extraction_retries"]) == (0, 1)
+    assert row["extraction_error"].startswith("Provider") and "fake provider error" not in row["extraction_error"]
+    retry_at = row["extraction_next_attempt_at"]
     assert retry_at.isoformat() == result["retry_at"]
-    assert 30 <= (retry_at - row["classification_retrying_since"]).total_seconds() <= 60  # base 60 s, jittered
+    assert 30 <= (retry_at - row["extraction_retrying_since"]).total_seconds() <= 60  # base 60 s, jittered
     assert profile_rows(db) == []
     # Lambda's async retry of the same event costs nothing: the claim is no longer its.
     assert load_function("extract").lambda_handler(payload, LambdaContext("extract"))["outcome"] == "not-claimed"
@@ -214,8 +214,8 @@ def test_provider_outage_is_backed_off_not_stamped_not_counted_then_extracted(on
     result = load_function("extract").lambda_handler(sent[0], LambdaContext("extract"))
     assert result["outcome"] == "extracted" and len(profile_rows(db)) == 3
     row = session_row(db, sid)
-    assert row["classification_error"] is None and row["classification_retries"] == 0
-    assert row["classification_next_attempt_at"] is None and row["classification_retrying_since"] is None
+    assert row["extraction_error"] is None and row["extraction_retries"] == 0
+    assert row["extraction_next_attempt_at"] is None and row["extraction_retrying_since"] is None
 
 
 def test_embedding_outage_writes_nothing(online, db):
@@ -226,8 +226,8 @@ def test_embedding_outage_writes_nothing(online, db):
     result = dreaming.extract_session(settings(), session_row(db, sid)["id"],
                                       datetime.fromisoformat(payload["claim_token"]))
     assert (result.outcome, result.fault, result.llm_calls) == ("retry-later", "world", 1)
-    assert profile_rows(db) == [] and session_row(db, sid)["classified_at"] is None
-    assert "from the embedder" in session_row(db, sid)["classification_error"]
+    assert profile_rows(db) == [] and session_row(db, sid)["extracted_at"] is None
+    assert "from the embedder" in session_row(db, sid)["extraction_error"]
 
 
 def test_the_sessions_own_failures_are_counted_and_capped_the_worlds_are_not(online, db, env):
@@ -248,17 +248,17 @@ def test_the_sessions_own_failures_are_counted_and_capped_the_worlds_are_not(onl
         result = dreaming.extract_session(settings(), sid, datetime.fromisoformat(sent[0]["claim_token"]), now=clock)
         assert result.outcome == "retry-later"
         row = session_row(db, sid)
-        assert (row["classification_attempts"], row["classification_retries"]) == (attempts, retries)
-        assert row["classified_at"] is None and f"HTTP {failure.code}" in row["classification_error"]
-        clock = row["classification_next_attempt_at"]
+        assert (row["extraction_attempts"], row["extraction_retries"]) == (attempts, retries)
+        assert row["extracted_at"] is None and f"HTTP {failure.code}" in row["extraction_error"]
+        clock = row["extraction_next_attempt_at"]
     fake_llm.push(Status(400))
     sent = []
     dreaming.sweep(settings(), sent.append, now=lambda: clock)
     result = dreaming.extract_session(settings(), sid, datetime.fromisoformat(sent[0]["claim_token"]), now=clock)
     assert (result.outcome, result.fault) == ("gave-up", "own")
     row = session_row(db, sid)
-    assert row["classified_at"] is not None and row["classification_gave_up"] == "attempts"
-    assert "gave up after 2 attempts" in row["classification_error"]
+    assert row["extracted_at"] is not None and row["extraction_gave_up"] == "attempts"
+    assert "gave up after 2 attempts" in row["extraction_error"]
     assert dreaming.sweep(settings(), sent.append, now=lambda: clock + timedelta(days=2)).claimed == 0
     assert profile_rows(db) == []
 
@@ -277,7 +277,7 @@ def test_resumed_session_extracts_only_new_turns_with_marked_context(online, db)
                                                      "importance": 0.8}]) if body.get("response_format")
                                        else "fake reply")
     status, _ = api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "Big news: I moved to Tokyo"})
-    assert status == 200 and session_row(db, sid)["classified_at"] is None  # eligible again
+    assert status == 200 and session_row(db, sid)["extracted_at"] is None  # eligible again
     go_idle(db)
     assert sweep_now()["invoked"] == 1
     second = extraction_requests(fake_llm)[-1]["messages"][-1]["content"]
@@ -304,8 +304,8 @@ def test_turn_arriving_during_extraction_keeps_the_session_eligible(online, db):
     token = datetime.fromisoformat(payload["claim_token"])
     assert dreaming.extract_session(settings(), session_row(db, sid)["id"], token).outcome == "extracted"
     row = session_row(db, sid)
-    assert row["classified_at"] is None  # the new turn is not lost: next sweep takes it
-    assert row["classification_claimed_at"] is None
+    assert row["extracted_at"] is None  # the new turn is not lost: next sweep takes it
+    assert row["extraction_claimed_at"] is None
 
 
 def test_long_transcript_is_windowed_not_truncated(online, db, monkeypatch):
@@ -320,13 +320,13 @@ def test_long_transcript_is_windowed_not_truncated(online, db, monkeypatch):
     sweep_now()
     first = extraction_requests(fake_llm)
     assert len(first) == 2  # two windows in this invocation
-    assert session_row(db, sid)["classified_at"] is None  # more to read: still eligible
+    assert session_row(db, sid)["extracted_at"] is None  # more to read: still eligible
     while sweep_now()["claimed"]:
         pass
     seen = "".join(r["messages"][-1]["content"].split("<session>")[-1] for r in extraction_requests(fake_llm))
     for i in range(6):
         assert f"turn {i}:" in seen
-    assert session_row(db, sid)["classified_at"] is not None
+    assert session_row(db, sid)["extracted_at"] is not None
 
 
 # --- the parse ------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ def seed_session_of_the_sample_events(db) -> dict:
     sample = event("extract_session.json")
     db.execute("INSERT INTO engine.persona_instances (id, user_id, persona_id) VALUES (%s, %s, 'luna')",
                (sample["instance_id"], sample["user_id"]))
-    db.execute("INSERT INTO engine.chat_sessions (id, user_id, instance_id, last_active_at, classification_claimed_at)"
+    db.execute("INSERT INTO engine.chat_sessions (id, user_id, instance_id, last_active_at, extraction_claimed_at)"
                " VALUES (%s, %s, %s, now() - interval '2 hours', %s)",
                (sample["session_id"], sample["user_id"], sample["instance_id"],
                 datetime.fromisoformat(sample["claim_token"])))
@@ -111,7 +111,7 @@ def test_malformed_extract_events_raise_for_the_dead_letter_queue(db, bad):
 def test_sweeper_schedule_event_sweeps_in_process(db, monkeypatch, env):
     env(EXTRACT_FUNCTION_NAME="eros-extract")
     sample = seed_session_of_the_sample_events(db)
-    db.execute("UPDATE engine.chat_sessions SET classification_claimed_at = NULL")
+    db.execute("UPDATE engine.chat_sessions SET extraction_claimed_at = NULL")
     sent = []
     sweeper = load_function("sweeper")
     monkeypatch.setattr(sweeper, "_invoker", lambda payload: sent.append(payload))

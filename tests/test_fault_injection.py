@@ -119,9 +119,9 @@ def tick(clock: Clock, run=True) -> tuple[dreaming.SweepResult, list[dict]]:
 
 
 def state(db, ids) -> list[dict]:
-    return db.execute("SELECT id, classified_at, classification_claimed_at, classification_attempts AS attempts,"
-                      " classification_retries AS retries, classification_gave_up AS gave_up,"
-                      " classification_error AS error, classification_next_attempt_at AS next_at"
+    return db.execute("SELECT id, extracted_at, extraction_claimed_at, extraction_attempts AS attempts,"
+                      " extraction_retries AS retries, extraction_gave_up AS gave_up,"
+                      " extraction_error AS error, extraction_next_attempt_at AS next_at"
                       " FROM engine.chat_sessions WHERE id = ANY(%s) ORDER BY id", (list(ids),)).fetchall()
 
 
@@ -145,7 +145,7 @@ def test_provider_down_for_hours_then_back_every_session_extracted_none_given_up
     while clock.now < end:
         tick(clock)
         clock.advance()
-        assert all(s["classified_at"] is None for s in state(db, ids)), "a session was given up during the outage"
+        assert all(s["extracted_at"] is None for s in state(db, ids)), "a session was given up during the outage"
     during = state(db, ids)
     assert all(s["attempts"] == 0 for s in during)  # never held against the sessions
     assert all(s["retries"] > 5 for s in during)  # tried more often than the old attempts cap allowed ...
@@ -158,7 +158,7 @@ def test_provider_down_for_hours_then_back_every_session_extracted_none_given_up
         tick(clock)
         clock.advance()
     after = state(db, ids)
-    assert all(s["classified_at"] is not None and s["gave_up"] is None and s["error"] is None for s in after)
+    assert all(s["extracted_at"] is not None and s["gave_up"] is None and s["error"] is None for s in after)
     assert all(memories(db, sid) == ["Has a cat named Miso", "Is under heavy work pressure", "Likes mocha"]
                for sid in ids)
     assert extraction_calls(fake_llm) == calls_during + 3  # one successful call per session, nothing more
@@ -174,7 +174,7 @@ def test_an_outage_longer_than_the_retry_window_is_stamped_loudly_and_can_be_red
         outcomes += tick(clock)[1]
         clock.advance()
     given_up = state(db, ids)
-    assert all(s["classified_at"] is not None and s["gave_up"] == "retry-window" for s in given_up)
+    assert all(s["extracted_at"] is not None and s["gave_up"] == "retry-window" for s in given_up)
     assert all("gave up after" in s["error"] and "HTTP 500" in s["error"] for s in given_up)
     assert all(s["retries"] == 0 and s["next_at"] is None for s in given_up)  # a resumed session starts afresh
     assert [(o["outcome"], o["fault"]) for o in outcomes if o["outcome"] == "gave-up"] == [("gave-up", "world")] * 2
@@ -187,7 +187,7 @@ def test_an_outage_longer_than_the_retry_window_is_stamped_loudly_and_can_be_red
     stack.down = False
     assert sorted(dreaming.redrive()) == sorted(ids)  # once the provider is back
     tick(clock)
-    assert all(s["classified_at"] is not None and s["gave_up"] is None for s in state(db, ids))
+    assert all(s["extracted_at"] is not None and s["gave_up"] is None for s in state(db, ids))
     assert all(len(memories(db, sid)) == 3 for sid in ids)
 
 
@@ -200,7 +200,7 @@ def test_a_sweeper_that_died_after_claiming_loses_nothing_and_counts_nothing(db,
     clock.advance(timedelta(seconds=31))  # past the 60 s stale threshold
     result, outcomes = tick(clock)
     assert result.claimed == 4 and [o["outcome"] for o in outcomes] == ["extracted"] * 4
-    assert all(s["attempts"] == 0 and s["classified_at"] is not None for s in state(db, ids))
+    assert all(s["attempts"] == 0 and s["extracted_at"] is not None for s in state(db, ids))
     assert all(len(memories(db, sid)) == 3 for sid in ids) and extraction_calls(fake_llm) == 4
 
 
@@ -285,7 +285,7 @@ def test_a_worker_killed_mid_extraction_loses_nothing_and_duplicates_nothing(db,
         if worker.poll() is None:
             worker.kill()
     held = state(db, [sid])[0]
-    assert held["classified_at"] is None and held["classification_claimed_at"] is not None
+    assert held["extracted_at"] is None and held["extraction_claimed_at"] is not None
     assert extract(sent[0])["outcome"] == "duplicate"  # Lambda's retry of the event: the dead worker's lease
     assert extraction_calls(fake_llm) == 1
 
@@ -294,7 +294,7 @@ def test_a_worker_killed_mid_extraction_loses_nothing_and_duplicates_nothing(db,
     result, outcomes = tick(clock)
     assert result.claimed == 1 and [o["outcome"] for o in outcomes] == ["extracted"]
     done = state(db, [sid])[0]
-    assert done["classified_at"] is not None and done["attempts"] == 0  # reset by the success
+    assert done["extracted_at"] is not None and done["attempts"] == 0  # reset by the success
     assert memories(db, sid) == ["Has a cat named Miso", "Is under heavy work pressure", "Likes mocha"]
     assert (extraction_calls(fake_llm), fake_voyage.calls) == (2, 1)
 
@@ -339,7 +339,7 @@ def test_a_sweeper_killed_mid_sweep_loses_nothing_and_duplicates_nothing(db, sta
         if sweeper.poll() is None:
             sweeper.kill()
     accepted = [json.loads(line) for line in record.read_text().splitlines()]
-    assert len(accepted) == 2 and all(s["classification_claimed_at"] is not None for s in state(db, ids))
+    assert len(accepted) == 2 and all(s["extraction_claimed_at"] is not None for s in state(db, ids))
     for payload in accepted:  # Lambda runs the two invokes it had accepted
         assert extract(payload)["outcome"] == "extracted"
 
@@ -349,7 +349,7 @@ def test_a_sweeper_killed_mid_sweep_loses_nothing_and_duplicates_nothing(db, sta
     assert result.claimed == 3 and [o["outcome"] for o in outcomes] == ["extracted"] * 3
     clock.advance()
     assert tick(clock)[0].claimed == 0
-    assert all(s["classified_at"] is not None and s["attempts"] == 0 for s in state(db, ids))
+    assert all(s["extracted_at"] is not None and s["attempts"] == 0 for s in state(db, ids))
     assert all(len(memories(db, sid)) == 3 for sid in ids)
     assert extraction_calls(fake_llm) == 5  # one model call per session: nothing duplicated
 
@@ -362,8 +362,8 @@ def test_a_bad_key_counts_nothing_holds_dreaming_says_so_in_health_and_resumes_w
         ids = sessions(db, 3)
         _, outcomes = tick(clock)
         assert [(o["outcome"], o["fault"]) for o in outcomes] == [("blocked", "configuration")] * 3
-        assert all(s["attempts"] == 0 and s["retries"] == 0 and s["classified_at"] is None
-                   and s["classification_claimed_at"] is None for s in state(db, ids))
+        assert all(s["attempts"] == 0 and s["retries"] == 0 and s["extracted_at"] is None
+                   and s["extraction_claimed_at"] is None for s in state(db, ids))
 
         report = health.report()
         assert report["status"] == "degraded" and report["dreaming"]["status"] == "held"
@@ -378,12 +378,12 @@ def test_a_bad_key_counts_nothing_holds_dreaming_says_so_in_health_and_resumes_w
             clock.advance()
             tick(clock)
         assert llm.calls - calls <= 3
-        assert all(s["attempts"] == 0 and s["retries"] == 0 and s["classified_at"] is None for s in state(db, ids))
+        assert all(s["attempts"] == 0 and s["retries"] == 0 and s["extracted_at"] is None for s in state(db, ids))
 
         env(OPENROUTER_API_KEY="the-right-key")  # the configuration is fixed
         for _ in range(4):  # the next probe gets through, and the sweep after it takes the rest
             clock.advance()
             tick(clock)
-        assert all(s["classified_at"] is not None and s["attempts"] == 0 for s in state(db, ids))
+        assert all(s["extracted_at"] is not None and s["attempts"] == 0 for s in state(db, ids))
         assert all(len(memories(db, sid)) == 3 for sid in ids)
         assert health.report()["dreaming"] == {"status": "ok"}

@@ -103,7 +103,7 @@ def test_concurrent_invocations_keep_their_own_log_keys_and_metrics(db, local_se
 
     result = sweep_locally(workers=SESSIONS)
     assert (result["claimed"], result["invoked"]) == (SESSIONS, SESSIONS)
-    assert db.execute("SELECT count(*) AS n FROM engine.chat_sessions WHERE classified_at IS NOT NULL"
+    assert db.execute("SELECT count(*) AS n FROM engine.chat_sessions WHERE extracted_at IS NOT NULL"
                       ).fetchone()["n"] == SESSIONS
 
     # Metrics: one document per invocation, each with its own values only.

@@ -171,7 +171,7 @@ def test_extraction_usage_is_recorded_per_user_per_day(online, db):
     go_idle(db)
     assert sweep_locally()["invoked"] == 1
     row = usage_row(db, "alice", NOON.date())
-    assert db.execute("SELECT classified_at FROM engine.chat_sessions WHERE id = %s", (sid,)).fetchone()["classified_at"]
+    assert db.execute("SELECT extracted_at FROM engine.chat_sessions WHERE id = %s", (sid,)).fetchone()["extracted_at"]
     assert row["dream_tokens"] > 0  # the extraction call and the new row's embedding
     assert row["tokens"] == chat_tokens + row["dream_tokens"]
 
@@ -191,16 +191,16 @@ def test_a_user_over_budget_is_deferred_not_lost_and_extracted_after_the_reset(o
     assert extractions() == 1  # bob's only: alice's session waits without a provider call
     row = db.execute("SELECT * FROM engine.chat_sessions WHERE id = %s", (sid,)).fetchone()
     midnight = datetime(2026, 3, 15, tzinfo=timezone.utc)
-    assert row["classified_at"] is None and row["classification_claimed_at"] is None
-    assert row["classification_next_attempt_at"] == midnight
-    assert (row["classification_attempts"], row["classification_retries"], row["classification_gave_up"]) == (0, 0, None)
+    assert row["extracted_at"] is None and row["extraction_claimed_at"] is None
+    assert row["extraction_next_attempt_at"] == midnight
+    assert (row["extraction_attempts"], row["extraction_retries"], row["extraction_gave_up"]) == (0, 0, None)
 
     clock.moment = midnight - timedelta(seconds=1)
     assert sweep_locally()["claimed"] == 0  # still today: not claimed again
     clock.moment = midnight + timedelta(minutes=5)
     assert sweep_locally()["invoked"] == 1
     row = db.execute("SELECT * FROM engine.chat_sessions WHERE id = %s", (sid,)).fetchone()
-    assert row["classified_at"] is not None and row["classification_error"] is None
+    assert row["extracted_at"] is not None and row["extraction_error"] is None
     assert extractions() == 2
     assert usage_row(db, "alice", midnight.date())["dream_tokens"] > 0
 

@@ -71,8 +71,8 @@ def add_transcript(db, sid) -> None:
 
 
 def claims(db) -> dict:
-    """session id -> (classification_claimed_at, classification_attempts)."""
-    rows = db.execute("SELECT id, classification_claimed_at AS claimed, classification_attempts AS attempts"
+    """session id -> (extraction_claimed_at, extraction_attempts)."""
+    rows = db.execute("SELECT id, extraction_claimed_at AS claimed, extraction_attempts AS attempts"
                       " FROM engine.chat_sessions").fetchall()
     return {r["id"]: (r["claimed"], r["attempts"]) for r in rows}
 
@@ -203,14 +203,14 @@ def test_scheduled_tick_invokes_extract_once_per_claimed_session_and_extract_acc
     payloads = aws.received
     assert sorted(p["session_id"] for p in payloads) == sorted(str(s) for s in sessions)
     stored = {str(r["id"]): r for r in db.execute(
-        "SELECT id, user_id, instance_id, classification_claimed_at FROM engine.chat_sessions").fetchall()}
+        "SELECT id, user_id, instance_id, extraction_claimed_at FROM engine.chat_sessions").fetchall()}
     for payload in payloads:
         assert set(payload) == PAYLOAD_KEYS
         row = stored[payload["session_id"]]
         assert payload["user_id"] == row["user_id"]
         assert payload["instance_id"] == str(row["instance_id"])
-        assert datetime.fromisoformat(payload["claim_token"]) == row["classification_claimed_at"]
-    assert stored[str(busy)]["classification_claimed_at"] is None
+        assert datetime.fromisoformat(payload["claim_token"]) == row["extraction_claimed_at"]
+    assert stored[str(busy)]["extraction_claimed_at"] is None
 
     # What moto's Lambda received is what the extract function runs on: each one extracts once.
     assert [extract(p)["outcome"] for p in payloads] == ["extracted"] * 5
@@ -315,7 +315,7 @@ def test_a_tick_claims_no_more_than_the_extract_function_can_start_before_claims
     assert {p["session_id"] for p in aws.received} == {str(s) for s in sessions[:20]}  # the longest idle first
     second = tick(budget=True)  # nothing finished meanwhile: no room
     assert (second["claimed"], second["budget"], second["in_flight"]) == (0, 0, 20)
-    db.execute("UPDATE engine.chat_sessions SET classification_claimed_at = NULL, classified_at = now()"
+    db.execute("UPDATE engine.chat_sessions SET extraction_claimed_at = NULL, extracted_at = now()"
                " WHERE id = ANY(%s)", (sessions[:5],))  # five extractions finished
     third = tick(budget=True)
     assert (third["claimed"], third["budget"], third["in_flight"]) == (5, 5, 15)
@@ -354,14 +354,14 @@ def test_extract_session_event_is_not_claimed_until_its_session_holds_that_claim
     db.execute("INSERT INTO engine.persona_instances (id, user_id, persona_id) VALUES (%s, %s, 'luna')",
                (sample["instance_id"], sample["user_id"]))
     db.execute("INSERT INTO engine.chat_sessions (id, user_id, instance_id, created_at, last_active_at,"
-               " classification_claimed_at, classification_attempts) VALUES (%s, %s, %s, %s, %s, %s, 1)",
+               " extraction_claimed_at, extraction_attempts) VALUES (%s, %s, %s, %s, %s, %s, 1)",
                (sample["session_id"], sample["user_id"], sample["instance_id"], token - timedelta(hours=1),
                 token - timedelta(minutes=40), token + timedelta(seconds=1)))
     add_transcript(db, sample["session_id"])
     assert extract(sample)["outcome"] == "not-claimed"  # a different claim holds the session
     assert (llm.calls, voyage.calls) == (0, 0)
 
-    db.execute("UPDATE engine.chat_sessions SET classification_claimed_at = %s WHERE id = %s",
+    db.execute("UPDATE engine.chat_sessions SET extraction_claimed_at = %s WHERE id = %s",
                (token, sample["session_id"]))
     result = extract(sample)
     assert (result["outcome"], result["memories"], result["llm_calls"]) == ("extracted", 2, 1)

@@ -22,7 +22,7 @@ class ExtractEvent(BaseModel):
     session_id: UUID
     user_id: str
     instance_id: UUID
-    claim_token: AwareDatetime  # the claim's classification_claimed_at; guards every write
+    claim_token: AwareDatetime  # the claim's extraction_claimed_at; guards every write
 
 
 class DeepPassEvent(BaseModel):

@@ -83,7 +83,7 @@ def _migrate(dsn_holder: list[str]) -> list[str]:
 
     from eros.config import settings
     from eros.migrate import ensure_app_user, migrate
-    from eros.secrets import app_database_login, complete_app_secret, database_dsn
+    from eros.credentials import app_database_login, complete_app_secret, database_dsn
 
     cfg = settings()
     dsn = database_dsn(cfg)

@@ -21,7 +21,7 @@ def _database_url(args) -> str:
 
 def cmd_migrate(args) -> int:
     from .migrate import migrate
-    from .secrets import database_dsn
+    from .credentials import database_dsn
     from .config import settings
 
     if not os.environ.get("DATABASE_SECRET_ARN"):

@@ -2,7 +2,7 @@
 
 Every knob of the engine is here with its default; nothing else reads ``os.environ``.
 Secrets are not fields of this model's environment in AWS: there the *ARNs* are, and
-``eros.secrets`` resolves them (cached) into the values below.
+``eros.credentials`` resolves them (cached) into the values below.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from pgvector.psycopg import register_vector
 from psycopg.rows import dict_row
 
 from .config import settings
-from .secrets import database_dsn
+from .credentials import database_dsn
 
 _local = threading.local()
 

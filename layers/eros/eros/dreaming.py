@@ -252,9 +252,9 @@ def extract_session(cfg: Settings, session_id: UUID, claim_token: datetime,
                                  retry_at, None, moment):
             return _report(ExtractResult(sid, "lost-claim"))
         return _report(ExtractResult(sid, "deferred", retry_at=retry_at.isoformat()))
-    if session["classification_attempts"] >= cfg.dreaming_max_attempts:  # e.g. its workers kept dying
-        return _give_up(session, claim_token, "own", f"gave up after {session['classification_attempts']}"
-                        f" attempts: {session['classification_error']}", "attempts")
+    if session["extraction_attempts"] >= cfg.dreaming_max_attempts:  # e.g. its workers kept dying
+        return _give_up(session, claim_token, "own", f"gave up after {session['extraction_attempts']}"
+                        f" attempts: {session['extraction_error']}", "attempts")
 
     progress = {"calls": 0, "step": "llm"}
     try:
@@ -273,14 +273,14 @@ def extract_session(cfg: Settings, session_id: UUID, claim_token: datetime,
 def _extract(cfg: Settings, session: dict, claim_token: datetime, time_budget_secs: float,
              progress: dict) -> ExtractResult:
     session_id, sid = session["id"], str(session["id"])
-    earlier, new = store.transcript(session_id, session["watermark"], CONTEXT_MESSAGES, MESSAGES_PER_INVOCATION)
+    earlier, new = store.transcript(session_id, session["extraction_watermark"], CONTEXT_MESSAGES, MESSAGES_PER_INVOCATION)
     if not new:
         if store.finish(session, claim_token, [], None, None) is None:
             return _report(ExtractResult(sid, "lost-claim"))
         return _report(ExtractResult(sid, "nothing"))
     parts = windows(new, WINDOW_CHARS)[:MAX_WINDOWS]
-    first, through = parts[0][0]["id"], parts[-1][-1]["id"]
-    shown = extraction.handles(store.touched_memories(session["user_id"], session_id, session["watermark"],
+    first, watermark = parts[0][0]["id"], parts[-1][-1]["id"]
+    shown = extraction.handles(store.touched_memories(session["user_id"], session_id, session["extraction_watermark"],
                                                       extraction.MAX_KNOWN))
     deadline = Deadline.after(time_budget_secs)
     progress["user_id"] = session["user_id"]
@@ -288,14 +288,14 @@ def _extract(cfg: Settings, session: dict, claim_token: datetime, time_budget_se
     store.unblock("llm")  # it answered: whatever block it had is over
     decided = extraction.plan(candidates, shown)
     progress["step"] = "embedder"
-    rows = _rows(decided, model, deadline, first, through, session["user_id"])
+    rows = _rows(decided, model, deadline, first, watermark, session["user_id"])
     if rows:
         store.unblock("embedder")
     calls = progress["calls"]
 
     # Zero candidates or unparsable output still stamp: a poison pill must not loop.
     error = "; ".join(problems) or (None if rows or decided.confirm else "no memories in this session")
-    counts = store.finish(session, claim_token, rows, through, error, decided.confirm, first)
+    counts = store.finish(session, claim_token, rows, watermark, error, decided.confirm, first)
     if counts is None:
         logger.warning("claim lost before writing; another worker owns the session", extra={"session_id": sid})
         return _report(ExtractResult(sid, "lost-claim", llm_calls=calls))
@@ -334,7 +334,7 @@ def _candidates(cfg: Settings, earlier: list[dict], parts: list[list[dict]], sho
     return candidates, problems, model
 
 
-def _rows(decided: extraction.Plan, model: str, deadline: Deadline, first: int, through: int, user_id: str
+def _rows(decided: extraction.Plan, model: str, deadline: Deadline, first: int, last: int, user_id: str
           ) -> list[dict]:
     """The new profile rows, embedded in one batch (none when the session only repeated known memories)."""
     if not decided.new:
@@ -342,7 +342,7 @@ def _rows(decided: extraction.Plan, model: str, deadline: Deadline, first: int, 
     vectors = embedder().embed([c.content for c, _ in decided.new], "document", deadline=deadline)
     usage_store.record(user_id, usage_store.tokens_of(vectors.usage), "dream", usage_store.utcnow())
     return [{"id": uuid4(), "content": c.content, "category": c.category, "importance": c.importance,
-             "embedding": v, "supersedes": supersedes, "from_message_id": first, "through_message_id": through,
+             "embedding": v, "supersedes": supersedes, "from_message_id": first, "through_message_id": last,
              "metadata": {"model": model, "embed_model": vectors.model}}
             for (c, supersedes), v in zip(decided.new, vectors.vectors)]
 
@@ -368,8 +368,8 @@ def _failed(cfg: Settings, session: dict, claim_token: datetime, exc: Exception,
             return _report(ExtractResult(sid, "lost-claim", llm_calls=calls))
         return _report(ExtractResult(sid, "blocked", llm_calls=calls, fault="configuration"))
     if isinstance(exc, ProviderUnavailable):  # the world's fault: back off, for as long as the window allows
-        retries = session["classification_retries"] + 1
-        since = session["classification_retrying_since"] or moment
+        retries = session["extraction_retries"] + 1
+        since = session["extraction_retrying_since"] or moment
         if (moment - since).total_seconds() >= cfg.dreaming_retry_window_secs:
             metrics.add_metric(name="ExtractRetryWindowExhausted", unit="Count", value=1)
             logger.error("a session was given up after the retry window: re-drive it (eros.dreaming.redrive)"
@@ -381,7 +381,7 @@ def _failed(cfg: Settings, session: dict, claim_token: datetime, exc: Exception,
         counts = "retries"
         metrics.add_metric(name="ExtractProviderFailures", unit="Count", value=1)
     else:  # the session's own: a provider 4xx on its transcript, a crash on it
-        attempts = session["classification_attempts"] + 1
+        attempts = session["extraction_attempts"] + 1
         if attempts >= cfg.dreaming_max_attempts:
             return _give_up(session, claim_token, "own", f"gave up after {attempts} attempts: {error}",
                             "attempts", calls)

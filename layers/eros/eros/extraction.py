@@ -277,7 +277,7 @@ _KNOWN_LINE = re.compile(r"^- (m\d+) \((\w+), noted [0-9-]+\): (.*)$")
 
 def offline_candidates(transcript: str) -> list[dict]:
     """A deterministic stand-in for the extraction model: first-person sentences of the user's new
-    turns, classified by keyword, and consolidated against the known memories shown (the same
+    turns, put in a category by keyword, and consolidated against the known memories shown (the same
     statement is ``same_as``; a different statement about a one-value slot such as home or job
     ``supersedes``). Rough, but it lets the whole pipeline run with no keys."""
     known = [m.groups() for line in transcript.split("</known_memories>", 1)[0].splitlines()

@@ -7,7 +7,7 @@ import psycopg
 
 from . import providers
 from .db import connection
-from .secrets import ConfigurationError
+from .credentials import ConfigurationError
 
 
 def report() -> dict:

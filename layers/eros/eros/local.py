@@ -24,7 +24,7 @@ import base64
 import importlib.util
 import json
 import os
-import secrets as pysecrets
+import secrets
 import sys
 import threading
 import time
@@ -65,7 +65,7 @@ def local_jwt_key() -> str:
     path = DATA / "jwt-secret"
     if not path.exists():
         DATA.mkdir(parents=True, exist_ok=True)
-        path.write_text(pysecrets.token_urlsafe(32))
+        path.write_text(secrets.token_urlsafe(32))
         path.chmod(0o600)
     return path.read_text().strip()
 

@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from ..config import settings
 from ..observability import logger
-from ..secrets import ConfigurationError, with_provider_keys
+from ..credentials import ConfigurationError, with_provider_keys
 from .base import (Deadline, ProviderConfigurationError, ProviderError, ProviderResponseError, ProviderTimeout,
                    ProviderUnavailable)
 from .embed import VoyageEmbedder

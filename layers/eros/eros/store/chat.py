@@ -35,7 +35,7 @@ def create_session(user_id: str, persona_id: str) -> dict | None:
 
 
 _SESSION_COLUMNS = (
-    "s.id, s.instance_id, i.persona_id, s.created_at, s.last_active_at, s.classified_at"
+    "s.id, s.instance_id, i.persona_id, s.created_at, s.last_active_at, s.extracted_at"
 )
 
 
@@ -141,7 +141,7 @@ def _insert_message(conn, session_id, role, content, client_turn_id, metadata) -
 
 
 def _touch(conn, session_id) -> None:
-    """New messages: the session is active again and, if it was classified (or given up on), eligible for
+    """New messages: the session is active again and, if it was extracted (or given up on), eligible for
     dreaming again with a fresh attempts budget; extraction resumes after its watermark."""
-    conn.execute("UPDATE engine.chat_sessions SET last_active_at = now(), classified_at = NULL,"
-                 " classification_attempts = 0 WHERE id = %s", (session_id,))
+    conn.execute("UPDATE engine.chat_sessions SET last_active_at = now(), extracted_at = NULL,"
+                 " extraction_attempts = 0 WHERE id = %s", (session_id,))

@@ -1,7 +1,7 @@
 """Dreaming's data access: the claim, the transcript, and the one guarded write of an extraction.
 
-The claim token is the ``classification_claimed_at`` value a claim set; the lease is the
-``classification_started_at`` the one delivery that starts the work sets (``start``), so a duplicate
+The claim token is the ``extraction_claimed_at`` value a claim set; the lease is the
+``extraction_started_at`` the one delivery that starts the work sets (``start``), so a duplicate
 delivery of the claim stops before any provider call. Every later write of that extraction is guarded
 by both (row-locked), so a duplicate delivery, a retry after success, or a worker whose claim went stale
 and was re-claimed by another, writes nothing. Failures give the claim back with a backoff and count
@@ -22,7 +22,7 @@ from . import consolidation
 
 # The SPEC's claim, verbatim in shape: one statement, FOR UPDATE SKIP LOCKED so concurrent
 # sweepers take disjoint sets without blocking; cut-offs computed by the caller and bound.
-# A session whose last failure set a backoff (classification_next_attempt_at) waits it out.
+# A session whose last failure set a backoff (extraction_next_attempt_at) waits it out.
 # Taking a claim counts nothing by itself (a provider outage must not use up a session's attempts);
 # re-taking a stale one says why it went stale: a worker had started it (the lease is set) and died
 # mid-extraction -- the session's own attempt, since a poison transcript can kill its worker -- or no
@@ -32,28 +32,28 @@ from . import consolidation
 # find every fresh claim already stale and re-claim the same sessions batch after batch.
 _CLAIM = """
 UPDATE engine.chat_sessions s
-SET classification_claimed_at = %(now)s,
-    classification_started_at = NULL,
-    classification_attempts = s.classification_attempts + (s.classification_started_at IS NOT NULL)::int,
-    classification_retries = s.classification_retries
-        + (s.classification_claimed_at IS NOT NULL AND s.classification_started_at IS NULL)::int,
-    classification_error = CASE
-        WHEN s.classification_started_at IS NOT NULL THEN 'the worker did not finish (its claim went stale)'
-        WHEN s.classification_claimed_at IS NOT NULL THEN 'no worker started the claim before it went stale'
-        ELSE s.classification_error END
+SET extraction_claimed_at = %(now)s,
+    extraction_started_at = NULL,
+    extraction_attempts = s.extraction_attempts + (s.extraction_started_at IS NOT NULL)::int,
+    extraction_retries = s.extraction_retries
+        + (s.extraction_claimed_at IS NOT NULL AND s.extraction_started_at IS NULL)::int,
+    extraction_error = CASE
+        WHEN s.extraction_started_at IS NOT NULL THEN 'the worker did not finish (its claim went stale)'
+        WHEN s.extraction_claimed_at IS NOT NULL THEN 'no worker started the claim before it went stale'
+        ELSE s.extraction_error END
 WHERE id IN (
     SELECT id FROM engine.chat_sessions
-    WHERE classified_at IS NULL
+    WHERE extracted_at IS NULL
       AND last_active_at < %(idle_before)s
-      AND (classification_claimed_at IS NULL
-           OR classification_claimed_at < %(stale_before)s)
-      AND (classification_next_attempt_at IS NULL
-           OR classification_next_attempt_at <= %(now)s)
+      AND (extraction_claimed_at IS NULL
+           OR extraction_claimed_at < %(stale_before)s)
+      AND (extraction_next_attempt_at IS NULL
+           OR extraction_next_attempt_at <= %(now)s)
     ORDER BY last_active_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-RETURNING id, user_id, instance_id, classification_claimed_at AS claim_token
+RETURNING id, user_id, instance_id, extraction_claimed_at AS claim_token
 """
 
 
@@ -69,8 +69,8 @@ def claim(idle_before: datetime, stale_before: datetime, limit: int, now: dateti
 def in_flight(stale_before: datetime) -> int:
     """Jobs claimed and not stale yet, sessions and deep passes (both run on the extract function)."""
     return connection().execute(
-        "SELECT (SELECT count(*) FROM engine.chat_sessions WHERE classification_claimed_at IS NOT NULL"
-        "        AND classified_at IS NULL AND classification_claimed_at >= %(stale)s)"
+        "SELECT (SELECT count(*) FROM engine.chat_sessions WHERE extraction_claimed_at IS NOT NULL"
+        "        AND extracted_at IS NULL AND extraction_claimed_at >= %(stale)s)"
         "     + (SELECT count(*) FROM engine.user_consolidation WHERE claimed_at IS NOT NULL"
         "        AND claimed_at >= %(stale)s) AS n",
         {"stale": stale_before},
@@ -80,16 +80,16 @@ def in_flight(stale_before: datetime) -> int:
 def release(session_id: UUID, claim_token: datetime) -> bool:
     """Give a claim back (its invoke failed) so the next sweep takes the session at once."""
     row = connection().execute(
-        "UPDATE engine.chat_sessions SET classification_claimed_at = NULL"
-        " WHERE id = %s AND classification_claimed_at = %s AND classification_started_at IS NULL RETURNING id",
+        "UPDATE engine.chat_sessions SET extraction_claimed_at = NULL"
+        " WHERE id = %s AND extraction_claimed_at = %s AND extraction_started_at IS NULL RETURNING id",
         (session_id, claim_token),
     ).fetchone()
     return row is not None
 
 
-_COLUMNS = ("id, user_id, instance_id, classified_through_message_id AS watermark, classification_attempts,"
-            " classification_retries, classification_retrying_since, classification_error,"
-            " classification_started_at AS lease")
+_COLUMNS = ("id, user_id, instance_id, extraction_watermark, extraction_attempts,"
+            " extraction_retries, extraction_retrying_since, extraction_error,"
+            " extraction_started_at AS lease")
 
 
 def start(session_id: UUID, claim_token: datetime, now: datetime) -> tuple[str, dict | None]:
@@ -99,15 +99,15 @@ def start(session_id: UUID, claim_token: datetime, now: datetime) -> tuple[str, 
     longer holds the session (done, released, re-claimed, or no such session)."""
     conn = connection()
     row = conn.execute(
-        f"UPDATE engine.chat_sessions SET classification_started_at = %(now)s"
-        f" WHERE id = %(id)s AND classification_claimed_at = %(token)s AND classified_at IS NULL"
-        f"   AND classification_started_at IS NULL RETURNING {_COLUMNS}",
+        f"UPDATE engine.chat_sessions SET extraction_started_at = %(now)s"
+        f" WHERE id = %(id)s AND extraction_claimed_at = %(token)s AND extracted_at IS NULL"
+        f"   AND extraction_started_at IS NULL RETURNING {_COLUMNS}",
         {"id": session_id, "token": claim_token, "now": now},
     ).fetchone()
     if row is not None:
         return "started", row
     held = conn.execute(
-        "SELECT 1 FROM engine.chat_sessions WHERE id = %s AND classification_claimed_at = %s AND classified_at IS NULL",
+        "SELECT 1 FROM engine.chat_sessions WHERE id = %s AND extraction_claimed_at = %s AND extracted_at IS NULL",
         (session_id, claim_token),
     ).fetchone()
     return ("duplicate" if held else "not-claimed"), None
@@ -117,7 +117,7 @@ def claimed_session(session_id: UUID, claim_token: datetime) -> dict | None:
     """The session if this claim still holds it (None: duplicate delivery, done, or re-claimed)."""
     return connection().execute(
         f"SELECT {_COLUMNS} FROM engine.chat_sessions"
-        " WHERE id = %s AND classification_claimed_at = %s AND classified_at IS NULL",
+        " WHERE id = %s AND extraction_claimed_at = %s AND extracted_at IS NULL",
         (session_id, claim_token),
     ).fetchone()
 
@@ -181,23 +181,23 @@ def touched_memories(user_id: str, session_id: UUID, after_id: int | None, limit
 def _locked(conn, session: dict, claim_token: datetime) -> bool:
     """Row-lock the session if this claim and this delivery's lease still hold it."""
     return conn.execute(
-        "SELECT 1 FROM engine.chat_sessions WHERE id = %s AND classification_claimed_at = %s"
-        " AND classification_started_at IS NOT DISTINCT FROM %s AND classified_at IS NULL FOR UPDATE",
+        "SELECT 1 FROM engine.chat_sessions WHERE id = %s AND extraction_claimed_at = %s"
+        " AND extraction_started_at IS NOT DISTINCT FROM %s AND extracted_at IS NULL FOR UPDATE",
         (session["id"], claim_token, session.get("lease")),
     ).fetchone() is not None
 
 
-def finish(session: dict, claim_token: datetime, memories: list[dict], through_message_id: int | None,
-           error: str | None, confirm: list[tuple[UUID, float]] = (), from_message_id: int | None = None
+def finish(session: dict, claim_token: datetime, memories: list[dict], watermark: int | None,
+           error: str | None, confirm: list[tuple[UUID, float]] = (), first_message_id: int | None = None
            ) -> dict | None:
     """ONE transaction: insert the profile rows, apply their consolidation, and stamp the session,
     only if the claim still holds.
 
     Each memory may carry ``id`` and ``supersedes`` (ids of known rows it replaces); ``confirm`` are
-    known rows the session repeated (noted with the session's message range, ``from_message_id`` to
-    ``through_message_id``). Only the user's own active profile rows are touched; whatever
-    else was asked is counted as ``ignored``. The session is stamped ``classified_at`` unless
-    messages beyond ``through_message_id`` exist (turns that arrived meanwhile, or windows not read
+    known rows the session repeated (noted with the message range read, ``first_message_id`` to
+    ``watermark``). Only the user's own active profile rows are touched; whatever
+    else was asked is counted as ``ignored``. The session is stamped ``extracted_at`` unless
+    messages beyond the new ``watermark`` exist (turns that arrived meanwhile, or windows not read
     yet): then it stays eligible for the next sweep, which starts from the new watermark.
     Returns the counts, or None when the claim was lost (nothing written).
     """
@@ -224,8 +224,7 @@ def finish(session: dict, claim_token: datetime, memories: list[dict], through_m
                 done = consolidation.supersede(conn, user, m["id"], asked, "changed") if asked else []
                 counts["superseded"] += len(done)
                 counts["ignored"] += len(asked) - len(done)
-        said_in = (session["id"], from_message_id, through_message_id) if from_message_id and through_message_id \
-            else None
+        said_in = (session["id"], first_message_id, watermark) if first_message_id and watermark else None
         for memory_id, importance in confirm:
             ok = consolidation.confirm(conn, user, memory_id, importance, said_in=said_in)
             counts["confirmed" if ok else "ignored"] += 1
@@ -233,14 +232,14 @@ def finish(session: dict, claim_token: datetime, memories: list[dict], through_m
             consolidation.mark_changed(conn, user)
         conn.execute(
             "UPDATE engine.chat_sessions SET"
-            " classified_through_message_id = coalesce(%(through)s, classified_through_message_id),"
-            " classified_at = CASE WHEN EXISTS (SELECT 1 FROM engine.chat_messages WHERE session_id = %(id)s"
-            "     AND id > coalesce(%(through)s, classified_through_message_id, 0)) THEN NULL ELSE now() END,"
-            " classification_claimed_at = NULL, classification_started_at = NULL, classification_error = %(error)s,"
-            " classification_attempts = 0, classification_retries = 0, classification_retrying_since = NULL,"
-            " classification_next_attempt_at = NULL, classification_gave_up = NULL"
+            " extraction_watermark = coalesce(%(watermark)s, extraction_watermark),"
+            " extracted_at = CASE WHEN EXISTS (SELECT 1 FROM engine.chat_messages WHERE session_id = %(id)s"
+            "     AND id > coalesce(%(watermark)s, extraction_watermark, 0)) THEN NULL ELSE now() END,"
+            " extraction_claimed_at = NULL, extraction_started_at = NULL, extraction_error = %(error)s,"
+            " extraction_attempts = 0, extraction_retries = 0, extraction_retrying_since = NULL,"
+            " extraction_next_attempt_at = NULL, extraction_gave_up = NULL"
             " WHERE id = %(id)s",
-            {"id": session["id"], "through": through_message_id, "error": error},
+            {"id": session["id"], "watermark": watermark, "error": error},
         )
     return counts
 
@@ -253,10 +252,10 @@ def give_up(session: dict, claim_token: datetime, error: str, why: str) -> bool:
         if not _locked(conn, session, claim_token):
             return False
         conn.execute(
-            "UPDATE engine.chat_sessions SET classified_at = now(), classification_claimed_at = NULL,"
-            " classification_started_at = NULL, classification_next_attempt_at = NULL,"
-            " classification_retries = 0, classification_retrying_since = NULL,"
-            " classification_error = %s, classification_gave_up = %s WHERE id = %s",
+            "UPDATE engine.chat_sessions SET extracted_at = now(), extraction_claimed_at = NULL,"
+            " extraction_started_at = NULL, extraction_next_attempt_at = NULL,"
+            " extraction_retries = 0, extraction_retrying_since = NULL,"
+            " extraction_error = %s, extraction_gave_up = %s WHERE id = %s",
             (error[:1000], why, session["id"]),
         )
     return True
@@ -271,12 +270,12 @@ def retry_later(session: dict, claim_token: datetime, error: str, next_attempt_a
         if not _locked(conn, session, claim_token):
             return False
         conn.execute(
-            "UPDATE engine.chat_sessions SET classification_claimed_at = NULL, classification_started_at = NULL,"
-            " classification_error = %(error)s, classification_next_attempt_at = %(next)s,"
-            " classification_attempts = classification_attempts + (%(counts)s = 'attempts')::int,"
-            " classification_retries = classification_retries + (%(counts)s = 'retries')::int,"
-            " classification_retrying_since = CASE WHEN %(counts)s = 'retries'"
-            "     THEN coalesce(classification_retrying_since, %(now)s) ELSE classification_retrying_since END"
+            "UPDATE engine.chat_sessions SET extraction_claimed_at = NULL, extraction_started_at = NULL,"
+            " extraction_error = %(error)s, extraction_next_attempt_at = %(next)s,"
+            " extraction_attempts = extraction_attempts + (%(counts)s = 'attempts')::int,"
+            " extraction_retries = extraction_retries + (%(counts)s = 'retries')::int,"
+            " extraction_retrying_since = CASE WHEN %(counts)s = 'retries'"
+            "     THEN coalesce(extraction_retrying_since, %(now)s) ELSE extraction_retrying_since END"
             " WHERE id = %(id)s",
             {"error": error[:1000], "next": next_attempt_at, "counts": counts or "", "now": now, "id": session["id"]},
         )
@@ -287,11 +286,11 @@ def redrive(why: str = "retry-window", user_id: str | None = None) -> list[UUID]
     """Make sessions that were given up on (``why``) eligible again with fresh counters: after an
     outage longer than the retry window, once the provider is back. Returns their ids."""
     rows = connection().execute(
-        "UPDATE engine.chat_sessions SET classified_at = NULL, classification_gave_up = NULL,"
-        " classification_error = NULL, classification_attempts = 0, classification_retries = 0,"
-        " classification_retrying_since = NULL, classification_next_attempt_at = NULL,"
-        " classification_claimed_at = NULL, classification_started_at = NULL"
-        " WHERE classification_gave_up = %s AND (%s::text IS NULL OR user_id = %s) RETURNING id",
+        "UPDATE engine.chat_sessions SET extracted_at = NULL, extraction_gave_up = NULL,"
+        " extraction_error = NULL, extraction_attempts = 0, extraction_retries = 0,"
+        " extraction_retrying_since = NULL, extraction_next_attempt_at = NULL,"
+        " extraction_claimed_at = NULL, extraction_started_at = NULL"
+        " WHERE extraction_gave_up = %s AND (%s::text IS NULL OR user_id = %s) RETURNING id",
         (why, user_id, user_id),
     ).fetchall()
     return [r["id"] for r in rows]

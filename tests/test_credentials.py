@@ -17,7 +17,7 @@ from pydantic import SecretStr
 from eros import providers
 from eros.config import Settings
 from eros.providers.llm import ChatClient
-from eros.secrets import (ConfigurationError, app_database_login, complete_app_secret, database_dsn,
+from eros.credentials import (ConfigurationError, app_database_login, complete_app_secret, database_dsn,
                           with_provider_keys)
 from fakes import fake_llm  # noqa: F401 - fixture
 
