@@ -24,43 +24,22 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import multiprocessing
-import os
-import shlex
 import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
-import machine  # bench/machine.py (the script's folder is on sys.path)
+from _common import (RESULTS, add_database_url_option, bench_environment, command as command_line, database,
+                     describe_machine, postgres_version, use_database, write_results)
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results" / "claim_throughput.md"
+RESULTS = RESULTS / "claim_throughput.md"
 USER_PREFIX = "bench-claim-"
 GOAL = 5000  # sessions/s at 16 claimers
-NOTES_MARKER = "<!-- notes -->"  # text below it in the results file is hand-written and kept across runs
 IDLE = dt.timedelta(seconds=1800)
 STALE = dt.timedelta(seconds=600)
 
-for _name in ("OPENROUTER_API_KEY", "VOYAGE_API_KEY", "LLM_BASE_URL", "EMBED_BASE_URL", "PROVIDER_SECRET_ARN",
-              "DATABASE_SECRET_ARN", "EXTRACT_FUNCTION_NAME"):
-    os.environ.pop(_name, None)
-os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
-os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
-
 
 # --- database ---------------------------------------------------------------------------------------
-
-def start_database(pgdata: str) -> str:
-    import pgserver
-
-    from eros.migrate import migrate
-
-    server = pgserver.get_server(pgdata, cleanup_mode=None)  # left running: re-runs join it
-    url = server.get_uri()
-    migrate(url)
-    return url
-
 
 def load_backlog(url: str, sessions: int) -> None:
     """``sessions`` idle, unextracted bench sessions (reused when the count already matches)."""
@@ -122,7 +101,7 @@ def claimer(batch: int, now: dt.datetime, start, out) -> None:
 
 
 def run_once(url: str, claimers: int, batch: int, mode: str) -> dict:
-    os.environ["DATABASE_URL"] = url
+    use_database(url)
     now = dt.datetime.now(dt.timezone.utc)
     if mode == "thread":
         import queue
@@ -152,13 +131,6 @@ def run_once(url: str, claimers: int, batch: int, mode: str) -> dict:
 
 # --- report -----------------------------------------------------------------------------------------
 
-def postgres_version(url: str) -> str:
-    from eros.db import connect
-
-    with connect(url, vector=False) as conn:
-        return conn.execute("SHOW server_version").fetchone()["server_version"]
-
-
 def render(args, results: list[dict], mach: str, pg: str, command: str) -> str:
     rows = []
     keys = sorted({(r["mode"], r["claimers"], r["batch"]) for r in results}, key=lambda k: (k[0] != "process", k[1:]))
@@ -176,7 +148,8 @@ def render(args, results: list[dict], mach: str, pg: str, command: str) -> str:
         f"* **Command:** `{command}`",
         f"* **Date:** {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"* **Machine:** {mach}",
-        f"* **Database:** embedded PostgreSQL {pg} (pgserver, `{args.pgdata}`), one connection per claimer",
+        f"* **Database:** embedded PostgreSQL {pg} (pgserver, `{args.pgdata}`), one connection per claimer"
+        if not args.database_url else f"* **Database:** PostgreSQL {pg} (`--database-url`), one connection per claimer",
         f"* **Backlog:** {args.sessions:,} idle unextracted sessions (1,000 users). Each claimer (a process, "
         "like a separate sweeper Lambda, or a thread) calls `eros.store.dreaming.claim` until a claim comes "
         f"back empty; claims are reset and the table vacuumed between runs; {args.repeat} run(s) per row.",
@@ -214,13 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("process", "thread"), default="process",
                         help="claimers as processes (like separate Lambda sweepers; default) or threads")
     parser.add_argument("--pgdata", default="/tmp/eros-bench-claim")
+    add_database_url_option(parser)
     parser.add_argument("--out", default=str(RESULTS), help="markdown results file ('-' for none)")
     args = parser.parse_args(argv)
-    command = ".venv/bin/python bench/claim_throughput.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    with bench_environment(POWERTOOLS_LOG_LEVEL="WARNING"):
+        return _main(args, command_line(__file__, argv))
 
-    sys.path.insert(0, str(ROOT / "layers" / "eros"))
-    mach = machine.describe()
-    url = start_database(args.pgdata)
+
+def _main(args: argparse.Namespace, command: str) -> int:
+    mach = describe_machine()
+    url = database(args.pgdata, url=args.database_url)
     load_backlog(url, args.sessions)
     if args.grid:
         grid = []
@@ -242,14 +218,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['per_statement_ms']:6.1f} ms/statement  duplicates={r['duplicates']}  "
                   f"missing={args.sessions - (r['claimed'] - r['duplicates'])}", flush=True)
     reset_claims(url)
-    report = render(args, results, mach, postgres_version(url), command.strip())
+    report = render(args, results, mach, postgres_version(url)["postgres"], command)
     print()
     print(report)
-    if args.out != "-":
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        notes = out.read_text().split(NOTES_MARKER, 1)[1] if out.exists() and NOTES_MARKER in out.read_text() else "\n"
-        out.write_text(report + "\n" + NOTES_MARKER + notes)
+    write_results(args.out, report)
     bad = any(r["duplicates"] or r["claimed"] - r["duplicates"] != args.sessions for r in results)
     return 1 if bad else 0
 

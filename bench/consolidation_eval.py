@@ -21,7 +21,7 @@ from the script: which memories to write and which earlier fact each one replace
 repeats (``same_as``). It resolves those to handles by reading the ``<known_memories>`` block of the
 actual request, so when the engine did not *show* the old fact, the scripted model cannot name it:
 the figures measure the pipeline (the touched-memories query, the handle mapping, the guarded apply,
-recall). ``offline`` -- the engine's offline stand-in (``eros.extraction.offline_candidates``).
+recall). ``offline`` -- the engine's offline stand-in (``eros.providers.offline.offline_candidates``).
 ``configured`` -- the real model from OPENROUTER_API_KEY / LLM_BASE_URL. Chat *replies* always come
 from the fake (they are not what is measured, and a real model would bill every turn).
 ``--embeddings``: ``offline`` -- a fake Voyage on loopback speaking the offline hashing vectors (so the
@@ -58,27 +58,19 @@ import io
 import json
 import os
 import re
-import shlex
 import sys
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/machine.py
-sys.path.insert(0, str(ROOT / "tests"))  # tests/fakes.py
-
-import machine  # noqa: E402
+from _common import (PROVIDER_ENV, RESULTS, ROOT, add_database_url_option, bench_environment, command as command_line,
+                     database, describe_machine, patched, test_helpers_on_path, write_results)
 
 DATA = ROOT / "bench" / "data" / "consolidation_dev" / "users.jsonl"
-RESULTS = ROOT / "bench" / "results"
 PERSONA = "luna"
 CHAT_REPLY = "That sounds like a lot. I'm here for you."
 KNOWN_LINE = re.compile(r"^- (m\d+) \((\w+), noted [0-9-]+\): (.*)$", re.M)
-PROVIDER_ENV = ("OPENROUTER_API_KEY", "LLM_BASE_URL", "VOYAGE_API_KEY", "EMBED_BASE_URL")
-CLEARED_ENV = PROVIDER_ENV + ("PROVIDER_SECRET_ARN", "DATABASE_SECRET_ARN", "EXTRACT_FUNCTION_NAME", "DATABASE_URL")
-warnings.filterwarnings("ignore", message="No application metrics to publish")
 
 
 # --- the script ---------------------------------------------------------------------------------
@@ -151,22 +143,6 @@ class Arm:
     misses: list[dict] = field(default_factory=list)  # scripted: the earlier fact was not shown
 
 
-@contextlib.contextmanager
-def restored_environment():
-    saved = dict(os.environ)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-        from eros import db, providers
-        from eros.config import settings
-
-        settings.cache_clear()
-        providers.reset()
-        db.reset()
-
-
 def run(argv: list[str] | None = None) -> dict:
     """Parse the arguments, run both arms, write the report; returns the figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -177,12 +153,11 @@ def run(argv: list[str] | None = None) -> dict:
     parser.add_argument("--arms", default="before,after", help="before (consolidation off), after, or both")
     parser.add_argument("--data", default=str(DATA))
     parser.add_argument("--pgdata", default="/tmp/eros-bench-consolidation")
-    parser.add_argument("--database-url", default="", help="use this database instead of --pgdata (it is truncated)")
+    add_database_url_option(parser)
     parser.add_argument("--out", default="", help="markdown results (default bench/results/consolidation_eval_<llm>.md;"
                                                    " '-' for none)")
     args = parser.parse_args(argv)
-    command = ".venv/bin/python bench/consolidation_eval.py " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = command_line(__file__, argv)
     users = load_users(Path(args.data), [u for u in args.users.split(",") if u] or None, args.limit or None)
     arms = [Arm(name, name == "after") for name in args.arms.split(",") if name]
     if not arms or any(a.name not in ("before", "after") for a in arms):
@@ -195,47 +170,30 @@ def run(argv: list[str] | None = None) -> dict:
         raise SystemExit("--embeddings configured needs VOYAGE_API_KEY (or EMBED_BASE_URL); none is set.")
 
     started = time.monotonic()
-    with restored_environment():
-        for name in CLEARED_ENV:
-            os.environ.pop(name, None)
-        os.environ.update({"POWERTOOLS_TRACE_DISABLED": "true", "POWERTOOLS_LOG_LEVEL": "ERROR",
-                           "POWERTOOLS_METRICS_DISABLED": "true", "AWS_DEFAULT_REGION": "us-east-1",
-                           "PROVIDER_MAX_RETRIES": "2"})
+    with bench_environment(POWERTOOLS_LOG_LEVEL="ERROR", POWERTOOLS_METRICS_DISABLED="true",
+                           PROVIDER_MAX_RETRIES="2"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="No application metrics to publish")
         with contextlib.redirect_stdout(io.StringIO()):  # Powertools prints its metrics blobs
             figures = _run(args, users, arms, configured)
     figures["seconds"] = round(time.monotonic() - started, 1)
     report = render(args, command, users, arms, figures)
-    out = args.out or str(RESULTS / f"consolidation_eval_{args.llm}.md")
-    if out != "-":
-        path = Path(out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() and "<!-- notes -->" in path.read_text():  # hand-written notes survive re-runs
-            report = report.split("<!-- notes -->", 1)[0] + "<!-- notes -->" + path.read_text().split(
-                "<!-- notes -->", 1)[1]
-        path.write_text(report)
+    write_results(args.out or RESULTS / f"consolidation_eval_{args.llm}.md", report)
     print(report)
     return figures
 
 
 def _run(args, users: list[dict], arms: list[Arm], configured: dict) -> dict:
+    test_helpers_on_path()
+    from apiclient import Api
     from fakes import FakeOpenRouter, FakeVoyage
 
     from eros import db as eros_db, dreaming, extraction, providers, recall
     from eros.config import settings
-    from apiclient import Api
     from eros.local import LambdaContext, load_function
-    from eros.migrate import migrate
     from eros.store import dreaming as store
 
-    if args.database_url:
-        url = args.database_url
-    else:
-        import pgserver
-
-        url = pgserver.get_server(args.pgdata, cleanup_mode=None).get_uri()
-        with eros_db.connect(url, vector=False) as conn:  # the bench's own database: migrate it from scratch,
-            conn.execute("DROP SCHEMA IF EXISTS engine CASCADE")  # so an edited migration cannot go stale here
-    migrate(url)
+    # The bench's own database is migrated from scratch every run, so an edited migration cannot go stale.
+    url = database(args.pgdata, url=args.database_url, from_scratch=True)
     with eros_db.connect(url, vector=False) as conn:  # every run starts from an empty engine
         conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions,"
                      " engine.user_consolidation, engine.persona_instances CASCADE")
@@ -263,16 +221,21 @@ def _run(args, users: list[dict], arms: list[Arm], configured: dict) -> dict:
     else:
         os.environ.update({k: v for k, v in configured.items() if k in ("VOYAGE_API_KEY", "EMBED_BASE_URL") and v})
 
+    in_use = {}
+
     def use(phase: str) -> None:
         """Point the LLM at the fake (chat replies, scripted extraction), the offline stand-in or the
-        configured model; the embedder stays as chosen."""
+        configured model; the embedder stays as chosen. The providers are rebuilt only when that changes
+        (a new HTTP client costs tens of ms: with the scripted model, chat and extraction share one)."""
+        llm_env = ({"LLM_BASE_URL": llm.url, "OPENROUTER_API_KEY": "bench"} if phase == "chat" or args.llm == "scripted"
+                   else {k: v for k, v in configured.items() if k in ("OPENROUTER_API_KEY", "LLM_BASE_URL") and v}
+                   if args.llm == "configured" else {})
+        if in_use.get("llm") == llm_env:
+            return
         for name in ("OPENROUTER_API_KEY", "LLM_BASE_URL"):
             os.environ.pop(name, None)
-        if phase == "chat" or args.llm == "scripted":
-            os.environ.update({"LLM_BASE_URL": llm.url, "OPENROUTER_API_KEY": "bench"})
-        elif args.llm == "configured":
-            os.environ.update({k: v for k, v in configured.items() if k in ("OPENROUTER_API_KEY", "LLM_BASE_URL")
-                               and v})
+        os.environ.update(llm_env)
+        in_use["llm"] = llm_env
         settings.cache_clear()
         providers.reset()
 
@@ -315,10 +278,10 @@ def _run(args, users: list[dict], arms: list[Arm], configured: dict) -> dict:
                                if str(r["id"]) == sid]
                     assert claimed, f"session {sid} of {uid} was not claimable"
                     use("extract")
-                    seam = _count_calls(providers)
                     wire = (llm.calls, voyage.calls if voyage else 0)
-                    result = extract.lambda_handler(dreaming.extract_payload(claimed[0]),
-                                                    LambdaContext("extract", timeout_secs=120))
+                    with _counted_calls(providers) as seam:
+                        result = extract.lambda_handler(dreaming.extract_payload(claimed[0]),
+                                                        LambdaContext("extract", timeout_secs=120))
                     llm_calls = llm.calls - wire[0] if args.llm == "scripted" else seam["llm"]
                     embed_calls = voyage.calls - wire[1] if voyage else seam["embed"]
                     _backdate_extraction(eros_db.connection(), sid, uid, at)
@@ -340,9 +303,10 @@ def _run(args, users: list[dict], arms: list[Arm], configured: dict) -> dict:
     return summarise(arms)
 
 
-def _count_calls(providers) -> dict:
-    """Count provider calls at the client seam too (the only count for non-fake providers)."""
+def _counted_calls(providers):
+    """Count provider calls at the client seam too (the only count for non-fake providers), for the block."""
     counts = {"llm": 0, "embed": 0}
+    changes = []
     for kind, client, method in (("llm", providers.chat_client(), "complete"), ("embed", providers.embedder(), "embed")):
         original = getattr(client, method)
 
@@ -350,8 +314,8 @@ def _count_calls(providers) -> dict:
             counts[_kind] += 1
             return _original(*a, **kw)
 
-        setattr(client, method, counted)
-    return counts
+        changes.append((client, method, counted))
+    return patched(*changes, result=counts)
 
 
 def _backdate_turns(conn, sid: str, at: dt.datetime) -> None:
@@ -504,7 +468,7 @@ def render(args, command: str, users: list[dict], arms: list[Arm], figures: dict
         f"# Consolidation evaluation: `--llm {args.llm}`", "",
         f"* **Command:** `{command.strip()}`",
         f"* **Date:** {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"* **Machine:** {machine.describe(with_load=False)}",
+        f"* **Machine:** {describe_machine(with_load=False)}",
         f"* **Data:** `{Path(args.data).relative_to(ROOT) if Path(args.data).is_relative_to(ROOT) else args.data}`: "
         f"{len(users)} users ({sum(u['lang'] == 'zh' for u in users)} Chinese, "
         f"{sum(u['heavy'] for u in users)} with > 30 memories), {sum(len(u['sessions']) for u in users)} sessions, "

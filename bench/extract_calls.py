@@ -30,24 +30,15 @@ import datetime as dt
 import json
 import os
 import re
-import shlex
 import sys
 import time
 import warnings
-from pathlib import Path
 
-import machine  # bench/machine.py (the script's folder is on sys.path)
+from _common import (RESULTS, add_database_url_option, bench_environment, command as command_line, database,
+                     describe_machine, reset_process_state, test_helpers_on_path, write_results)
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results" / "extract_calls.md"
+RESULTS = RESULTS / "extract_calls.md"
 MARKER = re.compile(r"\[s(\d+)\]")
-warnings.filterwarnings("ignore", message="No application metrics to publish")
-
-for _name in ("OPENROUTER_API_KEY", "VOYAGE_API_KEY", "LLM_BASE_URL", "EMBED_BASE_URL", "PROVIDER_SECRET_ARN",
-              "DATABASE_SECRET_ARN", "EXTRACT_FUNCTION_NAME", "DATABASE_URL"):
-    os.environ.pop(_name, None)
-os.environ.update({"POWERTOOLS_TRACE_DISABLED": "true", "POWERTOOLS_LOG_LEVEL": "ERROR",
-                   "POWERTOOLS_METRICS_DISABLED": "true", "AWS_DEFAULT_REGION": "us-east-1"})
 
 TURNS = ["I worked till ten again, my boss keeps piling on new demands {m}.",
          "My sister Lin is visiting next weekend {m}, I should clean the flat.",
@@ -108,27 +99,29 @@ def main(argv: list[str] | None = None) -> int:
                         help="every n-th session's extraction answers no memories (0: never)")
     parser.add_argument("--workers", type=int, default=4, help="in-process extract invocations at once")
     parser.add_argument("--pgdata", default="/tmp/eros-bench-extract")
+    add_database_url_option(parser)
     parser.add_argument("--out", default=str(RESULTS), help="markdown results file ('-' for none)")
     args = parser.parse_args(argv)
-    command = ".venv/bin/python bench/extract_calls.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     args.turns = max(1, min(args.turns, len(TURNS)))
     args.users = max(1, min(args.users, args.sessions))
+    with bench_environment(POWERTOOLS_LOG_LEVEL="ERROR", POWERTOOLS_METRICS_DISABLED="true"), \
+            warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="No application metrics to publish")
+        return _main(args, command_line(__file__, argv))
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    import pgserver
 
-    from eros import db as eros_db, dreaming, providers
-    from eros.config import settings
-    from eros.extraction import SYSTEM_PROMPT
+def _main(args: argparse.Namespace, command: str) -> int:
+    test_helpers_on_path()
     from apiclient import Api
-    from eros.local import InProcessInvoker
-    from eros.migrate import migrate
     from fakes import FakeOpenRouter, FakeVoyage
 
-    url = pgserver.get_server(args.pgdata, cleanup_mode=None).get_uri()
-    with eros_db.connect(url, vector=False) as conn:  # the bench's own database: migrated from scratch every run,
-        conn.execute("DROP SCHEMA IF EXISTS engine CASCADE")  # so an edited migration cannot go stale here
-    migrate(url)
+    from eros import db as eros_db, dreaming
+    from eros.config import settings
+    from eros.extraction import SYSTEM_PROMPT
+    from eros.local import InProcessInvoker
+
+    # The bench's own database is migrated from scratch every run, so an edited migration cannot go stale.
+    url = database(args.pgdata, url=args.database_url, from_scratch=True)
     with eros_db.connect(url, vector=False) as conn:  # every run starts from an empty engine
         conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions, engine.user_consolidation,"
                      " engine.persona_instances CASCADE")
@@ -150,9 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update({"DATABASE_URL": url, "LLM_BASE_URL": llm.url, "OPENROUTER_API_KEY": "bench",
                        "EMBED_BASE_URL": voyage.url, "VOYAGE_API_KEY": "bench", "DREAMING_IDLE_SECS": "1",
                        "DREAMING_BATCH_SIZE": "200"})
-    settings.cache_clear()
-    providers.reset()
-    eros_db.reset()
+    reset_process_state()
     cfg = settings()
 
     api = Api()  # tests/apiclient.py: the chat handler with API Gateway events, as the tests call it
@@ -172,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
                      user)
         print(f"chatted {len(numbers)} sessions x {args.turns} turns in {time.monotonic() - started:.1f} s "
               f"({llm.calls} LLM, {voyage.calls} embedding calls: not counted)", flush=True)
-        time.sleep(1.5)  # the sessions go idle (DREAMING_IDLE_SECS=1)
+        with eros_db.connect(url, vector=False) as conn:  # the sessions went idle a minute ago (DREAMING_IDLE_SECS=1)
+            conn.execute("UPDATE engine.chat_sessions SET last_active_at = last_active_at - interval '1 minute'"
+                         " WHERE extracted_at IS NULL")
         llm.reset()
         voyage.reset()
 
@@ -273,9 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     total_embed = sum(per_session[n]["embed"] for n in everything)
     report = "\n".join([
         "# Provider calls per extracted session", "",
-        f"* **Command:** `{command.strip()}`",
+        f"* **Command:** `{command}`",
         f"* **Date:** {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"* **Machine:** {machine.describe(with_load=False)}",
+        f"* **Machine:** {describe_machine(with_load=False)}",
         f"* **Setup:** round 1: {args.sessions} sessions × {args.turns} turns of {args.users} users chatted through the "
         f"chat handler, idle, then one sweep (`eros.dreaming.sweep`, in-process invoker, {args.workers} workers) "
         "running the extract handler per session; every "
@@ -315,9 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         f"* **Result: {'PASS' if ok else 'FAIL'}**", ""])
     print()
     print(report)
-    if args.out != "-":
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(report)
+    write_results(args.out, report, notes=False)
     return 0 if ok else 1
 
 

@@ -8,58 +8,64 @@ Every client is its own user: it creates a session, then repeats a round of POST
 providers), GET /v1/memories, GET /v1/sessions through real sockets. Reported per run: requests/s over
 all clients (the clock starts when all clients have their session and stops when the last is done),
 requests that failed (non-2xx) and responses that carried another user's data (must both be 0).
-Postgres 16 + pgvector is embedded in /tmp/eros-bench-local (left running for re-runs).
+Postgres 16 + pgvector is embedded in /tmp/eros-bench-local (left running for re-runs). The runs go to
+stdout, and with ``--out`` to a markdown file too.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime as dt
 import os
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-import machine  # bench/machine.py (the script's folder is on sys.path)
-
-ROOT = Path(__file__).resolve().parents[1]
+from _common import (add_database_url_option, bench_environment, command as command_line, database,
+                     describe_machine, use_database, write_results)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--containers", type=int, default=16, help="chat containers (1 = handler calls serialised)")
     parser.add_argument("--pg", default="/tmp/eros-bench-local")
-    args = parser.parse_args()
+    add_database_url_option(parser)
+    parser.add_argument("--out", default="-", help="also write the runs to this markdown file ('-': stdout only)")
+    args = parser.parse_args(argv)
+    with bench_environment(POWERTOOLS_LOG_LEVEL="ERROR", POWERTOOLS_METRICS_DISABLED="true",
+                           LOCAL_JWT_SECRET=os.environ.get("LOCAL_JWT_SECRET",
+                                                           "bench-only-signing-key-0123456789abcdef")):
+        return _main(args, command_line(__file__, argv))
 
-    for name in ("OPENROUTER_API_KEY", "VOYAGE_API_KEY", "LLM_BASE_URL", "EMBED_BASE_URL", "DATABASE_SECRET_ARN"):
-        os.environ.pop(name, None)
-    os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
-    os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
-    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
-    os.environ.setdefault("LOCAL_JWT_SECRET", "bench-only-signing-key-0123456789abcdef")
+
+def _main(args: argparse.Namespace, command: str) -> int:
     import httpx
-    import pgserver
 
     from eros.config import settings
     from eros.db import connect
     from eros.local import issue_token, local_jwt_key, make_server
-    from eros.migrate import migrate
 
-    url = pgserver.get_server(args.pg, cleanup_mode=None).get_uri()
-    os.environ["DATABASE_URL"] = url
-    migrate(url)
+    url = database(args.pg, url=args.database_url)
+    use_database(url)
     cfg = settings()
-    print(machine.describe())
+    mach = describe_machine()
+    print(mach)
+    lines = []
+    bad = False
     for run in range(args.runs):
         with connect(url) as conn:
             conn.execute("DELETE FROM engine.companion_memories WHERE user_id LIKE 'bench-local-%'")
             conn.execute("DELETE FROM engine.chat_sessions WHERE user_id LIKE 'bench-local-%'")
         server = make_server(cfg, "127.0.0.1", 0, concurrency=args.containers)
-        sys.stderr = sys.stdout = open(os.devnull, "w")  # the access log, metrics
+        quiet = contextlib.ExitStack()  # the access log, metrics
+        devnull = quiet.enter_context(open(os.devnull, "w"))
+        quiet.enter_context(contextlib.redirect_stdout(devnull))
+        quiet.enter_context(contextlib.redirect_stderr(devnull))
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         base = f"http://127.0.0.1:{server.server_address[1]}"
         ready = threading.Barrier(args.clients + 1)
@@ -95,11 +101,22 @@ def main() -> int:
             elapsed = time.monotonic() - started
         server.shutdown()
         server.server_close()
-        sys.stderr, sys.stdout = sys.__stderr__, sys.__stdout__
+        quiet.close()
         done, failed, foreign = (sum(x) for x in zip(*results))
+        bad = bad or bool(failed or foreign)
         print(f"run {run + 1}: {args.clients} clients, {args.containers} containers, {done} requests in {elapsed:.1f} s = {done / elapsed:.0f}"
               f" requests/s; failed {failed}, another user's data {foreign}", flush=True)
-    return 0
+        lines.append(f"| {run + 1} | {args.clients} | {args.containers} | {done} | {elapsed:.1f} | {done / elapsed:.0f} | "
+                     f"{failed} | {foreign} |")
+    write_results(args.out, "\n".join([
+        "# Local stack under concurrent clients", "",
+        f"* **Command:** `{command}`",
+        f"* **Date:** {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"* **Machine:** {mach}",
+        f"* **Rounds:** {args.rounds} per client (POST a turn, GET /v1/memories, GET /v1/sessions), offline providers",
+        "", "| run | clients | containers | requests | seconds | requests/s | failed | another user's data |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |", *lines, ""]), notes=False)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -30,18 +30,16 @@ Run (about 30-60 min on 2 cores, most of it index builds):
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 import psycopg
 from pgvector import Vector
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "layers" / "eros"))
+from _common import (add_database_url_option, bench_environment, command as command_line, database, percentile,
+                     use_database, write_results)
 
 DIM = 512
 TOPICS = 256
@@ -56,18 +54,15 @@ def log(msg: str) -> None:
     print(f"[{datetime.now():%H:%M:%S}] {msg}", flush=True)
 
 
-def pct(values: list[float], p: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
-
-
 def ms(values: list[float]) -> str:
-    return f"{pct(values, 50) * 1000:.2f} | {pct(values, 95) * 1000:.2f} | {max(values) * 1000:.2f}"
+    """p50 | p95 | max in milliseconds."""
+    s = sorted(values)
+    return f"{percentile(s, 0.50) * 1000:.2f} | {percentile(s, 0.95) * 1000:.2f} | {s[-1] * 1000:.2f}"
 
 
 # --- data ---------------------------------------------------------------------------------------
 
-def generate(conn, users: int, batch_users: int = 500) -> None:
+def generate(conn, users: int, noise: int = NOISE, batch_users: int = 500) -> None:
     conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions, engine.user_consolidation,"
                  " engine.persona_instances CASCADE")
     conn.execute("DROP TABLE IF EXISTS bench_topics, bench_noise")
@@ -77,7 +72,7 @@ def generate(conn, users: int, batch_users: int = 500) -> None:
                  f" FROM generate_series(0, {TOPICS - 1}) i, generate_series(1, {DIM}) d GROUP BY i")
     conn.execute("CREATE UNLOGGED TABLE bench_noise AS SELECT i AS id,"
                  f" array_agg(((random() - 0.5) * {NOISE_SCALE})::real ORDER BY d)::vector({DIM}) AS v"
-                 f" FROM generate_series(0, {NOISE - 1}) i, generate_series(1, {DIM}) d GROUP BY i")
+                 f" FROM generate_series(0, {noise - 1}) i, generate_series(1, {DIM}) d GROUP BY i")
     conn.execute("ALTER TABLE bench_topics ADD PRIMARY KEY (id)")
     conn.execute("ALTER TABLE bench_noise ADD PRIMARY KEY (id)")
     conn.execute("INSERT INTO engine.persona_instances (user_id, persona_id)"
@@ -104,7 +99,7 @@ def generate(conn, users: int, batch_users: int = 500) -> None:
             " JOIN engine.persona_instances i ON i.user_id = 'u' || k.u"
             " JOIN bench_topics t ON t.id = k.topic"
             " JOIN bench_noise a ON a.id = k.na JOIN bench_noise b ON b.id = k.nb",
-            {"profile": PROFILE_PER_USER, "tpu": TOPICS_PER_USER, "topics": TOPICS, "noise": NOISE,
+            {"profile": PROFILE_PER_USER, "tpu": TOPICS_PER_USER, "topics": TOPICS, "noise": noise,
              "first": first, "last": last, "per_user": ROWS_PER_USER})
         if (last + 1) % (batch_users * 4) == 0 or last == users - 1:
             rate = (last + 1) * ROWS_PER_USER / (time.perf_counter() - started)
@@ -114,13 +109,14 @@ def generate(conn, users: int, batch_users: int = 500) -> None:
 
 def make_queries(conn, users: int, n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
+    noise = conn.execute("SELECT count(*) AS n FROM bench_noise").fetchone()["n"]
     queries = []
     for _ in range(n):
         u = rng.randrange(users)
         topic = (u * 7 + rng.randrange(TOPICS_PER_USER) * 37) % TOPICS
         row = conn.execute("SELECT (t.v + a.v + b.v)::text AS v FROM bench_topics t, bench_noise a, bench_noise b"
                            " WHERE t.id = %s AND a.id = %s AND b.id = %s",
-                           (topic, rng.randrange(NOISE), rng.randrange(NOISE))).fetchone()
+                           (topic, rng.randrange(noise), rng.randrange(noise))).fetchone()
         instance = conn.execute("SELECT id FROM engine.persona_instances WHERE user_id = %s",
                                 (f"u{u}",)).fetchone()
         queries.append({"user": f"u{u}", "instance": instance["id"], "q": Vector.from_text(row["v"])})
@@ -208,7 +204,7 @@ def build_index(conn, sql: str, timeout_s: int) -> float | None:
     return time.perf_counter() - t0
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--users", type=int, default=10_000)
     ap.add_argument("--queries", type=int, default=300)
@@ -223,28 +219,31 @@ def main() -> None:
     ap.add_argument("--skip-hnsw", action="store_true")
     ap.add_argument("--out", default=None, help="write the markdown results here")
     ap.add_argument("--seed", type=int, default=7)
-    args = ap.parse_args()
+    ap.add_argument("--noise-vectors", type=int, default=NOISE, help="noise vectors the rows are made from")
+    add_database_url_option(ap)
+    args = ap.parse_args(argv)
+    with bench_environment():
+        _main(args, command_line(__file__, argv))
+    return 0
 
-    import pgserver
 
-    server = pgserver.get_server(args.dir, cleanup_mode=None)
-    admin = psycopg.connect(server.get_uri(), autocommit=True)
-    if not admin.execute("SELECT 1 FROM pg_database WHERE datname = 'recall_bench'").fetchone():
-        admin.execute("CREATE DATABASE recall_bench")
-    dsn = server.get_uri().replace("/postgres?", "/recall_bench?")
-    os.environ["DATABASE_URL"] = dsn
+def _main(args: argparse.Namespace, command: str) -> None:
     from eros.db import connect
-    from eros.migrate import migrate
 
-    migrate(dsn)
-    conn = connect(dsn)
+    dsn = database(args.dir, url=args.database_url, name="recall_bench")
+    use_database(dsn)
+    with connect(dsn) as conn:
+        _measure(args, command, conn)
+
+
+def _measure(args: argparse.Namespace, command: str, conn) -> None:
     rows_wanted = args.users * ROWS_PER_USER
     have = conn.execute("SELECT count(*) AS n FROM engine.companion_memories").fetchone()["n"]
     t_gen = None
     if args.fresh or have != rows_wanted:
         log(f"generating {rows_wanted:,} rows over {args.users:,} users")
         t0 = time.perf_counter()
-        generate(conn, args.users)
+        generate(conn, args.users, args.noise_vectors)
         t_gen = time.perf_counter() - t0
         log(f"generated in {t_gen:.0f} s")
     else:
@@ -323,6 +322,7 @@ def main() -> None:
             approx_rows.append((f"HNSW ef_search={ef}", f"{hnsw_rows:,}", r))
             log(f"  ef_search={ef}: {ms(r['times'])} ms, short {r['short']:.0%}, recall {r['recall']:.1%}")
         conn.execute("RESET hnsw.ef_search")
+        conn.execute("DROP INDEX IF EXISTS engine.bench_hnsw")  # the table as recall sees it, for whatever runs next
 
     pg_version = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()["extversion"]
     lines += [
@@ -338,7 +338,7 @@ def main() -> None:
         "",
         "Command:",
         "",
-        "    " + " ".join(["  .venv/bin/python bench/recall_latency.py"] + sys.argv[1:]).strip(),
+        "    " + command,
         "",
         "## Recall use-case per strategy",
         "",
@@ -373,10 +373,9 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text, encoding="utf-8")
+        write_results(args.out, text, notes=False)
         log(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -23,38 +23,29 @@ analysis and is kept across runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import logging
 import math
 import os
-import platform
 import random
 import re
-import shlex
 import statistics
-import subprocess
 import sys
 import threading
 import time
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results" / "turn_overhead.md"
-NOTES_MARKER = "<!-- notes -->"
+from _common import (RESULTS, add_database_url_option, bench_environment, command as command_line, database,
+                     git_commit, machine, patched, summary, use_database, write_results)
+from _stages import Stages, capture_statements
+
+RESULTS = RESULTS / "turn_overhead.md"
 GOAL_P95_MS = 15.0
 USER_PREFIX = "bench-u"
 TURN_PREFIX = "bench-turn-"
-
-# The bench never reaches a provider or AWS, whatever the shell exports; tracing has no X-Ray daemon here.
-for _name in ("OPENROUTER_API_KEY", "VOYAGE_API_KEY", "LLM_BASE_URL", "EMBED_BASE_URL", "PROVIDER_SECRET_ARN",
-              "DATABASE_SECRET_ARN", "EXTRACT_FUNCTION_NAME"):
-    os.environ.pop(_name, None)
-os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
-os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "ErosBench")
-os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 UTTERANCES = [
     "I worked till ten again today, my boss keeps piling on new demands.",
@@ -90,6 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=200, help="untimed turns first")
     p.add_argument("--seed", type=int, default=1, help="seed of the turn sampler and the fake embedder")
     p.add_argument("--pgdata", default="/tmp/eros-bench-turn", help="the embedded Postgres folder")
+    add_database_url_option(p)
     p.add_argument("--load-workers", type=int, default=2, help="parallel connections for the initial load")
     p.add_argument("--fresh", action="store_true", help="drop and reload the data set even if it is there")
     p.add_argument("--synchronous-commit", choices=("on", "off"), default="on",
@@ -107,66 +99,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-# --- machine -----------------------------------------------------------------------------------------
-def machine() -> dict[str, str]:
-    cpu = "unknown"
-    mem = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                mem = f"{int(line.split()[1]) / 1024 / 1024:.0f} GiB"
-                break
-    except OSError:
-        pass
-    try:
-        load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        load = "unknown"
-    nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"nproc": str(nproc), "cpu": cpu, "memory": mem, "loadavg": load,
-            "python": platform.python_version(), "kernel": platform.release()}
-
-
-def git_commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "layers"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
-        return head + (" (+ uncommitted changes under layers/)" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 # --- database ----------------------------------------------------------------------------------------
-def start_server(pgdata: str):
-    import pgserver
-
-    Path(pgdata).mkdir(parents=True, exist_ok=True)
-    return pgserver.get_server(pgdata, cleanup_mode=None)  # left running: re-runs join it
-
-
 def database_name(args: argparse.Namespace) -> str:
     name = (f"bench_u{args.users}_m{args.memories_per_user}_r{args.relationship_per_user}"
             f"_h{args.history_per_user}")
     return name + (f"_ttt{args.toast_tuple_target}" if args.toast_tuple_target else "")
-
-
-def ensure_database(server, name: str, fresh: bool) -> str:
-    import psycopg
-
-    with psycopg.connect(server.get_uri(), autocommit=True) as admin:
-        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-        if exists and fresh:
-            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-            exists = None
-        if not exists:
-            admin.execute(f'CREATE DATABASE "{name}"')
-    return server.get_uri(database=name)
 
 
 def expected_counts(args: argparse.Namespace) -> dict[str, int]:
@@ -409,155 +346,46 @@ def random_unit_vectors(rng: random.Random, count: int, dim: int) -> list[list[f
     return vectors
 
 
-def install_fakes(embedder: FakeEmbedder, chat: FakeChat) -> None:
-    """Replace the provider factories wherever take_turn can reach them (by name, in eros.chat and eros.providers)."""
+def fakes_installed(embedder: FakeEmbedder, chat: FakeChat):
+    """Replace the provider factories wherever take_turn can reach them (by name, in eros.chat and
+    eros.providers), for the block."""
     import eros.chat
     import eros.providers
 
-    found = []
-    for module in (eros.chat, eros.providers):
-        for name, fake in (("chat_client", chat), ("embedder", embedder)):
-            if hasattr(module, name):
-                setattr(module, name, lambda fake=fake: fake)
-                found.append(f"{module.__name__}.{name}")
-    if not {"eros.chat.chat_client", "eros.chat.embedder"} <= set(found):
-        raise SystemExit(f"eros.chat no longer has chat_client/embedder (found {found}): update install_fakes()")
+    changes = [(module, name, lambda fake=fake: fake) for module in (eros.chat, eros.providers)
+               for name, fake in (("chat_client", chat), ("embedder", embedder)) if hasattr(module, name)]
+    found = {f"{module.__name__}.{name}" for module, name, _ in changes}
+    if not {"eros.chat.chat_client", "eros.chat.embedder"} <= found:
+        raise SystemExit(f"eros.chat no longer has chat_client/embedder (found {sorted(found)}): update "
+                         "fakes_installed()")
+    return patched(*changes)
 
 
-# --- stage timing ------------------------------------------------------------------------------------
-class Stages:
-    """Times the functions take_turn reaches: the public functions of the eros modules ``eros.chat``
-    imports (store, recall, prompt, ...) and of the eros modules those import, found at run time so that
-    a change of take_turn's collaborators needs no change here.
+@contextlib.contextmanager
+def logging_to_nowhere():
+    """Logging stays on (formatting the JSON line is part of a real turn's cost) but writes nowhere."""
+    from eros.observability import logger
 
-    Every call is timed under its own name (summed per turn); the stage totals count only the outermost
-    timed calls, so nothing is counted twice. Stage of an outermost call: session (get_session,
-    find_turn), persist (claim_turn, the user's message stored before the model; record_turn), prompt
-    (eros.prompt), recall (every other: profile, relationship, history)."""
-
-    SESSION = {"get_session", "find_turn"}
-    PERSIST = {"claim_turn", "record_turn"}
-    SKIP = ("eros.config", "eros.observability", "eros.providers", "eros.db", "eros.credentials", "eros.migrate")
-
-    def __init__(self):
-        self.current: dict[str, float] = {}
-        self.samples: dict[str, list[float]] = {}
-        self._depth = 0
-
-    def stage_of(self, module: str, name: str) -> str:
-        if name in self.SESSION:
-            return "session"
-        if name in self.PERSIST:
-            return "persist"
-        if module == "eros.prompt":
-            return "prompt"
-        return "recall"
-
-    def install(self) -> None:
-        import types
-
-        import eros.chat
-
-        def eros_modules(module) -> list:
-            return [m for m in vars(module).values() if isinstance(m, types.ModuleType)
-                    and m.__name__.startswith("eros.") and not m.__name__.startswith(self.SKIP)]
-
-        modules, frontier = {}, [eros.chat]
-        for _ in range(2):  # what eros.chat uses, and what those use
-            frontier = [m for parent in frontier for m in eros_modules(parent) if m.__name__ not in modules]
-            modules.update((m.__name__, m) for m in frontier)
-        for module in modules.values():
-            for name, fn in list(vars(module).items()):
-                if (not name.startswith("_") and isinstance(fn, types.FunctionType)
-                        and fn.__module__ == module.__name__):
-                    setattr(module, name, self._wrap(module.__name__, name, fn))
-
-    def _wrap(self, module: str, name: str, fn):
-        key = f"{module.removeprefix('eros.')}.{name}"
-        stage = f"stage:{self.stage_of(module, name)}"
-        stages = self
-
-        def timed(*args, **kwargs):
-            outermost = stages._depth == 0
-            stages._depth += 1
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                elapsed = time.perf_counter() - t0
-                stages._depth -= 1
-                current = stages.current
-                current[key] = current.get(key, 0.0) + elapsed
-                if outermost:
-                    current[stage] = current.get(stage, 0.0) + elapsed
-
-        timed.__wrapped__ = fn
-        return timed
-
-    def begin(self) -> None:
-        self.current = {}
-
-    def keep(self, total: float) -> None:
-        self.current["stage:other"] = total - sum(v for k, v in self.current.items() if k.startswith("stage:"))
-        for key, value in self.current.items():
-            self.samples.setdefault(key, []).append(value)
-
-
-@contextmanager
-def capture_statements():
-    """Record (sql, params) of every statement a cursor executes during the block (Connection.execute
-    goes through a cursor too)."""
-    import psycopg
-
-    seen: list[tuple[str, object]] = []
-    original = psycopg.Cursor.execute
-
-    def execute(self, query, params=None, *args, **kwargs):
-        seen.append((query, params))
-        return original(self, query, params, *args, **kwargs)
-
-    psycopg.Cursor.execute = execute
-    try:
-        yield seen
-    finally:
-        psycopg.Cursor.execute = original
+    with open(os.devnull, "w") as devnull:
+        handlers = [h for h in logger.handlers if isinstance(h, logging.StreamHandler)]
+        streams = [h.stream for h in handlers]
+        for handler in handlers:
+            handler.setStream(devnull)
+        try:
+            yield
+        finally:
+            for handler, stream in zip(handlers, streams):
+                handler.setStream(stream)
 
 
 # --- the run -----------------------------------------------------------------------------------------
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not sorted_values:
-        return float("nan")
-    pos = (len(sorted_values) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    s = sorted(values)
-    return {"p50": percentile(s, 0.50) * 1000, "p95": percentile(s, 0.95) * 1000, "p99": percentile(s, 0.99) * 1000,
-            "mean": statistics.fmean(s) * 1000, "max": s[-1] * 1000}
-
-
 def run_turns(url: str, args: argparse.Namespace) -> dict:
     """Two passes over random users: the headline pass runs take_turn untouched (wall and CPU time per
     turn); the breakdown pass runs it again for other random users with the stage timers installed."""
-    import eros.chat
-    from eros import db, providers
-    from eros.config import EMBED_DIM, settings
-    from eros.observability import logger, metrics
+    from eros import db
+    from eros.config import EMBED_DIM
 
-    os.environ["DATABASE_URL"] = url
-    settings.cache_clear()
-    providers.reset()
-    db.reset()
-    # Logging stays on (formatting the JSON line is part of a real turn's cost) but writes nowhere.
-    devnull = open(os.devnull, "w")
-    for handler in logger.handlers:
-        if isinstance(handler, logging.StreamHandler):
-            handler.setStream(devnull)
-
+    use_database(url)
     rng = random.Random(args.seed)
     with db.connect(url) as conn:
         sessions = [(r["user_id"], r["id"]) for r in conn.execute(
@@ -565,7 +393,18 @@ def run_turns(url: str, args: argparse.Namespace) -> dict:
     per_pass = args.warmup + args.turns
     embedder = FakeEmbedder(random_unit_vectors(rng, min(2 * per_pass + 1, 5_000), EMBED_DIM))
     chat = FakeChat()
-    install_fakes(embedder, chat)
+    with fakes_installed(embedder, chat), logging_to_nowhere():
+        try:
+            return _run_turns(args, rng, sessions, chat, per_pass)
+        finally:
+            db.reset()
+
+
+def _run_turns(args: argparse.Namespace, rng: random.Random, sessions: list, chat: FakeChat, per_pass: int) -> dict:
+    import eros.chat
+    from eros import db
+    from eros.observability import metrics
+
     run_tag = uuid.uuid4().hex[:8]
 
     # The floor under every statement: one round trip of `SELECT 1` on the turn's own connection.
@@ -619,9 +458,8 @@ def run_turns(url: str, args: argparse.Namespace) -> dict:
         return out
 
     headline = one_pass("headline", None)
-    stages = Stages()
-    stages.install()
-    breakdown = one_pass("breakdown", stages)
+    with Stages().installed() as stages:
+        breakdown = one_pass("breakdown", stages)
     return {"headline": headline, "breakdown": breakdown, "stages": stages.samples, "statements": statements,
             "rtt": rtt, "commits": commits, "explains": explains}
 
@@ -728,32 +566,20 @@ def _row(label: str, s: dict[str, float], bold: bool = False) -> str:
     return f"| {label} | " + " | ".join(cells) + " |"
 
 
-def write_results(path: Path, report: str) -> None:
-    notes = ""
-    if path.exists():
-        old = path.read_text(encoding="utf-8")
-        if NOTES_MARKER in old:
-            notes = old[old.index(NOTES_MARKER):]
-    if not notes:
-        notes = NOTES_MARKER + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(report.rstrip("\n") + "\n\n" + notes, encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    command = ".venv/bin/python bench/turn_overhead.py" + "".join(f" {shlex.quote(a)}" for a in
-                                                                   (sys.argv[1:] if argv is None else argv))
-    sys.path.insert(0, str(ROOT / "layers" / "eros"))  # in case the project is not installed in this Python
+    with bench_environment():
+        return _main(args, command_line(__file__, argv))
+
+
+def _main(args: argparse.Namespace, command: str) -> int:
     from psycopg.conninfo import make_conninfo
 
     from eros.db import connect
-    from eros.migrate import migrate
 
-    print(f"embedded Postgres in {args.pgdata} ...", flush=True)
-    server = start_server(args.pgdata)
-    url = ensure_database(server, database_name(args), args.fresh)
-    migrate(url)
+    if not args.database_url:
+        print(f"embedded Postgres in {args.pgdata} ...", flush=True)
+    url = database(args.pgdata, url=args.database_url, name=database_name(args), fresh=args.fresh)
     if args.toast_tuple_target:  # before the load: it applies to rows written from now on
         with connect(url) as conn:
             target = int(args.toast_tuple_target)
@@ -782,8 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     report = render(args, command, machine() | {"load_before": load_before}, facts, have, load_secs, res)
     print()
     print(report.split("<details>")[0])
-    if str(args.output) != "-":
-        write_results(args.output, report)
+    if write_results(args.output, report):
         print(f"written to {args.output}")
     forget_earlier_runs(url)  # leave the data set as loaded for the next run
     return 0
