@@ -31,7 +31,7 @@ from eros.local import InProcessInvoker, LambdaContext, load_function, sweep_loc
 from eros.providers.offline import hash_embed
 from eros.store import consolidation
 from eros.store import deep_pass as store
-from fakes import Status, fake_llm, fake_voyage  # noqa: F401 (pytest fixtures)
+from fakes import Status
 from test_sweeper_fanout import FUNCTION, Invocations, aws, emitted_metrics, sweeper, tick  # noqa: F401
 
 UTC = timezone.utc
@@ -646,7 +646,9 @@ def test_offline_planner_merges_repeats_and_lets_the_newest_slot_value_win():
     groups = [[_row(1, 1, "Lives in Shanghai"), _row(2, 2, "lives in shanghai."), _row(3, 3, "Lives in Tokyo"),
                _row(4, 4, "Has a daughter, Mia")],
               [_row(5, 5, "Likes mocha", mentions=1), _row(6, 6, "Likes mocha", mentions=3)]]
-    assert deep_pass.offline_actions(deep_pass.render(groups)) == [
+    from eros.providers.offline import offline_actions
+
+    assert offline_actions(deep_pass.render(groups)) == [
         {"keep": "m1", "duplicates": ["m2"]}, {"current": "m3", "supersedes": ["m1"]},
         {"keep": "m6", "duplicates": ["m5"]}]
 

@@ -30,14 +30,17 @@ def test_every_event_file_is_covered_here():
         "extract_session.json", "extract_deep_pass.json", "migrate_create.json"}
 
 
+SAMPLE_INSTANCE = "0b9e8d7c-6a5f-4e3d-9c2b-1a0f9e8d7c6b"  # the persona instance of the sample's session
+
+
 def seed_session_of_the_sample_events(db) -> dict:
     """The session, user and claim the sample events name, so that they act on real rows."""
     sample = event("extract_session.json")
     db.execute("INSERT INTO engine.persona_instances (id, user_id, persona_id) VALUES (%s, %s, 'luna')",
-               (sample["instance_id"], sample["user_id"]))
+               (SAMPLE_INSTANCE, sample["user_id"]))
     db.execute("INSERT INTO engine.chat_sessions (id, user_id, instance_id, last_active_at, extraction_claimed_at)"
                " VALUES (%s, %s, %s, now() - interval '2 hours', %s)",
-               (sample["session_id"], sample["user_id"], sample["instance_id"],
+               (sample["session_id"], sample["user_id"], SAMPLE_INSTANCE,
                 datetime.fromisoformat(sample["claim_token"])))
     return sample
 
@@ -114,7 +117,7 @@ def test_sweeper_schedule_event_sweeps_in_process(db, monkeypatch, env):
     db.execute("UPDATE engine.chat_sessions SET extraction_claimed_at = NULL")
     sent = []
     sweeper = load_function("sweeper")
-    monkeypatch.setattr(sweeper, "_invoker", lambda payload: sent.append(payload))
+    monkeypatch.setattr(sweeper, "invoker", lambda: sent.append)
     result = invoke("sweeper", event("sweeper_schedule.json"))
     assert result["claimed"] == 1 and result["invoked"] == 1
     assert [p["session_id"] for p in sent] == [sample["session_id"]]

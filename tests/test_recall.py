@@ -8,7 +8,6 @@ import math
 import random
 import uuid
 from array import array
-from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -16,7 +15,9 @@ from pgvector import Vector
 from psycopg.types.json import Jsonb
 
 from eros import recall
-from eros.recall import Hygiene, RecallParams, decay, normalised, score
+from eros.config import RecallParams
+from eros.memory import MemoryLayer
+from eros.recall import Hygiene, normalised
 from eros.store import recall as recall_store
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=timezone.utc)
@@ -60,7 +61,34 @@ def instance_for(db, user: str) -> uuid.UUID:
                       (user,)).fetchone()["id"]
 
 
+def replace(params: RecallParams, **changes) -> RecallParams:
+    """The parameters with some changed (unvalidated: a test may switch hygiene off with a threshold above 1)."""
+    return params.model_copy(update=changes)
+
+
 # --- brute force, written independently of the SQL ------------------------------------------------
+_MAX_EXPONENT = 700.0  # the SQL clamps exp()'s argument the same way (Postgres raises on underflow)
+
+
+def decay(age_days: float, tau_days: float) -> float:
+    return math.exp(-min(max(age_days, 0.0) / tau_days, _MAX_EXPONENT))
+
+
+def score(strategy: str, similarity: float, age_days: float, importance: float | None,
+          params: RecallParams) -> float:
+    """A row's undemoted score: the strategy's base score plus the additive importance term."""
+    weight = 0.5 if importance is None else importance
+    if strategy == "grouped":
+        base = similarity
+    elif strategy == "recency":
+        base = similarity + params.lam * decay(age_days, params.tau_days)
+    elif strategy == "composite":
+        base = (similarity * (params.floor + (1 - params.floor) * decay(age_days, params.tau_days))
+                * (params.importance_floor + (1 - params.importance_floor) * weight))
+    else:
+        raise ValueError(f"unknown recall strategy {strategy!r}")
+    return base + params.importance_weight * weight
+
 
 def brute_force(rows: list[dict], query: list[float], strategy: str, params: RecallParams, k: int,
                 cap: int | None, now: datetime = NOW, demote: bool = True) -> list[tuple[uuid.UUID, float]]:
@@ -91,11 +119,8 @@ def brute_force(rows: list[dict], query: list[float], strategy: str, params: Rec
 
 
 def sql_rows(layer, strategy, user, query, params: RecallParams, k, cap, now=NOW, instance=None):
-    return recall_store.ranked(layer, strategy, user, query, k=k, cap=cap, instance_id=instance, now=now,
-                               lam=params.lam, tau_days=params.tau_days, floor=params.floor,
-                               importance_floor=params.importance_floor, importance_weight=params.importance_weight,
-                               demote_similarity=params.demote_similarity, demote_penalty=params.demote_penalty,
-                               demote_pool=params.demote_pool)
+    return recall_store.ranked(MemoryLayer(layer), replace(params, strategy=strategy), user, query, k=k, cap=cap,
+                               instance_id=instance, now=now)
 
 
 def sql_ids(layer, strategy, user, query, params: RecallParams, k, cap, now=NOW, instance=None):
@@ -318,10 +343,9 @@ def test_the_floor_keeps_an_old_true_fact_above_a_fresh_irrelevant_one(db):
     daughter = insert(db, "alice", "has a daughter", near(q, rng, 0.4), importance=0.9, age_days=3 * 365)
     trivia = insert(db, "alice", "had noodles", near(q, rng, 3.0), importance=0.3, age_days=0)
     assert cosine(daughter["embedding"], q) > 0.8 > 0.4 > cosine(trivia["embedding"], q)
-    defaults = RecallParams.from_settings(recall.settings())
+    defaults = recall.settings().recall
     for strategy in ("grouped", "recency", "composite"):
-        got = recall.recall("alice", None, q, now=NOW, params=RecallParams(**{**defaults.__dict__,
-                                                                             "strategy": strategy}))
+        got = recall.recall("alice", None, q, now=NOW, params=replace(defaults, strategy=strategy))
         assert got.profile[0]["id"] == daughter["id"], strategy
 
 
@@ -427,7 +451,7 @@ def test_a_stable_old_fact_with_no_newer_close_row_is_not_buried_by_the_defaults
     play = insert(db, "alice", "Daughter's school play is Friday", at_angle(32), category="event", importance=0.5,
                   age_days=1)  # close (cos 0.93), newer, but another category
     assert cosine(daughter["embedding"], play["embedding"]) > 0.92
-    defaults = RecallParams.from_settings(recall.settings())
+    defaults = recall.settings().recall
     assert defaults.demote_similarity > 0.76 and defaults.demote_penalty > 0
     for strategy in ("grouped", "recency", "composite"):
         got = recall.recall("alice", None, QUERY, now=NOW, params=replace(defaults, strategy=strategy))

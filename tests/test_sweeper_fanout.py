@@ -24,12 +24,12 @@ from moto import mock_aws
 
 from eros.local import LambdaContext, load_function
 from eros.observability import metrics
-from fakes import fake_llm, fake_voyage  # noqa: F401 (pytest fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
 FUNCTION = "eros-extract"
 UTC = timezone.utc
-PAYLOAD_KEYS = {"session_id", "user_id", "instance_id", "claim_token"}
+PAYLOAD_KEYS = {"session_id", "user_id", "claim_token"}
+SAMPLE_INSTANCE = "0b9e8d7c-6a5f-4e3d-9c2b-1a0f9e8d7c6b"  # the persona instance of the sample event's session
 NO_USERS = {"users_claimed": 0, "deep_pass_invoked": 0, "deep_pass_invoke_failures": 0}  # no deep pass due
 NO_USER_METRICS = {"UsersClaimed": 0, "DeepPassInvoked": 0, "DeepPassInvokeFailures": 0,
                    "DreamingInFlight": 0, "ProvidersBlocked": 0}  # and nothing in flight before the tick
@@ -144,7 +144,7 @@ class Invocations:
 def sweeper(db, env, monkeypatch):
     """A fresh sweeper container (no cached Lambda client) and a clean metrics buffer."""
     module = load_function("sweeper")
-    monkeypatch.setattr(module, "_invoker", None)
+    module.invoker.cache_clear()
     metrics.clear_metrics()
     # An extract concurrency far above what these tests claim, so only the tick cap and batches bound them
     # (test_a_tick_claims_no_more_than_the_extract_function_can_start_before_claims_go_stale is about it).
@@ -208,7 +208,6 @@ def test_scheduled_tick_invokes_extract_once_per_claimed_session_and_extract_acc
         assert set(payload) == PAYLOAD_KEYS
         row = stored[payload["session_id"]]
         assert payload["user_id"] == row["user_id"]
-        assert payload["instance_id"] == str(row["instance_id"])
         assert datetime.fromisoformat(payload["claim_token"]) == row["extraction_claimed_at"]
     assert stored[str(busy)]["extraction_claimed_at"] is None
 
@@ -352,10 +351,10 @@ def test_extract_session_event_is_not_claimed_until_its_session_holds_that_claim
 
     token = datetime.fromisoformat(sample["claim_token"])
     db.execute("INSERT INTO engine.persona_instances (id, user_id, persona_id) VALUES (%s, %s, 'luna')",
-               (sample["instance_id"], sample["user_id"]))
+               (SAMPLE_INSTANCE, sample["user_id"]))
     db.execute("INSERT INTO engine.chat_sessions (id, user_id, instance_id, created_at, last_active_at,"
                " extraction_claimed_at, extraction_attempts) VALUES (%s, %s, %s, %s, %s, %s, 1)",
-               (sample["session_id"], sample["user_id"], sample["instance_id"], token - timedelta(hours=1),
+               (sample["session_id"], sample["user_id"], SAMPLE_INSTANCE, token - timedelta(hours=1),
                 token - timedelta(minutes=40), token + timedelta(seconds=1)))
     add_transcript(db, sample["session_id"])
     assert extract(sample)["outcome"] == "not-claimed"  # a different claim holds the session

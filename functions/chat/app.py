@@ -9,29 +9,31 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
+import psycopg
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError, ServiceError, UnauthorizedError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.logging import correlation_paths
-import psycopg
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
-from eros import chat, health as health_check
-from eros.config import CATEGORIES, settings
+from eros import chat, errors, tracing
+from eros import health as health_check
+from eros.config import settings
+from eros.memory import Category, MemoryLayer, Source, SupersededReason
 from eros.observability import logger, metrics
-from eros import tracing
 from eros.store import chat as chat_store
 from eros.store import memories as memory_store
 
 app = APIGatewayHttpResolver(enable_validation=True)
 app.enable_swagger(path="/v1/docs", openapi_version="3.1.0", title="eros companion memory API")
 
-MAX_CONTENT = settings().max_content_chars
 # Request bodies are flat objects; deeper JSON is refused before it is parsed (Python's parser recurses).
 MAX_JSON_DEPTH = 32
 # The largest message id a cursor can name (chat_messages.id is a bigint).
@@ -57,8 +59,16 @@ def _storable(value):
     return value
 
 
-Content = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_CONTENT),
-                    BeforeValidator(_storable)]
+def _within_limit(value: str) -> str:
+    """MAX_CONTENT_CHARS, read per request (a setting, not a constant of the module)."""
+    limit = settings().max_content_chars
+    if len(value) > limit:
+        raise ValueError(f"must be at most {limit} characters (it has {len(value)})")
+    return value
+
+
+Content = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1), BeforeValidator(_storable),
+                    AfterValidator(_within_limit)]
 
 
 class Strict(BaseModel):
@@ -77,13 +87,13 @@ class NewTurn(Strict):
 class Memory(BaseModel):
     """A memory as its owner sees it (never its embedding)."""
     id: UUID
-    layer: Literal["profile", "relationship"]
-    category: str | None
+    layer: MemoryLayer
+    category: Category | None
     content: str
     importance: float | None
     persona_id: str | None = Field(description="the persona of a relationship memory; null in the profile layer")
     created_at: datetime
-    source: Literal["utterance", "dreaming", "deep_pass", "user"] = Field(
+    source: Source = Field(
         description="what wrote it: a chat utterance, session-end dreaming, the per-user deep pass, the user")
     session_id: UUID | None = Field(description="the session it came from")
     from_message_id: int | None = Field(description="first message of the range it was distilled from")
@@ -93,7 +103,7 @@ class Memory(BaseModel):
     mention_count: int
     superseded_at: datetime | None = Field(description="validity end; null while the memory is active")
     superseded_by: UUID | None = Field(description="the memory that replaced it (null once that one is deleted)")
-    superseded_reason: Literal["changed", "duplicate", "reverted", "edited", "outdated"] | None = Field(
+    superseded_reason: SupersededReason | None = Field(
         description="changed: a newer fact replaced it; duplicate: merged into its twin; reverted: the user restored"
                     " an older version; outdated: an utterance that stated a fact which changed (superseded_by"
                     " names that fact)")
@@ -112,7 +122,7 @@ class MemoryWithHistory(Memory):
                                               "what it replaced and what replaced it, recursively")
 
 
-def memory_cursor(memory: dict) -> str:
+def memory_cursor(memory: Mapping[str, Any]) -> str:
     """The opaque cursor after a memory in the listing: its position (created_at, id), not a reference to the
     row, so that the next page does not depend on the row still existing."""
     position = json.dumps([memory["created_at"].isoformat(), str(memory["id"])], separators=(",", ":"))
@@ -149,17 +159,16 @@ def current_user() -> str:
     return sub
 
 
-def _session_of(user: str, session_id: UUID) -> dict:
-    session = chat_store.get_session(user, session_id)
-    if session is None:
-        raise NotFoundError("session not found")
-    return session
+def _session_of(user: str, session_id: UUID) -> None:
+    if chat_store.get_session(user, session_id) is None:
+        raise errors.NotFound("session not found")
 
 
 # Every error answer is {"statusCode", "code", "message", ...}: ``code`` is stable (clients branch on it),
 # ``message`` is for people. Codes not named where the error is raised come from its status.
 _CODES = {400: "invalid_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 409: "conflict",
-          413: "payload_too_large", 429: "rate_limited", 422: "invalid_request", 500: "internal_error", 503: "unavailable"}
+          413: "payload_too_large", 429: "rate_limited", 422: "invalid_request", 500: "internal_error",
+          503: "unavailable"}
 
 
 def _error_body(status: int, message: str, code: str | None = None, **extra) -> str:
@@ -207,7 +216,7 @@ def personas():
 def create_session(body: NewSession):
     session = chat_store.create_session(current_user(), body.persona_id)
     if session is None:
-        raise NotFoundError(f"persona {body.persona_id!r} not found")
+        raise errors.NotFound(f"persona {body.persona_id!r} not found")
     return Response(201, content_types.APPLICATION_JSON, session)
 
 
@@ -226,8 +235,8 @@ def sessions():
                                 (502, "model_error: the provider refused the request (not retryable)"),
                                 (503, "model_unavailable (retryable) or database_unavailable"),
                                 (504, "model_timeout (retryable)")))
-def take_turn(session_id: UUID, body: NewTurn):
-    return chat.take_turn(current_user(), session_id, body.content, body.client_turn_id).as_dict()
+def take_turn(session_id: UUID, body: NewTurn) -> chat.TurnResult:
+    return chat.take_turn(current_user(), session_id, body.content, body.client_turn_id)
 
 
 @app.get("/v1/sessions/<session_id>/messages")
@@ -239,8 +248,8 @@ def messages(session_id: UUID, limit: Annotated[int, Query(ge=1, le=200)] = 50,
 
 
 @app.get("/v1/memories")
-def memories(layer: Annotated[Literal["profile", "relationship"] | None, Query()] = None,
-             category: Annotated[Literal[CATEGORIES] | None, Query()] = None,  # type: ignore[valid-type]
+def memories(layer: Annotated[MemoryLayer | None, Query()] = None,
+             category: Annotated[Category | None, Query()] = None,
              limit: Annotated[int, Query(ge=1, le=500)] = 100,
              before: Annotated[MemoryCursor | None,
                                Query(description="the next_before of the previous page (a memory id is accepted "
@@ -249,15 +258,22 @@ def memories(layer: Annotated[Literal["profile", "relationship"] | None, Query()
                                 Query(description="'superseded': list history (superseded rows) too; "
                                                   "default: active memories only")] = None) -> MemoryPage:
     user = current_user()
+    rows = memory_store.list_memories(user, layer, category, limit, _position(user, before),
+                                      include_superseded=include == "superseded")
+    return MemoryPage.model_validate(
+        {"memories": rows, "next_before": memory_cursor(rows[-1]) if len(rows) == limit else None})
+
+
+def _position(user: str, before: object) -> tuple[datetime, UUID] | None:
+    """Where the listing continues: a validated cursor's position, or an older client's memory id looked up."""
     if isinstance(before, UUID):  # an older client's cursor: the id of the last memory it was shown
         position = memory_store.position_of(user, before)
         if position is None:
             raise RequestValidationError([{"loc": ("query", "before"), "type": "value_error",
                                            "msg": f"no memory {before} (deleted?): pass the next_before of the "
                                                   f"previous page instead"}])
-        before = position
-    rows = memory_store.list_memories(user, layer, category, limit, before, include_superseded=include == "superseded")
-    return {"memories": rows, "next_before": memory_cursor(rows[-1]) if len(rows) == limit else None}
+        return position
+    return before if isinstance(before, tuple) else None
 
 
 @app.get("/v1/memories/<memory_id>", summary="one memory with its history",
@@ -267,8 +283,8 @@ def memories(layer: Annotated[Literal["profile", "relationship"] | None, Query()
 def memory(memory_id: UUID) -> MemoryWithHistory:
     found = memory_store.get_memory(current_user(), memory_id)
     if found is None:
-        raise NotFoundError("memory not found")
-    return found
+        raise errors.NotFound("memory not found")
+    return MemoryWithHistory.model_validate(found)
 
 
 @app.post("/v1/memories/<memory_id>/restore", summary="undo a supersession",
@@ -279,8 +295,8 @@ def memory(memory_id: UUID) -> MemoryWithHistory:
 def restore_memory(memory_id: UUID) -> MemoryWithHistory:
     restored = memory_store.restore_memory(current_user(), memory_id)
     if restored is None:
-        raise NotFoundError("memory not found")
-    return restored
+        raise errors.NotFound("memory not found")
+    return MemoryWithHistory.model_validate(restored)
 
 
 @app.delete("/v1/memories/<memory_id>", summary="delete a memory",
@@ -288,7 +304,7 @@ def restore_memory(memory_id: UUID) -> MemoryWithHistory:
             responses=_documented((204, "deleted"), _NOT_YOURS))
 def delete_memory(memory_id: UUID):
     if not memory_store.delete_memory(current_user(), memory_id):
-        raise NotFoundError("memory not found")
+        raise errors.NotFound("memory not found")
     return Response(204, None, "")
 
 
@@ -302,8 +318,8 @@ def invalid_request(error: RequestValidationError):
     return _error(400 if malformed else 422, f"invalid request: {summary}", errors=problems)
 
 
-@app.exception_handler(chat.NotFound)
-def not_found(error: chat.NotFound):
+@app.exception_handler(errors.NotFound)
+def not_found(error: errors.NotFound):
     return _error(404, str(error))
 
 
@@ -326,13 +342,17 @@ def not_superseded(error: memory_store.NotSuperseded):
     return _error(409, str(error), "memory_active")
 
 
+# A model that timed out is a gateway timeout, one that is down is unavailable, one that refused is a bad gateway.
+_TURN_FAILURE_STATUS = {"model_timeout": 504, "model_unavailable": 503, "model_error": 502}
+
+
 @app.exception_handler(chat.TurnFailed)
 def turn_failed(error: chat.TurnFailed):
     # A stable code and message (never the provider's text: it can echo the user's content); retryable
     # only when the model is unavailable, not when it refused the request.
     advice = ("retry with the same client_turn_id" if error.retryable
               else "retrying will not help until the service is fixed")
-    return _error(error.status, f"{error}; your message was kept, {advice}", error.code,
+    return _error(_TURN_FAILURE_STATUS[error.code], f"{error}; your message was kept, {advice}", error.code,
                   client_turn_id=error.client_turn_id, retryable=error.retryable)
 
 
@@ -357,7 +377,7 @@ def unexpected(error: Exception):
 def not_found_error(error: NotFoundError):
     # Powertools sends both unknown routes (no message) and NotFoundError raised by routes here.
     event = app.current_event
-    return _error(404, error.msg if getattr(error, "msg", "") else f"no route {event.http_method} {event.path}")
+    return _error(404, str(error.msg) if getattr(error, "msg", "") else f"no route {event.http_method} {event.path}")
 
 
 def _refuse(status: int, message: str) -> dict:
@@ -370,24 +390,18 @@ def _nested_deeper_than(text: str, limit: int) -> bool:
     """Whether the JSON text opens more than ``limit`` arrays/objects inside each other (strings skipped)."""
     if text.count("[") + text.count("{") <= limit:
         return False
-    depth, in_string, escaped = 0, False, False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
+    depth = 0
+    for char in _STRINGS.sub('""', text):  # brackets inside strings do not nest
+        if char in "[{":
             depth += 1
             if depth > limit:
                 return True
         elif char in "]}":
             depth -= 1
     return False
+
+
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')  # a JSON string, escapes included
 
 
 def _unreadable_json(body: str) -> str | None:

@@ -4,28 +4,28 @@ or, for an event of kind "deep_pass", one claimed user's deep pass (consolidatio
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Literal
+from typing import Annotated, Literal
 from uuid import UUID
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
-from eros import deep_pass, dreaming
+from eros import deep_pass, dreaming, tracing
 from eros.config import settings
-from eros.observability import logger, metrics
-from eros import tracing
+from eros.observability import logger, metrics, time_left
 
 
 class ExtractEvent(BaseModel):
+    """What the sweeper sends for one claimed session (``eros.dreaming.extract_payload``)."""
     model_config = ConfigDict(extra="ignore")
 
     kind: Literal["session"] = "session"  # session events carry no kind (what the sweeper has always sent)
     session_id: UUID
-    user_id: str
-    instance_id: UUID
+    user_id: str = Field(min_length=1)  # the session's user: a log key, so an operator can follow one user
     claim_token: AwareDatetime  # the claim's extraction_claimed_at; guards every write
 
 
 class DeepPassEvent(BaseModel):
+    """What the sweeper sends for one user claimed for a deep pass (``eros.deep_pass.payload``)."""
     model_config = ConfigDict(extra="ignore")
 
     kind: Literal["deep_pass"]
@@ -33,15 +33,19 @@ class DeepPassEvent(BaseModel):
     claim_token: AwareDatetime  # the user's user_consolidation.claimed_at; guards every write
 
 
-@logger.inject_lambda_context
+Job: TypeAdapter[ExtractEvent | DeepPassEvent] = TypeAdapter(
+    Annotated[ExtractEvent | DeepPassEvent, Field(discriminator="kind")])
+
+
+@logger.inject_lambda_context(clear_state=True)  # no keys of the previous invocation
 @tracing.lambda_handler(tracing.extract_annotations)  # no response or error in traces
 @metrics.log_metrics
 def lambda_handler(event: dict, context) -> dict:
     # A malformed event raises: Lambda's retries then the OnFailure DLQ keep it for inspection.
-    budget = max(1.0, context.get_remaining_time_in_millis() / 1000 - 10)  # leave time to write and report
-    if isinstance(event, dict) and event.get("kind") == deep_pass.KIND:
-        job = DeepPassEvent.model_validate(event)
+    job = Job.validate_python({"kind": "session", **event} if isinstance(event, dict) else event)
+    logger.append_keys(user_id=job.user_id)
+    budget = time_left(context, reserve_secs=10)  # leave time to write and report
+    if isinstance(job, DeepPassEvent):
         return asdict(deep_pass.run(settings(), job.user_id, job.claim_token, time_budget_secs=budget))
-    session = ExtractEvent.model_validate(event)
-    return asdict(dreaming.extract_session(settings(), session.session_id, session.claim_token,
-                                           time_budget_secs=budget))
+    logger.append_keys(session_id=str(job.session_id))
+    return asdict(dreaming.extract_session(settings(), job.session_id, job.claim_token, time_budget_secs=budget))

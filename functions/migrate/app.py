@@ -26,7 +26,7 @@ try:  # the logger is a nicety; the response must not depend on the eros package
 except Exception:  # pragma: no cover - only when the layer itself is broken
     import logging
 
-    logger = logging.getLogger("eros.migrate")
+    logger = logging.getLogger("eros.migrate")  # type: ignore[assignment]  # same calls, plain logging
 
 RESPONSE_TIMEOUT = httpx.Timeout(10.0, connect=5.0)
 RESPONSE_ATTEMPTS = 3
@@ -82,8 +82,8 @@ def _migrate(dsn_holder: list[str]) -> list[str]:
     from psycopg.conninfo import make_conninfo
 
     from eros.config import settings
-    from eros.migrate import ensure_app_user, migrate
     from eros.credentials import app_database_login, complete_app_secret, database_dsn
+    from eros.migrate import ensure_app_user, migrate
 
     cfg = settings()
     dsn = database_dsn(cfg)
@@ -162,7 +162,8 @@ def _password_of(dsn: str) -> str | None:
     try:
         from psycopg.conninfo import conninfo_to_dict
 
-        return conninfo_to_dict(dsn).get("password") or None
+        password = conninfo_to_dict(dsn).get("password")
+        return str(password) if password else None
     except Exception:  # noqa: BLE001 - an unparsable DSN has no password to find
         return None
 

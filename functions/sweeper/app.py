@@ -2,29 +2,43 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
+from functools import lru_cache
 
-from eros import dreaming
+from eros import dreaming, tracing
 from eros.config import settings
-from eros.observability import logger, metrics
-from eros import tracing
-
-_invoker: dreaming.LambdaInvoker | None = None  # one boto3 client per container
+from eros.observability import logger, metrics, time_left
 
 
-def invoker() -> dreaming.LambdaInvoker:
-    global _invoker
-    if _invoker is None:
-        name = settings().extract_function_name
-        if not name:
-            raise RuntimeError("EXTRACT_FUNCTION_NAME is not set")
-        _invoker = dreaming.LambdaInvoker(name)
-    return _invoker
+class LambdaInvoker:
+    """The fan-out in AWS: one asynchronous invocation of the extract function per job (Lambda delivers
+    it at least once; the claim token makes a second delivery harmless)."""
+
+    def __init__(self, function_name: str, client=None):
+        import boto3  # the runtime's, imported on the first sweep rather than at cold start
+
+        self.function_name = function_name
+        self.client = client or boto3.client("lambda")
+
+    def __call__(self, payload: dict) -> None:
+        response = self.client.invoke(FunctionName=self.function_name, InvocationType="Event",
+                                      Payload=json.dumps(payload).encode())
+        if response.get("StatusCode") != 202:
+            raise RuntimeError(f"async invoke answered {response.get('StatusCode')}")
+
+
+@lru_cache(maxsize=1)
+def invoker() -> dreaming.Invoker:
+    """One boto3 client per container. The local stack replaces this function (eros.local.sweeper)."""
+    name = settings().extract_function_name
+    if not name:
+        raise RuntimeError("EXTRACT_FUNCTION_NAME is not set")
+    return LambdaInvoker(name)
 
 
 @logger.inject_lambda_context
 @tracing.lambda_handler(tracing.sweeper_annotations)  # no response or error in traces
 @metrics.log_metrics
 def lambda_handler(event: dict, context) -> dict:
-    budget = max(1.0, context.get_remaining_time_in_millis() / 1000 - 10)  # leave time to report
-    return asdict(dreaming.sweep(settings(), invoker(), time_budget_secs=budget))
+    return asdict(dreaming.sweep(settings(), invoker(), time_budget_secs=time_left(context, reserve_secs=10)))

@@ -7,16 +7,19 @@ import uuid
 from dataclasses import dataclass
 from uuid import UUID
 
+from pydantic import BaseModel, Field
+
 from . import prompt, recall
-from .config import settings
+from .config import Settings, settings
+from .errors import NotFound
+from .memory import MemoryLayer
 from .observability import logger, metrics, tracer
 from .providers import Deadline, ProviderError, ProviderTimeout, ProviderUnavailable, chat_client, embedder
+from .providers.embed import Embeddings
+from .providers.llm import Completion
 from .store import chat as chat_store
 from .store import usage as usage_store
-
-
-class NotFound(Exception):
-    pass
+from .store.rows import SessionWithPersona, TurnMessages
 
 
 class TurnConflict(Exception):
@@ -58,16 +61,21 @@ class TurnFailed(Exception):
     """The model (or embedder) failed; the user's message is kept and the turn can be retried.
 
     What an API client sees is stable and never the provider's text (which can echo the user's
-    content): ``status`` (HTTP), ``code`` and ``message``, and ``retryable``, true only for availability
-    failures (timeouts, the provider's 5xx, 408 and 429) -- a retry of a request the provider refused
-    (400, 401, 402, 403, a malformed answer) fails the same way."""
+    content): ``code`` (model_timeout, model_unavailable, model_error), a fixed message, and
+    ``retryable``, true only for availability failures (timeouts, the provider's 5xx, 408 and 429): a
+    retry of a request the provider refused (400, 401, 402, 403, a malformed answer) fails the same way."""
 
-    def __init__(self, status: int, code: str, message: str, client_turn_id: str, retryable: bool):
+    def __init__(self, cause: ProviderError, client_turn_id: str):
+        status = provider_status(cause)
+        refused = status is not None and 400 <= status < 500 and status not in (408, 429)
+        if isinstance(cause, ProviderTimeout) and not refused:
+            code, message, retryable = "model_timeout", "the model did not answer in time", True
+        elif isinstance(cause, ProviderUnavailable) and not refused:
+            code, message, retryable = "model_unavailable", "the model is unavailable", True
+        else:
+            code, message, retryable = "model_error", "the model could not answer this message", False
         super().__init__(message)
-        self.status = status
-        self.code = code
-        self.retryable = retryable
-        self.client_turn_id = client_turn_id
+        self.code, self.retryable, self.client_turn_id = code, retryable, client_turn_id
 
 
 def provider_status(exc: BaseException) -> int | None:
@@ -76,42 +84,36 @@ def provider_status(exc: BaseException) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def classify_provider_error(exc: BaseException) -> tuple[int, str, str, bool]:
-    """(HTTP status, code, message, retryable) of a turn that failed at a provider."""
-    status = provider_status(exc)
-    refused = status is not None and 400 <= status < 500 and status not in (408, 429)
-    if isinstance(exc, ProviderTimeout) and not refused:
-        return 504, "model_timeout", "the model did not answer in time", True
-    if isinstance(exc, ProviderUnavailable) and not refused:
-        return 503, "model_unavailable", "the model is unavailable", True
-    return 502, "model_error", "the model could not answer this message", False
+class RecalledMemory(BaseModel):
+    """A memory the reply's prompt carried."""
+    id: UUID
+    layer: MemoryLayer
+    category: str | None = Field(description="the profile category; null for a relationship utterance")
 
 
-@dataclass
-class TurnResult:
+class TurnResult(BaseModel):
+    """What a chat turn answers (the route's response model)."""
     reply: str
-    client_turn_id: str
+    client_turn_id: str = Field(description="the turn's id: the client's, or one made for it")
     user_message_id: int
     assistant_message_id: int
-    recalled: list[dict]
-    model: str
-    replayed: bool = False
-
-    def as_dict(self) -> dict:
-        return {"reply": self.reply, "client_turn_id": self.client_turn_id, "user_message_id": self.user_message_id,
-                "assistant_message_id": self.assistant_message_id, "recalled": self.recalled, "model": self.model,
-                "replayed": self.replayed}
+    recalled: list[RecalledMemory] = Field(description="what the prompt carried, profile first, best first")
+    model: str = Field(description="the model that answered")
+    replayed: bool = Field(False, description="true when this is the stored reply of an earlier attempt")
 
 
-def _replay(turn: dict[str, dict], client_turn_id: str) -> TurnResult:
-    meta = turn["assistant"]["metadata"]
+def _replay(turn: TurnMessages, client_turn_id: str) -> TurnResult:
+    meta = turn["assistant"].get("metadata") or {}
     return TurnResult(reply=turn["assistant"]["content"], client_turn_id=client_turn_id,
                       user_message_id=turn["user"]["id"], assistant_message_id=turn["assistant"]["id"],
-                      recalled=meta.get("recalled", []), model=meta.get("model", ""), replayed=True)
+                      recalled=[RecalledMemory.model_validate(r) for r in meta.get("recalled", [])],
+                      model=meta.get("model", ""), replayed=True)
 
 
 @tracer.capture_method(capture_response=False, capture_error=False)  # a reply is content
 def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str | None) -> TurnResult:
+    """One chat turn: the message is stored (claiming its turn id) before any model call; a retry of an
+    answered turn replays its reply; a model failure keeps the message and raises ``TurnFailed``."""
     cfg = settings()
     session = chat_store.get_session(user_id, session_id)
     if session is None:
@@ -129,41 +131,54 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
         raise TurnConflict("client_turn_id was already used in this session for a different message")
     if "assistant" in turn:
         return _replay(turn, turn_id)
-
-    deadline = Deadline.after(cfg.turn_budget_secs)
-    stage = "embed"
-    try:
-        query = embedder().embed([content], "query", deadline=deadline)
-        history = chat_store.recent_messages(session_id, cfg.history_messages, exclude_turn=turn_id)
-        memories = recall.recall(user_id, session["instance_id"], query.vectors[0], history=history,
-                                 message=content)
-        profile, relationship = memories.profile, memories.relationship
-        messages = prompt.build_messages(session["system_prompt"], profile, relationship, history, content)
-        stage = "chat"
-        completion = chat_client().complete(cfg.chat_model, messages, max_tokens=cfg.chat_max_tokens,
-                                            deadline=deadline)
-    except ProviderError as exc:
-        status, code, message, retryable = classify_provider_error(exc)
-        metrics.add_metric(name="TurnProviderFailures", unit="Count", value=1)
-        # The provider's status and error type, never its text: an error body can echo the user's message.
-        logger.warning("chat turn failed at a provider", extra={
-            "session_id": str(session_id), "stage": stage, "error_type": type(exc).__name__,
-            "provider_status": provider_status(exc), "code": code, "retryable": retryable})
-        raise TurnFailed(status, code, message, turn_id, retryable) from None
-
-    recalled = ([{"id": str(m["id"]), "layer": "profile", "category": m["category"]} for m in profile]
-                + [{"id": str(m["id"]), "layer": "relationship", "category": m["category"]} for m in relationship])
+    answer = _answer(cfg, user_id, session, content, turn_id)
     stored = chat_store.record_turn(
-        session, user_id, turn["user"]["id"], content, turn_id, completion.text,
-        {"recalled": recalled, "model": completion.model, "usage": completion.usage, "offline": completion.offline},
-        query.vectors[0], query.model,
-        tokens=usage_store.tokens_of(completion.usage) + usage_store.tokens_of(query.usage),
+        session, user_id, turn["user"]["id"], content, turn_id, answer.completion.text,
+        {"recalled": [r.model_dump(mode="json") for r in answer.recalled], "model": answer.completion.model,
+         "usage": answer.completion.usage, "offline": answer.completion.offline},
+        answer.query.vectors[0], answer.query.model,
+        tokens=usage_store.tokens_of(answer.completion.usage) + usage_store.tokens_of(answer.query.usage),
     )
     if stored["replayed"]:  # a concurrent duplicate of this turn finished first
         return _replay(chat_store.find_turn(session_id, turn_id), turn_id)
     metrics.add_metric(name="Turns", unit="Count", value=1)
-    logger.info("chat turn", extra={"session_id": str(session_id), "recalled": len(recalled),
-                                    "model": completion.model, "usage": completion.usage})
-    return TurnResult(reply=completion.text, client_turn_id=turn_id, user_message_id=stored["user_message_id"],
-                      assistant_message_id=stored["assistant_message_id"], recalled=recalled,
-                      model=completion.model)
+    logger.info("chat turn", extra={"session_id": str(session_id), "recalled": len(answer.recalled),
+                                    "model": answer.completion.model, "usage": answer.completion.usage})
+    return TurnResult(reply=answer.completion.text, client_turn_id=turn_id,
+                      user_message_id=stored["user_message_id"], assistant_message_id=stored["assistant_message_id"],
+                      recalled=answer.recalled, model=answer.completion.model)
+
+
+@dataclass
+class _Answer:
+    query: Embeddings  # the message's embedding (stored with the utterance)
+    completion: Completion
+    recalled: list[RecalledMemory]
+
+
+def _answer(cfg: Settings, user_id: str, session: SessionWithPersona, content: str, turn_id: str) -> _Answer:
+    """Embed the message, recall, build the prompt and call the chat model, within the turn's budget."""
+    deadline = Deadline.after(cfg.turn_budget_secs)
+    stage = "embed"
+    try:
+        query = embedder().embed([content], "query", deadline=deadline)
+        history = chat_store.recent_messages(session["id"], cfg.history_messages, exclude_turn=turn_id)
+        memories = recall.recall(user_id, session["instance_id"], query.vectors[0], history=history,
+                                 message=content)
+        messages = prompt.build_messages(session["system_prompt"], memories.profile, memories.relationship,
+                                         history, content)
+        stage = "chat"
+        completion = chat_client().complete(cfg.chat_model, messages, max_tokens=cfg.chat_max_tokens,
+                                            deadline=deadline)
+    except ProviderError as exc:
+        failed = TurnFailed(exc, turn_id)
+        metrics.add_metric(name="TurnProviderFailures", unit="Count", value=1)
+        # The provider's status and error type, never its text: an error body can echo the user's message.
+        logger.warning("chat turn failed at a provider", extra={
+            "session_id": str(session["id"]), "stage": stage, "error_type": type(exc).__name__,
+            "provider_status": provider_status(exc), "code": failed.code, "retryable": failed.retryable})
+        raise failed from None
+    recalled = [RecalledMemory(id=m["id"], layer=layer, category=m["category"])
+                for layer, rows in ((MemoryLayer.PROFILE, memories.profile),
+                                    (MemoryLayer.RELATIONSHIP, memories.relationship)) for m in rows]
+    return _Answer(query, completion, recalled)

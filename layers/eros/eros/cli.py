@@ -7,25 +7,29 @@ import os
 import sys
 
 
-def _database_url(args) -> str:
-    """DATABASE_URL if set, else the embedded Postgres in .data/pg (started on demand)."""
-    if os.environ.get("DATABASE_URL"):
-        return os.environ["DATABASE_URL"]
-    from .local import DATA, embedded_postgres
+def _database() -> tuple[str, str]:
+    """(the database URL, what to call it): DATABASE_URL if set, else the embedded Postgres in .data/pg,
+    started on demand. The URL is then put in the environment, where the functions this process runs
+    read their settings (the local stack is their Lambda environment)."""
+    from .config import settings
+    from .local import data_dir, embedded_postgres
 
+    configured = settings().database_url
+    if configured is not None:
+        return configured.get_secret_value(), "DATABASE_URL"
     url = embedded_postgres()
     os.environ["DATABASE_URL"] = url
-    os.environ["EROS_EMBEDDED_PG"] = str(DATA / "pg")
-    return url
+    settings.cache_clear()
+    return url, f"embedded Postgres 16 + pgvector in {data_dir() / 'pg'}"
 
 
 def cmd_migrate(args) -> int:
-    from .migrate import migrate
-    from .credentials import database_dsn
     from .config import settings
+    from .credentials import database_dsn
+    from .migrate import migrate
 
-    if not os.environ.get("DATABASE_SECRET_ARN"):
-        _database_url(args)
+    if not settings().database_secret_arn:
+        _database()
     applied = migrate(database_dsn(settings()))
     print(f"migrations applied: {', '.join(applied) if applied else 'none (up to date)'}")
     return 0
@@ -45,19 +49,20 @@ def cmd_serve(args) -> int:
     from .local import make_server, run_local_sweeper
     from .migrate import migrate
 
-    url = _database_url(args)
+    url, database = _database()
     migrate(url)
     cfg = settings()
-    server = make_server(cfg, args.host, args.port, concurrency=args.concurrency)
-    base = f"http://{args.host}:{args.port}"
+    port = args.port or cfg.port
+    server = make_server(cfg, args.host, port, concurrency=args.concurrency)
+    base = f"http://{args.host}:{port}"
     described = providers.describe()
     sweeper = run_local_sweeper(cfg) if args.sweep else None  # the local EventBridge schedule
     print(f"""
 eros local stack
-  database : {('embedded Postgres 16 + pgvector in ' + os.environ['EROS_EMBEDDED_PG']) if os.environ.get('EROS_EMBEDDED_PG') else 'DATABASE_URL'}
+  database : {database}
   chat LLM : {described['llm']}
   embedder : {described['embedder']}
-  dreaming : {'every %ss, sessions idle for %ss' % (cfg.dreaming_tick_secs, cfg.dreaming_idle_secs) if sweeper else 'off'}
+  dreaming : {f"every {cfg.dreaming_tick_secs}s, sessions idle for {cfg.dreaming_idle_secs}s" if sweeper else "off"}
   API      : {base}
 
 Try it:
@@ -79,7 +84,7 @@ Try it:
 def cmd_sweep(args) -> int:
     from .local import sweep_locally
 
-    _database_url(args)
+    _database()
     result = sweep_locally()
     print(result)
     return 0
@@ -120,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("serve", help="run the local stack: embedded Postgres, HTTP API, sweeper")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=int(os.environ.get("PORT", "3000")))
+    p.add_argument("--port", type=int, default=None, help="default: PORT, else 3000")
     p.add_argument("--no-sweep", dest="sweep", action="store_false", help="do not run the dreaming sweeper")
     p.add_argument("--concurrency", type=int, default=16,
                    help="chat containers (concurrent requests handled, like Lambda's concurrency; default 16)")

@@ -1,20 +1,63 @@
 """Configuration, read once from the environment into one validated model.
 
-Every knob of the engine is here with its default; nothing else reads ``os.environ``.
-Secrets are not fields of this model's environment in AWS: there the *ARNs* are, and
+Every knob of the engine, the local stack's included, is here with its default, and this is the only
+module that reads ``os.environ`` (the local stack *writes* it: it is the environment of the functions it
+runs, as Lambda's is in AWS). Secrets are not in the environment in AWS: there their *ARNs* are, and
 ``eros.credentials`` resolves them (cached) into the values below.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-CATEGORIES = ("fact", "preference", "event", "emotion", "relation")
 EMBED_DIM = 512
+
+
+class RecallParams(BaseModel):
+    """How recall ranks: the one definition of its knobs (``Settings.recall``; eros.recall and
+    eros.store.recall take this model, with no defaults of their own). Each field is read from the
+    environment variable its alias names; code and tests set it by field name.
+
+    Defaults: the winner of bench/recall_eval.py on the dev set with semantic (e5) embeddings
+    (bench/results/recall_summary.md). ``lam`` and ``importance_floor`` are on the embedder's cosine
+    scale: re-run the sweep with the production embedder (Voyage) before changing them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    strategy: Literal["grouped", "recency", "composite"] = Field("recency", alias="RECALL_STRATEGY")
+    per_category: int = Field(2, ge=1, le=20, alias="RECALL_PER_CATEGORY")  # grouped: profile rows per category
+    top_k: int = Field(10, ge=1, le=50, alias="RECALL_TOP_K")  # recency/composite: profile rows across categories
+    # recency/composite: at most this many per category; 0 = no cap
+    category_cap: int = Field(0, ge=0, le=50, alias="RECALL_CATEGORY_CAP")
+    relationship_top_k: int = Field(5, ge=0, le=50, alias="RELATIONSHIP_TOP_K")
+    lam: float = Field(0.002, ge=0, le=10, alias="RECALL_DECAY_LAMBDA")  # recency: weight of the decay term
+    tau_days: float = Field(365.0, gt=0, le=36500, alias="RECALL_DECAY_TAU_DAYS")  # decay = exp(-age_days / tau)
+    floor: float = Field(0.9, ge=0, le=1, alias="RECALL_DECAY_FLOOR")  # composite: what a very old row keeps
+    # composite: importance weight = f + (1 - f) * importance
+    importance_floor: float = Field(0.9, ge=0, le=1, alias="RECALL_IMPORTANCE_FLOOR")
+    # two recalled rows at least this cosine-similar: one is dropped
+    dedupe_similarity: float = Field(0.97, gt=0, le=1, alias="RECALL_DEDUPE_SIMILARITY")
+    # Read-time safety net (consolidation, docs/CONSOLIDATION.md): an older profile row with a newer
+    # active row of the same category at least ``demote_similarity`` cosine-similar loses
+    # ``demote_penalty`` (demoted, not hidden; above 1: off), checked among the ``demote_pool`` best
+    # rows only; plus ``importance_weight * importance`` added to every score. Tuned on the e5 dev set,
+    # which is also where hygiene's duplicate threshold moved from 0.95 to 0.97: e5 puts a stable fact
+    # and a newer related one ("has a cat, Mochi" / "adopted a second cat") above 0.95, and hygiene
+    # dropped the old one. On the embedder's cosine scale: re-tune with the production embedder.
+    demote_similarity: float = Field(0.84, gt=0, le=2, alias="RECALL_DEMOTE_SIMILARITY")
+    demote_penalty: float = Field(0.01, ge=0, le=1, alias="RECALL_DEMOTE_PENALTY")
+    demote_pool: int = Field(32, ge=1, le=200, alias="RECALL_DEMOTE_POOL")
+    importance_weight: float = Field(0.05, ge=0, le=1, alias="RECALL_IMPORTANCE_WEIGHT")
+
+    @property
+    def demoting(self) -> bool:
+        """Whether the read-time demotion is on at all."""
+        return self.demote_similarity <= 1 and self.demote_penalty > 0
 
 
 class Settings(BaseModel):
@@ -62,31 +105,8 @@ class Settings(BaseModel):
     turns_per_minute: int = Field(0, ge=0)
     daily_token_budget: int = Field(0, ge=0)
 
-    # --- recall (eros.recall) -------------------------------------------------------------
-    # Defaults: the winner of bench/recall_eval.py on the dev set with semantic (e5) embeddings,
-    # bench/results/recall_eval_e5.md. lambda and ifloor are on the embedder's cosine scale: re-run
-    # the sweep with the production embedder (Voyage) before changing them.
-    recall_strategy: Literal["grouped", "recency", "composite"] = "recency"
-    recall_per_category: int = Field(2, ge=1, le=20)  # grouped: profile rows per category
-    recall_top_k: int = Field(10, ge=1, le=50)  # recency/composite: profile rows across categories
-    recall_category_cap: int = Field(0, ge=0, le=50)  # recency/composite: at most this many per category; 0 = no cap
-    relationship_top_k: int = Field(5, ge=0, le=50)
-    recall_decay_lambda: float = Field(0.002, ge=0, le=10)  # recency: weight of the decay term
-    recall_decay_tau_days: float = Field(365.0, gt=0, le=36500)  # decay = exp(-age_days / tau)
-    recall_decay_floor: float = Field(0.9, ge=0, le=1)  # composite: what a very old row keeps of its score
-    recall_importance_floor: float = Field(0.9, ge=0, le=1)  # composite: weight = f + (1 - f) * importance
-    recall_dedupe_similarity: float = Field(0.97, gt=0, le=1)  # two recalled rows this close: one is dropped
-    # Read-time safety net (issue 7 §2): an older profile row with a newer active row of the same
-    # category at least this cosine-similar is demoted by the penalty (not hidden; above 1: off),
-    # checked among the pool best rows only; plus w * importance added to every score. Tuned on the
-    # e5 dev set (bench/results/recall_summary.md), which is also where hygiene's near-duplicate
-    # threshold moved from 0.95 to 0.97: e5 puts a stable fact and a newer related one ("has a
-    # cat, Mochi" / "adopted a second cat") above 0.95, and hygiene dropped the old one. The
-    # threshold is on the embedder's cosine scale: re-tune with the production embedder.
-    recall_demote_similarity: float = Field(0.84, gt=0, le=2)
-    recall_demote_penalty: float = Field(0.01, ge=0, le=1)
-    recall_demote_pool: int = Field(32, ge=1, le=200)
-    recall_importance_weight: float = Field(0.05, ge=0, le=1)
+    # --- recall (eros.recall): one nested model, each knob read from the variable its alias names -----
+    recall: RecallParams = RecallParams()
 
     # --- dreaming -------------------------------------------------------------------
     dreaming_idle_secs: int = Field(1800, ge=1)
@@ -123,9 +143,12 @@ class Settings(BaseModel):
     deep_pass_max_shown: int = Field(40, ge=2, le=200)  # rows shown to the model (handles m1..mN)
     deep_pass_max_supersessions: int = Field(20, ge=0)  # rows one pass may supersede, whatever it is told
 
-    # --- local stack ----------------------------------------------------------------
+    # --- local stack (eros.local, eros.cli) ----------------------------------------------
     jwt_issuer: str = "http://127.0.0.1:3000/local"
     jwt_audience: str = "eros-local"
+    eros_data_dir: str | None = None  # the embedded Postgres and the local signing key; default .data/
+    local_jwt_secret: SecretStr | None = None  # the local tokens' HS256 key; default one generated into .data/
+    port: int = Field(3000, ge=1, le=65535)  # the local API's port
 
     @property
     def llm_url(self) -> str:
@@ -151,12 +174,27 @@ class Settings(BaseModel):
                           // self.dreaming_extract_secs))
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None, **overrides) -> "Settings":
+    def env_names(cls) -> set[str]:
+        """Every environment variable the settings are read from."""
+        flat = {name.upper() for name, field in cls.model_fields.items() if name not in _NESTED}
+        return flat | {field.alias for model in _NESTED.values() for field in model.model_fields.values()
+                       if field.alias}
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """The settings from ``env`` (default: the process environment); ``overrides`` by field name win."""
         env = os.environ if env is None else env
-        names = cls.model_fields.keys()
-        values = {name: env[name.upper()] for name in names if env.get(name.upper(), "") != ""}
+        values: dict[str, Any] = {name: env[name.upper()] for name in cls.model_fields
+                  if name not in _NESTED and env.get(name.upper(), "") != ""}
+        for name, model in _NESTED.items():
+            values[name] = {field.alias: env[field.alias] for field in model.model_fields.values()
+                            if field.alias and env.get(field.alias, "") != ""}
         values.update(overrides)
         return cls.model_validate(values)
+
+
+# Settings fields that are models of their own, read from their fields' aliases.
+_NESTED: dict[str, type[BaseModel]] = {"recall": RecallParams}
 
 
 @lru_cache(maxsize=1)

@@ -15,6 +15,7 @@ import json
 import os
 import re
 from importlib import resources
+from typing import Any
 
 from aws_lambda_powertools.utilities import parameters
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -130,7 +131,8 @@ def complete_app_secret(settings: Settings, admin_dsn: str) -> bool:
         return False
     secret = _json_secret(arn)
     target = conninfo_to_dict(admin_dsn)
-    wanted = {"engine": "postgres", **{field: str(target[field]) for field in _CONNECTION_FIELDS if target.get(field)}}
+    wanted: dict[str, Any] = {"engine": "postgres",
+                              **{field: str(target[field]) for field in _CONNECTION_FIELDS if target.get(field)}}
     if "port" in wanted:
         wanted["port"] = int(wanted["port"])
     if all(secret.get(key) == value for key, value in wanted.items()):

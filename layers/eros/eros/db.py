@@ -2,15 +2,17 @@
 
 Opened lazily on first use, reopened when it is found closed or broken. Autocommit, so that
 no transaction stays open between statements unless ``transaction()`` asks for one.
-``prepare_threshold=None`` turns off server-side prepared statements: RDS Proxy (transaction
-pooling) cannot pin them to a backend.
+``prepare_threshold=None`` turns off server-side prepared statements: RDS Proxy multiplexes
+connections between transactions, and a session that prepares a statement gets pinned to one backend
+connection for its lifetime, which defeats the pooling.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any
 
 import psycopg
 from pgvector.psycopg import register_vector
@@ -20,16 +22,18 @@ from .config import settings
 from .credentials import database_dsn
 
 _local = threading.local()
+# Rows come back as dicts (dict_row); their shapes are the TypedDicts of eros.store.rows.
+Connection = psycopg.Connection[Any]
 
 
-def connect(dsn: str, *, vector: bool = True) -> psycopg.Connection:
+def connect(dsn: str, *, vector: bool = True) -> Connection:
     conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=None, connect_timeout=5, row_factory=dict_row)
     if vector:
         register_vector(conn)
     return conn
 
 
-def connection() -> psycopg.Connection:
+def connection() -> Connection:
     conn = getattr(_local, "conn", None)
     if conn is None or conn.closed or conn.broken:
         conn = connect(database_dsn(settings()))
@@ -45,8 +49,16 @@ def reset() -> None:
     _local.conn = None
 
 
+def one(cursor: psycopg.Cursor[Any]) -> Any:
+    """The row of a statement that always returns one (an aggregate, an INSERT ... RETURNING)."""
+    row = cursor.fetchone()
+    if row is None:
+        raise RuntimeError("the statement returned no row")
+    return row
+
+
 @contextmanager
-def transaction() -> Iterator[psycopg.Connection]:
+def transaction() -> Iterator[Connection]:
     conn = connection()
     with conn.transaction():
         yield conn

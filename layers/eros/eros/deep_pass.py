@@ -24,23 +24,22 @@ it) are capped at DEEP_PASS_MAX_ATTEMPTS. A user given up on is due again at its
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Callable
 from uuid import UUID
 
-from .config import Settings
 from . import dreaming
+from .config import Settings
 from .dreaming import backoff, describe_failure, fan_out
 from .model_answers import handle, json_values
 from .observability import logger, metrics
 from .prompt import neutralise
 from .providers import Deadline, ProviderConfigurationError, ProviderError, ProviderUnavailable, chat_client
-from .providers.offline import statement_key, topic_slot
 from .store import deep_pass as store
 from .store import dreaming as dreaming_store
 from .store import usage as usage_store
+from .store.rows import ClaimedUser, UserClaim
 
 KIND = "deep_pass"  # the extract event's "kind" that asks for a deep pass
 _MAX_ANSWER_CHARS = 100_000
@@ -77,16 +76,14 @@ class DeepPassResult:
     fault: str | None = None  # own | world | configuration, for retry-later, blocked and gave-up
 
 
-def payload(row: dict) -> dict:
+def payload(row: UserClaim) -> dict:
     """The extract event that asks for one claimed user's deep pass."""
     return {"kind": KIND, "user_id": row["user_id"], "claim_token": row["claim_token"].isoformat()}
 
 
 # --- clusters ---------------------------------------------------------------------------------------
-def clusters(rows: dict[UUID, dict], pairs: list[tuple[UUID, UUID, float]], max_shown: int) -> list[list[dict]]:
-    """Connected groups of close rows (union-find over the pairs), the biggest first, at most
-    ``max_shown`` rows in all; each cluster oldest row first. A single cluster bigger than the budget
-    is cut to its most recent rows."""
+def _connected(rows: dict[UUID, dict], pairs: list[tuple[UUID, UUID, float]]) -> list[list[dict]]:
+    """The groups of two or more rows that the pairs connect (union-find)."""
     parent: dict[UUID, UUID] = {}
 
     def root(i: UUID) -> UUID:
@@ -104,9 +101,17 @@ def clusters(rows: dict[UUID, dict], pairs: list[tuple[UUID, UUID, float]], max_
     groups: dict[UUID, list[dict]] = {}
     for i in parent:
         groups.setdefault(root(i), []).append(rows[i])
-    ordered = sorted((g for g in groups.values() if len(g) >= 2),
-                     key=lambda g: (-len(g), -max(r["created_at"] for r in g).timestamp(), str(min(r["id"] for r in g))))
-    chosen, budget = [], max_shown
+    return [g for g in groups.values() if len(g) >= 2]
+
+
+def clusters(rows: dict[UUID, dict], pairs: list[tuple[UUID, UUID, float]], max_shown: int) -> list[list[dict]]:
+    """Connected groups of close rows (union-find over the pairs), the biggest first, at most
+    ``max_shown`` rows in all; each cluster oldest row first. A single cluster bigger than the budget
+    is cut to its most recent rows."""
+    ordered = sorted(_connected(rows, pairs), key=lambda g: (-len(g), -max(r["created_at"] for r in g).timestamp(),
+                                                              str(min(r["id"] for r in g))))
+    chosen: list[list[dict]] = []
+    budget = max_shown
     for group in ordered:
         group = sorted(group, key=lambda r: (r["created_at"], str(r["id"])))
         if len(group) > budget:
@@ -128,9 +133,6 @@ def handles(chosen: list[list[dict]]) -> dict[str, tuple[UUID, int]]:
             n += 1
             shown[f"m{n}"] = (row["id"], index)
     return shown
-
-
-_LINE = re.compile(r"^- (m\d+) \((\w+), noted (\S+), mentioned (\d+)x\): (.*)$")
 
 
 def render(chosen: list[list[dict]]) -> str:
@@ -214,8 +216,8 @@ def resolve(parsed: list[tuple[str, str | None, list[str | None]]], shown: dict[
             ignored += len(target_handles)
             continue
         targets: list[UUID] = []
-        for handle in target_handles:
-            target = shown.get(handle) if handle else None
+        for target_handle in target_handles:
+            target = shown.get(target_handle) if target_handle else None
             if (target is None or target[1] != survivor[1] or target[0] == survivor[0]
                     or target[0] in gone or target[0] in targets or budget <= 0):
                 ignored += 1
@@ -226,35 +228,6 @@ def resolve(parsed: list[tuple[str, str | None, list[str | None]]], shown: dict[
             gone.update(targets)
             actions.append((kind, survivor[0], targets))
     return Resolved(actions, ignored)
-
-
-# --- the offline stand-in -----------------------------------------------------------------------------
-def offline_actions(rendered: str) -> list[dict]:
-    """What OfflineChat answers to the deep-pass prompt, deterministically. Within a group: rows with
-    the same statement are repeats (the most mentioned, then the oldest, is kept); statements about
-    the same one-value slot (home, job, ...) that differ are a change (the newest is current)."""
-    actions: list[dict] = []
-    for block in re.findall(r"<group g\d+>\n(.*?)\n</group>", rendered, flags=re.S):
-        rows = [m.groups() for m in map(_LINE.match, block.splitlines()) if m]
-        by_key: dict[str, list[tuple[int, str, int, str]]] = {}
-        for position, (handle, _, _, mentions, content) in enumerate(rows):
-            by_key.setdefault(statement_key(content), []).append((position, handle, int(mentions), content))
-        kept: list[tuple[int, str, str]] = []  # (newest position of the statement, kept handle, content)
-        for same in by_key.values():
-            keep = min(same, key=lambda r: (-r[2], r[0]))
-            if len(same) > 1:
-                actions.append({"keep": keep[1], "duplicates": [r[1] for r in same if r is not keep]})
-            kept.append((max(r[0] for r in same), keep[1], keep[3]))
-        by_slot: dict[str, list[tuple[int, str, str]]] = {}
-        for entry in kept:
-            slot = topic_slot(entry[2])
-            if slot:
-                by_slot.setdefault(slot, []).append(entry)
-        for entries in by_slot.values():
-            if len(entries) > 1:
-                current = max(entries)
-                actions.append({"current": current[1], "supersedes": [e[1] for e in entries if e is not current]})
-    return actions
 
 
 # --- the use-case ---------------------------------------------------------------------------------------
@@ -292,7 +265,7 @@ def run(cfg: Settings, user_id: str, claim_token: datetime, time_budget_secs: fl
         raise
 
 
-def _run(cfg: Settings, user_id: str, claim_token: datetime, lease: datetime, time_budget_secs: float
+def _run(cfg: Settings, user_id: str, claim_token: datetime, lease: datetime | None, time_budget_secs: float
          ) -> DeepPassResult:
     snap = store.snapshot(user_id, cfg.deep_pass_max_rows, cfg.deep_pass_similarity)
     chosen = clusters(snap.rows, snap.pairs, cfg.deep_pass_max_shown)
@@ -318,7 +291,7 @@ def _run(cfg: Settings, user_id: str, claim_token: datetime, lease: datetime, ti
     return _finish(result, store.apply(user_id, claim_token, resolved.actions, snap, lease=lease), resolved.ignored)
 
 
-def _failed(cfg: Settings, claimed: dict, claim_token: datetime, exc: Exception, moment: datetime
+def _failed(cfg: Settings, claimed: ClaimedUser, claim_token: datetime, exc: Exception, moment: datetime
             ) -> DeepPassResult:
     """As ``dreaming._failed``: whose fault decides between hold, back off, count, or give up."""
     user_id, lease = claimed["user_id"], claimed["lease"]
@@ -390,7 +363,7 @@ class UserSweep:
     invoke_failures: int = 0
 
 
-def sweep_users(cfg: Settings, invoke: Callable[[dict], None], now: Callable[[], datetime],
+def sweep_users(cfg: Settings, invoke: dreaming.Invoker, now: Callable[[], datetime],
                 out_of_time: Callable[[], bool], limit: int | None = None) -> UserSweep:
     """Claim users whose deep pass is due, batch after batch up to DEEP_PASS_TICK_CAP (and ``limit``:
     what is left of the tick's extract capacity after the sessions), and invoke one deep pass each (the

@@ -7,27 +7,28 @@ extract_session()  -- the extract Lambda's use-case: take the claim's lease -> t
                       call (per window) -> one embedding batch -> one guarded transaction; a failure
                       goes back with a backoff, counted against whoever was at fault (issue 8).
 
-The invoke seam: boto3's Lambda client (InvocationType=Event) in AWS; locally, eros.local.InProcessInvoker.
+The invoke seam (``Invoker``): in AWS the sweeper function's boto3 invoker (InvocationType=Event); locally
+``eros.local.InProcessInvoker``. Either way one extract invocation per claimed session.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Callable, Protocol
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
 from uuid import UUID, uuid4
 
-from .config import Settings
 from . import extraction
+from .config import Settings
 from .extraction import Candidate, windows
 from .observability import logger, metrics
-from .providers import (Deadline, ProviderConfigurationError, ProviderError, ProviderUnavailable, chat_client,
-                        embedder)
+from .providers import Deadline, ProviderConfigurationError, ProviderError, ProviderUnavailable, chat_client, embedder
 from .store import dreaming as store
 from .store import usage as usage_store
+from .store.rows import Claim, ClaimedSession, Message
 
 CONTEXT_MESSAGES = 6  # earlier turns shown (marked) to a resumed session's extraction
 WINDOW_CHARS = 24_000  # transcript characters per extraction call (~6k tokens)
@@ -57,12 +58,13 @@ class SweepResult:
 
 def utcnow() -> datetime:
     """Dreaming's application clock: claims, leases, backoffs. Tests replace it to move time without sleeping."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
-def extract_payload(row: dict) -> dict:
-    return {"session_id": str(row["id"]), "user_id": row["user_id"], "instance_id": str(row["instance_id"]),
-            "claim_token": row["claim_token"].isoformat()}
+def extract_payload(claim: Claim) -> dict:
+    """The extract function's event for one claimed session (``functions/extract/app.py`` reads it)."""
+    return {"session_id": str(claim["id"]), "user_id": claim["user_id"],
+            "claim_token": claim["claim_token"].isoformat()}
 
 
 def sweep(cfg: Settings, invoke: Invoker, *, now: Callable[[], datetime] | None = None,
@@ -130,8 +132,8 @@ def sweep(cfg: Settings, invoke: Invoker, *, now: Callable[[], datetime] | None 
     return result
 
 
-def fan_out(batch: list[dict], invoke: Invoker, payload: Callable[[dict], dict],
-            release: Callable[[dict], object]) -> tuple[int, int]:
+def fan_out[J](batch: Sequence[J], invoke: Invoker, payload: Callable[[J], dict],
+            release: Callable[[J], object]) -> tuple[int, int]:
     """Invoke one job per claimed row; a failed invoke gives its claim back at once (the next tick
     takes it) instead of leaving it to go stale. Returns (invoked, failed)."""
     invoked = failed = 0
@@ -145,22 +147,6 @@ def fan_out(batch: list[dict], invoke: Invoker, payload: Callable[[dict], dict],
             release(row)
             logger.warning("invoke failed; claim released", extra={"job": job, "error": repr(exc)[:300]})
     return invoked, failed
-
-
-class LambdaInvoker:
-    """Fan-out in AWS: an asynchronous Lambda invocation per session (at-least-once delivery)."""
-
-    def __init__(self, function_name: str, client=None):
-        import boto3
-
-        self.function_name = function_name
-        self.client = client or boto3.client("lambda")
-
-    def __call__(self, payload: dict) -> None:
-        response = self.client.invoke(FunctionName=self.function_name, InvocationType="Event",
-                                      Payload=json.dumps(payload).encode())
-        if response.get("StatusCode") != 202:
-            raise RuntimeError(f"async invoke answered {response.get('StatusCode')}")
 
 
 def redrive(why: str = "retry-window", user_id: str | None = None) -> list[UUID]:
@@ -192,7 +178,6 @@ class ExtractResult:
     confirmed: int = 0  # known rows the session repeated (no new row)
     ignored: int = 0  # handles the model named that could not be applied
     llm_calls: int = 0
-    more_pending: bool = False
     fault: str | None = None  # own | world | configuration, for retry-later, blocked and gave-up
     retry_at: str | None = None  # retry-later: the earliest next attempt
 
@@ -252,7 +237,7 @@ def extract_session(cfg: Settings, session_id: UUID, claim_token: datetime,
                                  retry_at, None, moment):
             return _report(ExtractResult(sid, "lost-claim"))
         return _report(ExtractResult(sid, "deferred", retry_at=retry_at.isoformat()))
-    if session["extraction_attempts"] >= cfg.dreaming_max_attempts:  # e.g. its workers kept dying
+    if _attempts_exhausted(cfg, session["extraction_attempts"]):  # e.g. its workers kept dying
         return _give_up(session, claim_token, "own", f"gave up after {session['extraction_attempts']}"
                         f" attempts: {session['extraction_error']}", "attempts")
 
@@ -270,10 +255,11 @@ def extract_session(cfg: Settings, session_id: UUID, claim_token: datetime,
         raise
 
 
-def _extract(cfg: Settings, session: dict, claim_token: datetime, time_budget_secs: float,
+def _extract(cfg: Settings, session: ClaimedSession, claim_token: datetime, time_budget_secs: float,
              progress: dict) -> ExtractResult:
     session_id, sid = session["id"], str(session["id"])
-    earlier, new = store.transcript(session_id, session["extraction_watermark"], CONTEXT_MESSAGES, MESSAGES_PER_INVOCATION)
+    earlier, new = store.transcript(session_id, session["extraction_watermark"], CONTEXT_MESSAGES,
+                                    MESSAGES_PER_INVOCATION)
     if not new:
         if store.finish(session, claim_token, [], None, None) is None:
             return _report(ExtractResult(sid, "lost-claim"))
@@ -302,16 +288,16 @@ def _extract(cfg: Settings, session: dict, claim_token: datetime, time_budget_se
     result = ExtractResult(sid, "extracted" if rows else "consolidated" if decided.confirm
                            else "unparsable" if problems else "nothing",
                            memories=len(rows), superseded=counts["superseded"], confirmed=counts["confirmed"],
-                           ignored=counts["ignored"] + decided.ignored, llm_calls=calls,
-                           more_pending=len(new) > sum(len(p) for p in parts) or len(new) == MESSAGES_PER_INVOCATION)
+                           ignored=counts["ignored"] + decided.ignored, llm_calls=calls)
     for name, value in (("MemoriesExtracted", result.memories), ("MemoriesSuperseded", result.superseded),
                         ("MemoriesConfirmed", result.confirmed), ("ConsolidationIgnored", result.ignored)):
         metrics.add_metric(name=name, unit="Count", value=value)
     return _report(result, known_shown=len(shown))
 
 
-def _candidates(cfg: Settings, earlier: list[dict], parts: list[list[dict]], shown: dict[str, dict],
-                deadline: Deadline, progress: dict) -> tuple[list[Candidate], list[str], str]:
+def _candidates(cfg: Settings, earlier: list[Message], parts: list[list[Message]],
+                shown: Mapping[str, Mapping[str, Any]], deadline: Deadline, progress: dict
+                ) -> tuple[list[Candidate], list[str], str]:
     """One LLM call per window: (candidates, parse problems, the model that answered); calls counted in
     ``progress`` as they are made (a later window's failure still reports what was paid)."""
     llm = chat_client()
@@ -344,10 +330,16 @@ def _rows(decided: extraction.Plan, model: str, deadline: Deadline, first: int, 
     return [{"id": uuid4(), "content": c.content, "category": c.category, "importance": c.importance,
              "embedding": v, "supersedes": supersedes, "from_message_id": first, "through_message_id": last,
              "metadata": {"model": model, "embed_model": vectors.model}}
-            for (c, supersedes), v in zip(decided.new, vectors.vectors)]
+            for (c, supersedes), v in zip(decided.new, vectors.vectors, strict=True)]
 
 
-def _give_up(session: dict, claim_token: datetime, fault: str, error: str, why: str, calls: int = 0
+def _attempts_exhausted(cfg: Settings, attempts: int) -> bool:
+    """The session's own failures (counted so far) have reached DREAMING_MAX_ATTEMPTS: stop trying it.
+    Checked when a delivery starts (the claim counted a worker that died) and after a failure of its own."""
+    return attempts >= cfg.dreaming_max_attempts
+
+
+def _give_up(session: ClaimedSession, claim_token: datetime, fault: str, error: str, why: str, calls: int = 0
              ) -> ExtractResult:
     sid = str(session["id"])
     if not store.give_up(session, claim_token, error, why):
@@ -355,7 +347,7 @@ def _give_up(session: dict, claim_token: datetime, fault: str, error: str, why: 
     return _report(ExtractResult(sid, "gave-up", llm_calls=calls, fault=fault), error=error)
 
 
-def _failed(cfg: Settings, session: dict, claim_token: datetime, exc: Exception, progress: dict,
+def _failed(cfg: Settings, session: ClaimedSession, claim_token: datetime, exc: Exception, progress: dict,
             moment: datetime) -> ExtractResult:
     """Sort a failure by whose fault it is and give the claim back accordingly (or give up)."""
     sid, calls = str(session["id"]), progress["calls"]
@@ -381,8 +373,8 @@ def _failed(cfg: Settings, session: dict, claim_token: datetime, exc: Exception,
         counts = "retries"
         metrics.add_metric(name="ExtractProviderFailures", unit="Count", value=1)
     else:  # the session's own: a provider 4xx on its transcript, a crash on it
-        attempts = session["extraction_attempts"] + 1
-        if attempts >= cfg.dreaming_max_attempts:
+        attempts = session["extraction_attempts"] + 1  # this failure included
+        if _attempts_exhausted(cfg, attempts):
             return _give_up(session, claim_token, "own", f"gave up after {attempts} attempts: {error}",
                             "attempts", calls)
         fault, delay, counts = "own", backoff(cfg, attempts), "attempts"

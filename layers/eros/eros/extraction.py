@@ -13,17 +13,17 @@ keeps at most ``MAX_CANDIDATES``, and collapses any category outside the fixed v
 from __future__ import annotations
 
 import math
-import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
 from pydantic import BaseModel, ValidationError, field_validator
 
-from .config import CATEGORIES
+from .memory import CATEGORIES, statement_key
 from .model_answers import handle, json_values
 from .prompt import neutralise
-from .providers.offline import statement_key, topic_slot
+from .store.rows import Message
 
 MAX_CANDIDATES = 10
 MAX_CONTENT_CHARS = 500
@@ -72,18 +72,19 @@ def normalise_category(value: Any) -> str:
     return key if key in CATEGORIES else "fact"
 
 
-def handles(known: list[dict]) -> dict[str, dict]:
+def handles(known: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
     """Local handles (m1, m2, ...) for the known memories shown to the model, in the order shown."""
     return {f"m{i}": row for i, row in enumerate(known[:MAX_KNOWN], 1)}
 
 
-def render_known(shown: dict[str, dict]) -> str:
+def render_known(shown: Mapping[str, Mapping[str, Any]]) -> str:
     lines = [f"- {handle} ({row['category']}, noted {row['created_at']:%Y-%m-%d}): {neutralise(row['content'])}"
              for handle, row in shown.items()]
     return "<known_memories>\n" + "\n".join(lines) + "\n</known_memories>"
 
 
-def render_transcript(earlier: list[dict], new: list[dict], shown: dict[str, dict] | None = None) -> str:
+def render_transcript(earlier: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]],
+                      shown: Mapping[str, Mapping[str, Any]] | None = None) -> str:
     def lines(messages):
         return "\n".join(f"{m['role']}: {' '.join(m['content'].split())}" for m in messages)
 
@@ -94,11 +95,11 @@ def render_transcript(earlier: list[dict], new: list[dict], shown: dict[str, dic
     return "\n\n".join(parts)
 
 
-def windows(messages: list[dict], budget_chars: int) -> list[list[dict]]:
+def windows(messages: Sequence[Message], budget_chars: int) -> list[list[Message]]:
     """Split new messages into consecutive windows that fit the model's budget (no silent truncation:
     a single message longer than the budget gets a window of its own, clipped with a visible marker)."""
-    out: list[list[dict]] = []
-    current: list[dict] = []
+    out: list[list[Message]] = []
+    current: list[Message] = []
     size = 0
     for m in messages:
         length = len(m["content"]) + 16
@@ -106,7 +107,8 @@ def windows(messages: list[dict], budget_chars: int) -> list[list[dict]]:
             out.append(current)
             current, size = [], 0
         if length > budget_chars:
-            m = m | {"content": m["content"][: budget_chars - 64] + " …[message clipped: too long]"}
+            m = m.copy()
+            m["content"] = m["content"][: budget_chars - 64] + " …[message clipped: too long]"
             length = budget_chars
         current.append(m)
         size += length
@@ -224,7 +226,7 @@ class Plan:
     ignored: int = 0
 
 
-def plan(candidates: list[Candidate], shown: dict[str, dict]) -> Plan:
+def plan(candidates: list[Candidate], shown: Mapping[str, Mapping[str, Any]]) -> Plan:
     """Map the model's handles to rows and bound what it may do (pure: the guarded write re-checks
     ownership and activity in SQL)."""
     out = Plan()
@@ -256,49 +258,3 @@ def plan(candidates: list[Candidate], shown: dict[str, dict]) -> Plan:
             ids.append(row["id"])
         out.new.append((c, ids))
     return out
-
-
-# --- the offline extractor (no keys configured) --------------------------------------------------
-_RULES = [
-    ("relation", r"\b(mother|mom|mum|father|dad|sister|brother|wife|husband|girlfriend|boyfriend|partner|friend|"
-                 r"boss|daughter|son|family)\b|妈妈|母亲|爸爸|父亲|男朋友|女朋友|老板|朋友|女儿|儿子"),
-    ("emotion", r"\b(feel|feeling|felt|sad|happy|angry|anxious|stressed|lonely|tired|excited|worried|scared)\b|"
-                r"难过|开心|焦虑|压力|孤独|累"),
-    ("preference", r"\b(like|love|hate|prefer|favou?rite|enjoy|can't stand)\b|喜欢|讨厌|爱吃"),
-    ("event", r"\b(yesterday|today|tomorrow|last|next|tonight|went|going to|will|moved|started|quit|met)\b|"
-              r"昨天|今天|明天|下周|搬"),
-]
-_FIRST_PERSON = re.compile(r"\b(i|i'm|im|my|me|i've|i'll|mine)\b|我", re.I)
-_SENTENCE = re.compile(r"(?<=[.!?。！？])\s*")
-
-
-_KNOWN_LINE = re.compile(r"^- (m\d+) \((\w+), noted [0-9-]+\): (.*)$")
-
-
-def offline_candidates(transcript: str) -> list[dict]:
-    """A deterministic stand-in for the extraction model: first-person sentences of the user's new
-    turns, put in a category by keyword, and consolidated against the known memories shown (the same
-    statement is ``same_as``; a different statement about a one-value slot such as home or job
-    ``supersedes``). Rough, but it lets the whole pipeline run with no keys."""
-    known = [m.groups() for line in transcript.split("</known_memories>", 1)[0].splitlines()
-             if (m := _KNOWN_LINE.match(line))] if "<known_memories>" in transcript else []
-    session = transcript.split("<session>", 1)[-1]
-    found: list[dict] = []
-    for line in session.splitlines():
-        if not line.startswith("user: "):
-            continue
-        for sentence in _SENTENCE.split(line[6:]):
-            sentence = sentence.strip()
-            if len(sentence) < 8 or not _FIRST_PERSON.search(sentence):
-                continue
-            category = next((c for c, rule in _RULES if re.search(rule, sentence, re.I)), "fact")
-            importance = 0.8 if category in ("relation", "emotion") else 0.5
-            memory = {"content": f"The user said: {sentence}", "category": category, "importance": importance}
-            key, slot = statement_key(sentence), topic_slot(sentence)
-            same = next((h for h, _, text in known if statement_key(text) == key), None)
-            if same:
-                memory["same_as"] = same
-            elif slot:
-                memory["supersedes"] = [h for h, _, text in known if topic_slot(text) == slot]
-            found.append(memory)
-    return found[:MAX_CANDIDATES]

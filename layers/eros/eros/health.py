@@ -6,8 +6,8 @@ from __future__ import annotations
 import psycopg
 
 from . import providers
-from .db import connection
 from .credentials import ConfigurationError
+from .db import connection
 
 
 def report() -> dict:

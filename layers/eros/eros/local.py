@@ -23,25 +23,31 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
-import os
 import secrets
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
 from urllib.parse import parse_qsl, urlsplit
 
 import jwt
 
-from .config import Settings
+from .config import Settings, settings
 
 ROOT = Path(__file__).resolve().parents[3]
-DATA = Path(os.environ.get("EROS_DATA_DIR", ROOT / ".data"))
+
+
+def data_dir() -> Path:
+    """Where the local stack keeps its state: EROS_DATA_DIR, else .data/ in the checkout (never committed)."""
+    folder = settings().eros_data_dir
+    return Path(folder) if folder else ROOT / ".data"
+
+
 # Routes without the JWT authorizer; template.yaml marks the same ones `Authorizer: NONE` (a test checks).
 PUBLIC_ROUTES = frozenset({("GET", "/v1/health"), ("GET", "/v1/openapi.json"), ("GET", "/v1/docs")})
 
@@ -51,7 +57,7 @@ def embedded_postgres(folder: Path | None = None) -> str:
     """Start (or join) the embedded Postgres 16 + pgvector in ``folder``; returns its URL."""
     import pgserver
 
-    folder = folder or DATA / "pg"
+    folder = folder or data_dir() / "pg"
     folder.mkdir(parents=True, exist_ok=True)
     server = pgserver.get_server(str(folder), cleanup_mode=None)
     return server.get_uri()
@@ -60,11 +66,12 @@ def embedded_postgres(folder: Path | None = None) -> str:
 # --- tokens -----------------------------------------------------------------------------------
 def local_jwt_key() -> str:
     """The local signing key: LOCAL_JWT_SECRET, else one generated once into .data (never committed)."""
-    if os.environ.get("LOCAL_JWT_SECRET"):
-        return os.environ["LOCAL_JWT_SECRET"]
-    path = DATA / "jwt-secret"
+    configured = settings().local_jwt_secret
+    if configured is not None:
+        return configured.get_secret_value()
+    path = data_dir() / "jwt-secret"
     if not path.exists():
-        DATA.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(secrets.token_urlsafe(32))
         path.chmod(0o600)
     return path.read_text().strip()
@@ -112,6 +119,8 @@ def load_function(name: str, copy: str | None = None) -> ModuleType:
     if module_name in sys.modules:
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, ROOT / "functions" / name / "app.py")
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no function {name!r} in functions/")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
@@ -131,7 +140,7 @@ def own_resolver_state(module: ModuleType) -> None:
             resolver.lambda_context = context
             return resolve(event, context)
 
-        resolver.resolve = resolve
+        resolver.resolve = resolve  # type: ignore[method-assign]  # this resolver's own, per container
 
 
 class Function:
@@ -256,101 +265,105 @@ def content_length(headers) -> int:
 
 
 class LocalHTTPServer(ThreadingHTTPServer):
+    """What API Gateway is in front of the chat function: ``concurrency`` containers at most."""
     request_queue_size = 128  # the listen backlog; socketserver's 5 reset concurrent connects
     daemon_threads = True
 
-    def __init__(self, address, handler, functions: list[Function]):
-        super().__init__(address, handler)
-        self.functions = functions
+    def __init__(self, address: tuple[str, int], settings: Settings, concurrency: int):
+        super().__init__(address, ApiRequestHandler)
+        self.settings = settings
+        self.key = local_jwt_key()
+        self.chat = Function("chat", concurrency=concurrency, timeout_secs=29)  # template.yaml: Timeout 29
 
-    def server_close(self):
+    def server_close(self) -> None:
         super().server_close()
-        for function in self.functions:
-            function.close(wait=False)
+        self.chat.close(wait=False)
+
+
+class ApiRequestHandler(BaseHTTPRequestHandler):
+    """One HTTP request: framing checked, the token verified, then the chat function invoked with the
+    API Gateway event and its result written back."""
+    server: LocalHTTPServer
+    protocol_version = "HTTP/1.1"
+    timeout = 60  # a client that stops sending mid-request frees its thread
+
+    def _body(self) -> bytes:
+        limit = self.server.settings.max_body_bytes
+        if "transfer-encoding" in self.headers:
+            if "content-length" in self.headers:  # the request-smuggling shape (RFC 9112 §6.3)
+                raise BadRequest(400, "invalid request: both Transfer-Encoding and Content-Length")
+            if self.headers["transfer-encoding"].strip().lower() != "chunked":
+                raise BadRequest(501, "only the chunked transfer coding is supported")
+            return read_chunked(self.rfile, limit)
+        length = content_length(self.headers)
+        if length > limit:  # API Gateway refuses oversized payloads itself; do the same without reading them
+            raise BadRequest(413, f"request body is larger than {limit} bytes")
+        return self.rfile.read(length) if length else b""
+
+    def _handle(self) -> None:
+        try:
+            body = self._body()
+        except BadRequest as refused:
+            self.close_connection = True  # what follows on this connection cannot be framed
+            return self._send(refused.status, {"content-type": "application/json"},
+                              json.dumps({"statusCode": refused.status, "message": str(refused)}))
+        claims = verify_token(self.headers.get("authorization"), self.server.settings, self.server.key)
+        if claims is None and (self.command, urlsplit(self.path).path) not in PUBLIC_ROUTES:
+            return self._send(401, {"content-type": "application/json"}, '{"message":"Unauthorized"}')
+        headers = {k: v for k, v in self.headers.items() if k.lower() != "transfer-encoding"}
+        if "transfer-encoding" in self.headers:
+            headers["content-length"] = str(len(body))
+        self._invoke(http_api_event(self.command, self.path, headers, body, claims))
+
+    def _invoke(self, event: dict) -> None:
+        try:
+            result = self.server.chat.invoke(event)
+        except Exception:  # what API Gateway answers when the function itself fails
+            return self._send(500, {"content-type": "application/json"}, '{"message":"Internal Server Error"}')
+        payload = result.get("body") or ""
+        if result.get("isBase64Encoded"):
+            payload = base64.b64decode(payload)
+        headers = dict(result.get("headers") or {})
+        for name, values in (result.get("multiValueHeaders") or {}).items():
+            headers[name] = ", ".join(values)
+        self._send(result["statusCode"], headers, payload)
+
+    def _send(self, status: int, headers: dict, payload: str | bytes) -> None:
+        data = payload.encode() if isinstance(payload, str) else payload
+        self.send_response(status)
+        for name, value in headers.items():
+            if name.lower() not in ("content-length", "connection", "transfer-encoding"):
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":  # a HEAD answer has headers only
+            self.wfile.write(data)
+
+    do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = do_HEAD = do_OPTIONS = _handle
+
+    # The access log: method, path and status only. Never the query string (it can carry a token)
+    # nor the request line that http.server quotes in its error messages.
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        self._log(code)
+
+    def log_error(self, format: str, *args) -> None:
+        self._log(args[0] if args and isinstance(args[0], int) else "error")
+
+    def log_message(self, format: str, *args) -> None:
+        self._log("-")
+
+    def _log(self, outcome) -> None:
+        method = getattr(self, "command", None) or "-"
+        path = urlsplit(getattr(self, "path", None) or "").path or "-"
+        sys.stderr.write(f"{method} {path} -> {int(outcome) if isinstance(outcome, int) else outcome}\n")
 
 
 def make_server(settings: Settings, host: str = "127.0.0.1", port: int = 3000,
                 concurrency: int = 16) -> LocalHTTPServer:
     """The local API: every request to the chat function, ``concurrency`` containers at most."""
-    chat = Function("chat", concurrency=concurrency, timeout_secs=29)  # template.yaml: Timeout 29
-    key = local_jwt_key()
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        timeout = 60  # a client that stops sending mid-request frees its thread
-
-        def _body(self) -> bytes:
-            limit = settings.max_body_bytes
-            if "transfer-encoding" in self.headers:
-                if "content-length" in self.headers:  # the request-smuggling shape (RFC 9112 §6.3)
-                    raise BadRequest(400, "invalid request: both Transfer-Encoding and Content-Length")
-                if self.headers["transfer-encoding"].strip().lower() != "chunked":
-                    raise BadRequest(501, "only the chunked transfer coding is supported")
-                return read_chunked(self.rfile, limit)
-            length = content_length(self.headers)
-            if length > limit:  # API Gateway refuses oversized payloads itself; do the same without reading them
-                raise BadRequest(413, f"request body is larger than {limit} bytes")
-            return self.rfile.read(length) if length else b""
-
-        def _handle(self):
-            try:
-                body = self._body()
-            except BadRequest as refused:
-                self.close_connection = True  # what follows on this connection cannot be framed
-                return self._send(refused.status, {"content-type": "application/json"},
-                                  json.dumps({"statusCode": refused.status, "message": str(refused)}))
-            path = urlsplit(self.path).path
-            claims = verify_token(self.headers.get("authorization"), settings, key)
-            if claims is None and (self.command, path) not in PUBLIC_ROUTES:
-                return self._send(401, {"content-type": "application/json"}, '{"message":"Unauthorized"}')
-            headers = {k: v for k, v in self.headers.items() if k.lower() != "transfer-encoding"}
-            if "transfer-encoding" in self.headers:
-                headers["content-length"] = str(len(body))
-            event = http_api_event(self.command, self.path, headers, body, claims)
-            try:
-                result = chat.invoke(event)
-            except Exception:  # what API Gateway answers when the function itself fails
-                return self._send(500, {"content-type": "application/json"}, '{"message":"Internal Server Error"}')
-            payload = result.get("body") or ""
-            if result.get("isBase64Encoded"):
-                payload = base64.b64decode(payload)
-            headers = dict(result.get("headers") or {})
-            for name, values in (result.get("multiValueHeaders") or {}).items():
-                headers[name] = ", ".join(values)
-            self._send(result["statusCode"], headers, payload)
-
-        def _send(self, status: int, headers: dict, payload: str | bytes):
-            data = payload.encode() if isinstance(payload, str) else payload
-            self.send_response(status)
-            for name, value in headers.items():
-                if name.lower() not in ("content-length", "connection", "transfer-encoding"):
-                    self.send_header(name, value)
-            self.send_header("Content-Length", str(len(data)))
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            if self.command != "HEAD":  # a HEAD answer has headers only
-                self.wfile.write(data)
-
-        do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = do_HEAD = do_OPTIONS = _handle
-
-        # The access log: method, path and status only. Never the query string (it can carry a token)
-        # nor the request line that http.server quotes in its error messages.
-        def log_request(self, code="-", size="-"):
-            self._log(code)
-
-        def log_error(self, format, *args):
-            self._log(args[0] if args and isinstance(args[0], int) else "error")
-
-        def log_message(self, format, *args):
-            self._log("-")
-
-        def _log(self, outcome):
-            method = getattr(self, "command", None) or "-"
-            path = urlsplit(getattr(self, "path", None) or "").path or "-"
-            sys.stderr.write(f"{method} {path} -> {int(outcome) if isinstance(outcome, int) else outcome}\n")
-
-    return LocalHTTPServer((host, port), Handler, [chat])
+    return LocalHTTPServer((host, port), settings, concurrency)
 
 
 # --- dreaming locally: the EventBridge schedule, the sweeper and its fan-out --------------------
@@ -386,7 +399,7 @@ class InProcessInvoker:
 def sweeper(invoker: InProcessInvoker) -> Function:
     """The sweeper function in a container whose fan-out is ``invoker`` instead of the Lambda client."""
     return Function("sweeper", concurrency=1, timeout_secs=240,  # template.yaml: Timeout 240
-                    prepare=lambda module: setattr(module, "_invoker", invoker))
+                    prepare=lambda module: setattr(module, "invoker", lambda: invoker))
 
 
 def sweep_locally(workers: int = 4) -> dict:

@@ -18,7 +18,7 @@ from importlib import resources
 import psycopg
 from psycopg import sql
 
-from .db import connect
+from .db import Connection, connect, one
 from .observability import logger
 
 _LOCK_KEY = 0x65726F73  # "eros"
@@ -64,7 +64,7 @@ def migrate(dsn: str) -> list[str]:
     return applied_now
 
 
-def seed_personas(conn: psycopg.Connection) -> None:
+def seed_personas(conn: Connection) -> None:
     with conn.transaction():
         for p in personas():
             conn.execute(
@@ -86,7 +86,7 @@ _APP_GRANTS = (
 )
 
 
-def grant_app_role(conn: psycopg.Connection) -> None:
+def grant_app_role(conn: Connection) -> None:
     if conn.execute("SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s", (APP_ROLE,)).fetchone() is None:
         return  # migration 0006 not applied (an older schema): nothing to grant to
     with conn.transaction():
@@ -108,7 +108,7 @@ def ensure_app_user(dsn: str, username: str, password: str) -> str:
     never turns the admin user, or anyone else's role, into the app's login.
     """
     with connect(dsn, vector=False) as conn:
-        if conn.execute("SELECT current_user = %s AS same", (username,)).fetchone()["same"]:
+        if one(conn.execute("SELECT current_user = %s AS same", (username,)))["same"]:
             raise UnsafeAppUser(f"the application user {username!r} is the migration's own user")
         verifier = conn.pgconn.encrypt_password(password.encode(), username.encode(), b"scram-sha-256").decode()
         name = sql.Identifier(username)
@@ -120,9 +120,9 @@ def ensure_app_user(dsn: str, username: str, password: str) -> str:
             except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
                 pass  # created meanwhile by a concurrent run: update it below
         if outcome == "updated":
-            role = _role(conn, username)
+            role = _role(conn, username) or {}
             powers = [power for power in ("rolsuper", "rolcreaterole", "rolcreatedb", "rolreplication",
-                                          "rolbypassrls") if role[power]]
+                                          "rolbypassrls") if role.get(power)]
             if powers:
                 raise UnsafeAppUser(f"the application user {username!r} exists with {', '.join(powers)}: "
                                     "refusing to make it the application's login")
@@ -132,6 +132,6 @@ def ensure_app_user(dsn: str, username: str, password: str) -> str:
     return outcome
 
 
-def _role(conn: psycopg.Connection, name: str) -> dict | None:
+def _role(conn: Connection, name: str) -> dict | None:
     return conn.execute("SELECT rolsuper, rolcreaterole, rolcreatedb, rolreplication, rolbypassrls"
                         " FROM pg_catalog.pg_roles WHERE rolname = %s", (name,)).fetchone()

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 _HANDLE = re.compile(r"^m([1-9][0-9]{0,2})$")
 _FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.S)

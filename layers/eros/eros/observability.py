@@ -50,16 +50,18 @@ class ThreadMetrics(Metrics):
     process; ``log_metrics`` flushes the buffer of the thread that runs the handler."""
 
     def __init__(self, namespace: str, service: str):  # no super().__init__: it binds the process-wide buffer
-        self._options = {"namespace": namespace, "service": service}
+        self._namespace, self._service = namespace, service
         self._local = threading.local()
 
     @property
-    def provider(self) -> AmazonCloudWatchEMFProvider:
+    def provider(self) -> AmazonCloudWatchEMFProvider:  # type: ignore[override]  # Powertools' attribute, per thread
         provider = getattr(self._local, "provider", None)
         if provider is None:
-            provider = self._local.provider = AmazonCloudWatchEMFProvider(**self._options)
+            provider = self._local.provider = AmazonCloudWatchEMFProvider(namespace=self._namespace,
+                                                                          service=self._service)
         return provider
 
+    # Powertools' Metrics declares these as plain attributes; here they are the calling thread's.
     metric_set = property(lambda self: self.provider.metric_set)
     dimension_set = property(lambda self: self.provider.dimension_set)
     metadata_set = property(lambda self: self.provider.metadata_set)
@@ -76,7 +78,13 @@ class ThreadMetrics(Metrics):
         return handler
 
 
-logger = Logger(service=SERVICE, logger_formatter=ThreadKeysFormatter())
-logger.registered_formatter.start_here()  # service, sampling_rate: the keys of every thread
+def time_left(context, reserve_secs: float) -> float:
+    """Seconds an invocation may still spend, keeping ``reserve_secs`` of Lambda's timeout to write and report."""
+    return max(1.0, context.get_remaining_time_in_millis() / 1000 - reserve_secs)
+
+
+_formatter = ThreadKeysFormatter()
+logger = Logger(service=SERVICE, logger_formatter=_formatter)
+_formatter.start_here()  # service, sampling_rate: the keys of every thread
 tracer = Tracer(service=SERVICE)
 metrics = ThreadMetrics(namespace="Eros", service=SERVICE)

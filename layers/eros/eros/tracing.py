@@ -20,7 +20,8 @@ from __future__ import annotations
 import functools
 import json
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from aws_xray_sdk.core import xray_recorder
 
@@ -78,7 +79,7 @@ install()
 def _annotate(values: Annotations) -> None:
     for key, value in values.items():
         if value is not None:
-            tracer.put_annotation(key=key, value=value)
+            tracer.put_annotation(key=key, value=value)  # type: ignore[arg-type]  # int and float are Numbers
 
 
 def lambda_handler(annotations: Callable[[Any, Any], Annotations]):
@@ -91,7 +92,8 @@ def lambda_handler(annotations: Callable[[Any, Any], Annotations]):
             try:
                 result = handler(event, context, **kwargs)
             except Exception as error:
-                _safely(lambda: _annotate({"outcome": "error", "error_type": type(error).__name__}))
+                failure = type(error).__name__
+                _safely(lambda: _annotate({"outcome": "error", "error_type": failure}))
                 raise
             if not tracer.disabled:  # reading the response for annotations is work only a trace wants
                 _safely(lambda: _annotate(annotations(event, result)))
@@ -116,9 +118,7 @@ def _numbers_and_words(result: Any) -> Annotations:
         return {}
     out: Annotations = {}
     for key, value in result.items():
-        if isinstance(value, (bool, int, float)):
-            out[key] = value
-        elif key in _WORD_FIELDS and isinstance(value, str) and len(value) <= 40:
+        if isinstance(value, (bool, int, float)) or key in _WORD_FIELDS and isinstance(value, str) and len(value) <= 40:
             out[key] = value
     return out
 
@@ -160,20 +160,26 @@ def chat_annotations(event: Any, result: Any) -> Annotations:
         out["status_code"] = status
         out["outcome"] = "ok" if status < 400 else "client_error" if status < 500 else "server_error"
     body = _json_body(result)
-    if out["route"] == "/v1/sessions/{session_id}/turns" and isinstance(body, dict) and "reply" in body:
-        recalled = body.get("recalled")
-        out["recalled"] = len(recalled) if isinstance(recalled, list) else None
-        model = body.get("model")
-        out["model"] = model[:100] if isinstance(model, str) else None
-        out["replayed"] = body.get("replayed") if isinstance(body.get("replayed"), bool) else None
-    elif isinstance(body, dict):
-        for key in _LISTS:
-            if isinstance(body.get(key), list):
-                out["items"] = len(body[key])
-                break
-    if out["route"] == "/v1/sessions" and isinstance(body, dict) and out.get("http_method") == "POST":
-        out["session_id"] = _uuid(body.get("id"))
+    if isinstance(body, dict):
+        out |= _body_annotations(out, body)
     return out
+
+
+def _body_annotations(out: Annotations, body: dict) -> Annotations:
+    """What the chat API's answer adds: a turn's model, recalled count and replay; a listing's item count;
+    a new session's id."""
+    found: Annotations = {}
+    if out["route"] == "/v1/sessions/{session_id}/turns" and "reply" in body:
+        recalled = body.get("recalled")
+        found["recalled"] = len(recalled) if isinstance(recalled, list) else None
+        model = body.get("model")
+        found["model"] = model[:100] if isinstance(model, str) else None
+        found["replayed"] = body.get("replayed") if isinstance(body.get("replayed"), bool) else None
+    else:
+        found["items"] = next((len(body[key]) for key in _LISTS if isinstance(body.get(key), list)), None)
+    if out["route"] == "/v1/sessions" and out.get("http_method") == "POST":
+        found["session_id"] = _uuid(body.get("id"))
+    return found
 
 
 def _json_body(result: Any) -> Any:

@@ -12,10 +12,16 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ..config import settings
-from ..observability import logger
 from ..credentials import ConfigurationError, with_provider_keys
-from .base import (Deadline, ProviderConfigurationError, ProviderError, ProviderResponseError, ProviderTimeout,
-                   ProviderUnavailable)
+from ..observability import logger
+from .base import (
+    Deadline,
+    ProviderConfigurationError,
+    ProviderError,
+    ProviderResponseError,
+    ProviderTimeout,
+    ProviderUnavailable,
+)
 from .embed import VoyageEmbedder
 from .llm import ChatClient
 from .offline import HashingEmbedder, OfflineChat

@@ -49,7 +49,8 @@ class ChatClient:
             content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
         if not isinstance(content, str):
             raise ProviderResponseError("chat completion: message content is missing")
-        usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+        usage = body.get("usage")
+        usage = usage if isinstance(usage, dict) else {}
         return Completion(text=content, model=str(body.get("model") or model), usage=usage)
 
 

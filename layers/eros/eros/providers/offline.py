@@ -14,12 +14,14 @@ import math
 import re
 
 from ..config import EMBED_DIM
+from ..memory import statement_key
 from .embed import Embeddings, InputType
 from .llm import Completion
 
 _WORD = re.compile(r"[a-z0-9']+|[\u3400-\u9fff]+")
-_STOP = frozenset("a an the and or but i im i'm me my you your to of in on at is am are was were be it this that"
-                  " with for so just do did have has had not no".split())
+_STOP = frozenset(["a", "an", "the", "and", "or", "but", "i", "im", "i'm", "me", "my", "you", "your", "to", "of",
+                   "in", "on", "at", "is", "am", "are", "was", "were", "be", "it", "this", "that", "with", "for",
+                   "so", "just", "do", "did", "have", "has", "had", "not", "no"])
 
 
 def _features(text: str) -> list[str]:
@@ -66,11 +68,11 @@ class OfflineChat:
     def complete(self, model: str, messages: list[dict], *, max_tokens: int = 600, temperature: float = 0.7,
                  deadline=None, json_mode: bool = False) -> Completion:
         last_user = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
-        from .. import deep_pass  # the offline deep-pass planner lives with the deep pass
-        if json_mode and messages and messages[0]["content"] == deep_pass.SYSTEM_PROMPT:
-            text = json.dumps({"actions": deep_pass.offline_actions(last_user)}, ensure_ascii=False)
+        # Like a model, it answers what the prompt asks for: the deep pass shows groups of memories,
+        # extraction a session transcript.
+        if json_mode and "<group g" in last_user:
+            text = json.dumps({"actions": offline_actions(last_user)}, ensure_ascii=False)
         elif json_mode:
-            from ..extraction import offline_candidates  # the offline extractor lives with extraction
             text = json.dumps({"memories": offline_candidates(last_user)}, ensure_ascii=False)
         else:
             system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
@@ -94,8 +96,6 @@ _SLOTS = [
     ("partner", re.compile(r"\b(boyfriend|girlfriend|fianc[ée]e?|husband|wife)\b|男朋友|女朋友|老公|老婆", re.I)),
     ("diet", re.compile(r"\b(vegetarian|vegan|eat(ing)? meat)\b|吃素", re.I)),
 ]
-_SAID = re.compile(r"^the user said:\s*", re.I)
-_KEY_DROP = re.compile(r"[^\w\s]")
 
 
 def topic_slot(text: str) -> str | None:
@@ -103,6 +103,78 @@ def topic_slot(text: str) -> str | None:
     return next((name for name, rule in _SLOTS if rule.search(text)), None)
 
 
-def statement_key(text: str) -> str:
-    """Two memories with the same key say the same thing (case, punctuation, the offline prefix folded)."""
-    return " ".join(_KEY_DROP.sub(" ", _SAID.sub("", text.strip()).casefold()).split())
+# --- the offline extractor: answers the extraction prompt (eros.extraction) -------------------------
+_RULES = [
+    ("relation", r"\b(mother|mom|mum|father|dad|sister|brother|wife|husband|girlfriend|boyfriend|partner|friend|"
+                 r"boss|daughter|son|family)\b|妈妈|母亲|爸爸|父亲|男朋友|女朋友|老板|朋友|女儿|儿子"),
+    ("emotion", r"\b(feel|feeling|felt|sad|happy|angry|anxious|stressed|lonely|tired|excited|worried|scared)\b|"
+                r"难过|开心|焦虑|压力|孤独|累"),
+    ("preference", r"\b(like|love|hate|prefer|favou?rite|enjoy|can't stand)\b|喜欢|讨厌|爱吃"),
+    ("event", r"\b(yesterday|today|tomorrow|last|next|tonight|went|going to|will|moved|started|quit|met)\b|"
+              r"昨天|今天|明天|下周|搬"),
+]
+_FIRST_PERSON = re.compile(r"\b(i|i'm|im|my|me|i've|i'll|mine)\b|我", re.I)
+_SENTENCE = re.compile(r"(?<=[.!?。！？])\s*")
+_MOST = 10  # memories per answer, as the extraction prompt asks
+_KNOWN_LINE = re.compile(r"^- (m\d+) \((\w+), noted [0-9-]+\): (.*)$")
+
+
+def offline_candidates(transcript: str) -> list[dict]:
+    """A deterministic stand-in for the extraction model: first-person sentences of the user's new
+    turns, put in a category by keyword, and consolidated against the known memories shown (the same
+    statement is ``same_as``; a different statement about a one-value slot such as home or job
+    ``supersedes``). Rough, but it lets the whole pipeline run with no keys."""
+    known = [m.groups() for line in transcript.split("</known_memories>", 1)[0].splitlines()
+             if (m := _KNOWN_LINE.match(line))] if "<known_memories>" in transcript else []
+    session = transcript.split("<session>", 1)[-1]
+    found: list[dict] = []
+    for line in session.splitlines():
+        if not line.startswith("user: "):
+            continue
+        for sentence in _SENTENCE.split(line[6:]):
+            sentence = sentence.strip()
+            if len(sentence) < 8 or not _FIRST_PERSON.search(sentence):
+                continue
+            category = next((c for c, rule in _RULES if re.search(rule, sentence, re.I)), "fact")
+            importance = 0.8 if category in ("relation", "emotion") else 0.5
+            memory = {"content": f"The user said: {sentence}", "category": category, "importance": importance}
+            key, slot = statement_key(sentence), topic_slot(sentence)
+            same = next((h for h, _, text in known if statement_key(text) == key), None)
+            if same:
+                memory["same_as"] = same
+            elif slot:
+                memory["supersedes"] = [h for h, _, text in known if topic_slot(text) == slot]
+            found.append(memory)
+    return found[:_MOST]
+
+
+# --- the offline deep-pass planner: answers the deep-pass prompt (eros.deep_pass) --------------------
+_GROUP_LINE = re.compile(r"^- (m\d+) \((\w+), noted (\S+), mentioned (\d+)x\): (.*)$")
+
+
+def offline_actions(rendered: str) -> list[dict]:
+    """What OfflineChat answers to the deep-pass prompt, deterministically. Within a group: rows with
+    the same statement are repeats (the most mentioned, then the oldest, is kept); statements about
+    the same one-value slot (home, job, ...) that differ are a change (the newest is current)."""
+    actions: list[dict] = []
+    for block in re.findall(r"<group g\d+>\n(.*?)\n</group>", rendered, flags=re.S):
+        rows = [m.groups() for m in map(_GROUP_LINE.match, block.splitlines()) if m]
+        by_key: dict[str, list[tuple[int, str, int, str]]] = {}
+        for position, (handle, _, _, mentions, content) in enumerate(rows):
+            by_key.setdefault(statement_key(content), []).append((position, handle, int(mentions), content))
+        kept: list[tuple[int, str, str]] = []  # (newest position of the statement, kept handle, content)
+        for same in by_key.values():
+            keep = min(same, key=lambda r: (-r[2], r[0]))
+            if len(same) > 1:
+                actions.append({"keep": keep[1], "duplicates": [r[1] for r in same if r is not keep]})
+            kept.append((max(r[0] for r in same), keep[1], keep[3]))
+        by_slot: dict[str, list[tuple[int, str, str]]] = {}
+        for entry in kept:
+            slot = topic_slot(entry[2])
+            if slot:
+                by_slot.setdefault(slot, []).append(entry)
+        for entries in by_slot.values():
+            if len(entries) > 1:
+                current = max(entries)
+                actions.append({"current": current[1], "supersedes": [e[1] for e in entries if e is not current]})
+    return actions

@@ -7,15 +7,16 @@ from uuid import UUID
 from pgvector import Vector
 from psycopg.types.json import Jsonb
 
-from ..db import connection, transaction
+from ..db import connection, one, transaction
 from . import usage
+from .rows import Message, Persona, RecordedTurn, Session, SessionWithPersona, TurnMessages
 
 
-def list_personas() -> list[dict]:
+def list_personas() -> list[Persona]:
     return connection().execute("SELECT id, name, description FROM engine.personas ORDER BY id").fetchall()
 
 
-def create_session(user_id: str, persona_id: str) -> dict | None:
+def create_session(user_id: str, persona_id: str) -> Session | None:
     """A new session with the user's instance of the persona (created on first use). None: no such persona."""
     with transaction() as conn:
         instance = conn.execute(
@@ -27,11 +28,11 @@ def create_session(user_id: str, persona_id: str) -> dict | None:
         ).fetchone()
         if instance is None:
             return None
-        return conn.execute(
+        return one(conn.execute(
             "INSERT INTO engine.chat_sessions (user_id, instance_id) VALUES (%s, %s)"
             " RETURNING id, instance_id, created_at, last_active_at",
             (user_id, instance["id"]),
-        ).fetchone() | {"persona_id": persona_id}
+        )) | {"persona_id": persona_id}
 
 
 _SESSION_COLUMNS = (
@@ -39,7 +40,7 @@ _SESSION_COLUMNS = (
 )
 
 
-def list_sessions(user_id: str, limit: int = 100) -> list[dict]:
+def list_sessions(user_id: str, limit: int = 100) -> list[Session]:
     return connection().execute(
         f"SELECT {_SESSION_COLUMNS} FROM engine.chat_sessions s"
         " JOIN engine.persona_instances i ON i.id = s.instance_id"
@@ -48,7 +49,7 @@ def list_sessions(user_id: str, limit: int = 100) -> list[dict]:
     ).fetchall()
 
 
-def get_session(user_id: str, session_id: UUID) -> dict | None:
+def get_session(user_id: str, session_id: UUID) -> SessionWithPersona | None:
     """The session with its persona's prompt, only if it belongs to this user."""
     return connection().execute(
         f"SELECT {_SESSION_COLUMNS}, p.name AS persona_name, p.system_prompt FROM engine.chat_sessions s"
@@ -59,7 +60,7 @@ def get_session(user_id: str, session_id: UUID) -> dict | None:
     ).fetchone()
 
 
-def find_turn(session_id: UUID, client_turn_id: str) -> dict[str, dict]:
+def find_turn(session_id: UUID, client_turn_id: str) -> TurnMessages:
     """The messages already stored for this turn, by role (a retry finds its first attempt here)."""
     rows = connection().execute(
         "SELECT id, role, content, metadata FROM engine.chat_messages"
@@ -69,7 +70,7 @@ def find_turn(session_id: UUID, client_turn_id: str) -> dict[str, dict]:
     return {row["role"]: row for row in rows}
 
 
-def recent_messages(session_id: UUID, limit: int, exclude_turn: str | None = None) -> list[dict]:
+def recent_messages(session_id: UUID, limit: int, exclude_turn: str | None = None) -> list[Message]:
     """The last ``limit`` messages, oldest first (the prompt's history)."""
     rows = connection().execute(
         "SELECT id, role, content FROM engine.chat_messages"
@@ -79,7 +80,7 @@ def recent_messages(session_id: UUID, limit: int, exclude_turn: str | None = Non
     return rows[::-1]
 
 
-def list_messages(session_id: UUID, limit: int, before: int | None) -> list[dict]:
+def list_messages(session_id: UUID, limit: int, before: int | None) -> list[Message]:
     """A page of history, newest first; ``before`` is the id of the oldest message of the previous page."""
     return connection().execute(
         "SELECT id, role, content, client_turn_id, sent_at FROM engine.chat_messages"
@@ -88,7 +89,7 @@ def list_messages(session_id: UUID, limit: int, before: int | None) -> list[dict
     ).fetchall()
 
 
-def claim_turn(session_id: UUID, content: str, client_turn_id: str) -> dict[str, dict]:
+def claim_turn(session_id: UUID, content: str, client_turn_id: str) -> TurnMessages:
     """Store the user's message of a turn before any model call, claiming ``client_turn_id`` for it.
 
     The message is committed first, so that nothing typed is lost whatever happens to the model call,
@@ -110,8 +111,9 @@ def claim_turn(session_id: UUID, content: str, client_turn_id: str) -> dict[str,
     raise RuntimeError(f"could not claim turn {client_turn_id!r}")
 
 
-def record_turn(session: dict, user_id: str, user_message_id: int, content: str, client_turn_id: str,
-                reply: str, reply_metadata: dict, embedding: list[float], embed_model: str, tokens: int = 0) -> dict:
+def record_turn(session: SessionWithPersona, user_id: str, user_message_id: int, content: str, client_turn_id: str,
+                reply: str, reply_metadata: dict, embedding: list[float], embed_model: str, tokens: int = 0
+                ) -> RecordedTurn:
     """One transaction: the tokens the turn's provider calls cost (paid even if a concurrent sender's
     reply wins), the reply to the user's message (stored by ``claim_turn``), the session's activity, and
     the utterance in the relationship layer. Returns both message ids, or ``replayed`` when a concurrent

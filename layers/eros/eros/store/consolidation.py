@@ -17,11 +17,12 @@ next to the profile's "moved to Tokyo".
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 from uuid import UUID
 
-import psycopg
 from psycopg.types.json import Jsonb
+
+from ..db import Connection
 
 REASONS = ("changed", "duplicate", "reverted", "edited")
 _OUTDATES = ("changed", "reverted")  # the old fact is no longer true: its utterances go with it
@@ -82,7 +83,7 @@ _HAND_OVER_RANGES = ("UPDATE engine.companion_memories SET metadata = "
                      + " WHERE id = %(successor)s AND user_id = %(user)s")
 
 
-def lock(conn: psycopg.Connection, user_id: str, ids: Iterable[UUID]) -> None:
+def lock(conn: Connection, user_id: str, ids: Iterable[UUID]) -> None:
     """Row-lock the user's memory rows a transaction is about to change, in id order. Every writer
     (dreaming, the deep pass, restore) takes memory rows in this one order before the user's
     consolidation row, so two writers never wait on each other in a cycle."""
@@ -92,7 +93,7 @@ def lock(conn: psycopg.Connection, user_id: str, ids: Iterable[UUID]) -> None:
                      " ORDER BY id FOR UPDATE", (ids, user_id)).fetchall()
 
 
-def supersede(conn: psycopg.Connection, user_id: str, successor: UUID | None, old_ids: Iterable[UUID],
+def supersede(conn: Connection, user_id: str, successor: UUID | None, old_ids: Iterable[UUID],
               reason: str) -> list[UUID]:
     """Give the user's active profile rows ``old_ids`` a validity end, replaced by ``successor``.
 
@@ -119,7 +120,7 @@ def supersede(conn: psycopg.Connection, user_id: str, successor: UUID | None, ol
     return done
 
 
-def confirm(conn: psycopg.Connection, user_id: str, memory_id: UUID, importance: float | None = None,
+def confirm(conn: Connection, user_id: str, memory_id: UUID, importance: float | None = None,
             mentions: int = 1, said_in: tuple[UUID, int, int] | None = None) -> bool:
     """A repeat of a known active memory: stamp ``last_confirmed_at``, count the mention(s), let the
     importance rise (never fall) to what the repeat says, and note where it was said again
@@ -138,7 +139,7 @@ def confirm(conn: psycopg.Connection, user_id: str, memory_id: UUID, importance:
     return row is not None
 
 
-def mark_changed(conn: psycopg.Connection, user_id: str) -> None:
+def mark_changed(conn: Connection, user_id: str) -> None:
     """The user's profile changed: the deep pass is due for them (again). clock_timestamp(), not the
     transaction's start: the stamp should be as close to the commit as it can, so that a deep pass
     that read the rows before this change committed is not taken for having seen it."""

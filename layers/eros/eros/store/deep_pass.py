@@ -9,13 +9,14 @@ success, or a worker whose claim went stale and was re-claimed by another, write
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from ..db import connection, transaction
+from ..db import connection, one, transaction
 from . import consolidation
+from .rows import ClaimedUser, UserClaim
 
 _TICK = timedelta(microseconds=1)  # timestamptz resolution
 
@@ -49,11 +50,11 @@ RETURNING user_id, claimed_at AS claim_token
 
 
 def claim_users(quiet_before: datetime, stale_before: datetime, limit: int,
-                now: datetime | None = None) -> list[dict]:
+                now: datetime | None = None) -> list[UserClaim]:
     """Claim up to ``limit`` users whose deep pass is due; ``now`` stamps the claim (the token)."""
     if limit <= 0:
         return []
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     return connection().execute(_CLAIM, {"quiet_before": quiet_before, "stale_before": stale_before,
                                          "limit": limit, "now": now}).fetchall()
 
@@ -71,7 +72,7 @@ def release(user_id: str, claim_token: datetime) -> bool:
 _COLUMNS = "user_id, changed_at, attempts, retries, retrying_since, error, started_at AS lease"
 
 
-def start(user_id: str, claim_token: datetime, now: datetime) -> tuple[str, dict | None]:
+def start(user_id: str, claim_token: datetime, now: datetime) -> tuple[str, ClaimedUser | None]:
     """Take the lease of this claim (as ``store.dreaming.start``): ("started", row), ("duplicate", None)
     or ("not-claimed", None)."""
     conn = connection()
@@ -87,7 +88,7 @@ def start(user_id: str, claim_token: datetime, now: datetime) -> tuple[str, dict
     return ("duplicate" if held else "not-claimed"), None
 
 
-def claimed_user(user_id: str, claim_token: datetime) -> dict | None:
+def claimed_user(user_id: str, claim_token: datetime) -> ClaimedUser | None:
     """The user's consolidation row if this claim still holds it (None: duplicate, done, re-claimed)."""
     return connection().execute(
         f"SELECT {_COLUMNS} FROM engine.user_consolidation WHERE user_id = %s AND claimed_at = %s",
@@ -151,11 +152,11 @@ WHERE (a.embedding <=> b.embedding) <= 1 - %(similarity)s
 
 def snapshot(user_id: str, max_rows: int, similarity: float) -> Snapshot:
     conn = connection()
-    state = conn.execute(
+    state = one(conn.execute(
         "SELECT clock_timestamp() AS read_at,"
         " (SELECT changed_at FROM engine.user_consolidation WHERE user_id = %s) AS changed_at",
         (user_id,),
-    ).fetchone()
+    ))
     rows = conn.execute(_ROWS, {"user": user_id, "limit": max_rows}).fetchall()
     found = Snapshot(read_at=state["read_at"], seen_changed_at=state["changed_at"],
                      rows={r["id"]: r for r in rows})

@@ -11,14 +11,16 @@ provider refuses our credentials.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from uuid import UUID, uuid4
 
 from pgvector import Vector
 from psycopg.types.json import Jsonb
 
-from ..db import connection, transaction
+from ..db import Connection, connection, one, transaction
 from . import consolidation
+from .rows import Claim, ClaimedSession, KnownMemory, Message
 
 # The SPEC's claim, verbatim in shape: one statement, FOR UPDATE SKIP LOCKED so concurrent
 # sweepers take disjoint sets without blocking; cut-offs computed by the caller and bound.
@@ -57,24 +59,24 @@ RETURNING id, user_id, instance_id, extraction_claimed_at AS claim_token
 """
 
 
-def claim(idle_before: datetime, stale_before: datetime, limit: int, now: datetime | None = None) -> list[dict]:
+def claim(idle_before: datetime, stale_before: datetime, limit: int, now: datetime | None = None) -> list[Claim]:
     """Claim up to ``limit`` idle sessions; ``now`` (default: the application's clock) stamps the claim."""
     if limit <= 0:
         return []
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     return connection().execute(_CLAIM, {"idle_before": idle_before, "stale_before": stale_before,
                                          "limit": limit, "now": now}).fetchall()
 
 
 def in_flight(stale_before: datetime) -> int:
     """Jobs claimed and not stale yet, sessions and deep passes (both run on the extract function)."""
-    return connection().execute(
+    return one(connection().execute(
         "SELECT (SELECT count(*) FROM engine.chat_sessions WHERE extraction_claimed_at IS NOT NULL"
         "        AND extracted_at IS NULL AND extraction_claimed_at >= %(stale)s)"
         "     + (SELECT count(*) FROM engine.user_consolidation WHERE claimed_at IS NOT NULL"
         "        AND claimed_at >= %(stale)s) AS n",
         {"stale": stale_before},
-    ).fetchone()["n"]
+    ))["n"]
 
 
 def release(session_id: UUID, claim_token: datetime) -> bool:
@@ -92,7 +94,7 @@ _COLUMNS = ("id, user_id, instance_id, extraction_watermark, extraction_attempts
             " extraction_started_at AS lease")
 
 
-def start(session_id: UUID, claim_token: datetime, now: datetime) -> tuple[str, dict | None]:
+def start(session_id: UUID, claim_token: datetime, now: datetime) -> tuple[str, ClaimedSession | None]:
     """Take the lease of this claim: ("started", session) for the one delivery that gets it;
     ("duplicate", None) when another delivery of the same claim holds it (running, or died: the
     claim then goes stale and a later sweep retakes it); ("not-claimed", None) when the claim no
@@ -113,7 +115,7 @@ def start(session_id: UUID, claim_token: datetime, now: datetime) -> tuple[str, 
     return ("duplicate" if held else "not-claimed"), None
 
 
-def claimed_session(session_id: UUID, claim_token: datetime) -> dict | None:
+def claimed_session(session_id: UUID, claim_token: datetime) -> ClaimedSession | None:
     """The session if this claim still holds it (None: duplicate delivery, done, or re-claimed)."""
     return connection().execute(
         f"SELECT {_COLUMNS} FROM engine.chat_sessions"
@@ -122,7 +124,8 @@ def claimed_session(session_id: UUID, claim_token: datetime) -> dict | None:
     ).fetchone()
 
 
-def transcript(session_id: UUID, after_id: int | None, context_messages: int, limit: int) -> tuple[list, list]:
+def transcript(session_id: UUID, after_id: int | None, context_messages: int, limit: int
+               ) -> tuple[list[Message], list[Message]]:
     """(earlier messages given as context, new messages to extract), each oldest first."""
     conn = connection()
     new = conn.execute(
@@ -171,14 +174,14 @@ LIMIT %(limit)s
 
 
 def touched_memories(user_id: str, session_id: UUID, after_id: int | None, limit: int,
-                     turns: int = 20) -> list[dict]:
+                     turns: int = 20) -> list[KnownMemory]:
     """The user's active profile memories nearest to this session's last ``turns`` new user turns,
     nearest first."""
     return connection().execute(_TOUCHED, {"session": session_id, "after": after_id or 0, "user": user_id,
                                            "turns": turns, "limit": limit}).fetchall()
 
 
-def _locked(conn, session: dict, claim_token: datetime) -> bool:
+def _locked(conn: Connection, session: ClaimedSession, claim_token: datetime) -> bool:
     """Row-lock the session if this claim and this delivery's lease still hold it."""
     return conn.execute(
         "SELECT 1 FROM engine.chat_sessions WHERE id = %s AND extraction_claimed_at = %s"
@@ -187,8 +190,8 @@ def _locked(conn, session: dict, claim_token: datetime) -> bool:
     ).fetchone() is not None
 
 
-def finish(session: dict, claim_token: datetime, memories: list[dict], watermark: int | None,
-           error: str | None, confirm: list[tuple[UUID, float]] = (), first_message_id: int | None = None
+def finish(session: ClaimedSession, claim_token: datetime, memories: list[dict], watermark: int | None,
+           error: str | None, confirm: Sequence[tuple[UUID, float]] = (), first_message_id: int | None = None
            ) -> dict | None:
     """ONE transaction: insert the profile rows, apply their consolidation, and stamp the session,
     only if the claim still holds.
@@ -244,7 +247,7 @@ def finish(session: dict, claim_token: datetime, memories: list[dict], watermark
     return counts
 
 
-def give_up(session: dict, claim_token: datetime, error: str, why: str) -> bool:
+def give_up(session: ClaimedSession, claim_token: datetime, error: str, why: str) -> bool:
     """Stamp the session with the error without extracting; ``why`` is 'attempts' (its own failures
     reached the cap) or 'retry-window' (the world kept failing for the whole window: re-drivable). The
     retry streak ends here: if new turns make the session eligible again, its window starts afresh."""
@@ -261,7 +264,7 @@ def give_up(session: dict, claim_token: datetime, error: str, why: str) -> bool:
     return True
 
 
-def retry_later(session: dict, claim_token: datetime, error: str, next_attempt_at: datetime | None,
+def retry_later(session: ClaimedSession, claim_token: datetime, error: str, next_attempt_at: datetime | None,
                 counts: str | None, now: datetime) -> bool:
     """Give the claim back with the error and a backoff, counting the failure as the session's own
     (``counts='attempts'``), the world's (``'retries'``: the retry window starts at the first one) or

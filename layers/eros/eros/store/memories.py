@@ -13,10 +13,9 @@ from __future__ import annotations
 from datetime import datetime
 from uuid import UUID
 
-import psycopg
-
-from ..db import connection, transaction
+from ..db import Connection, connection, transaction
 from . import consolidation
+from .rows import Memory, MemoryWithHistory
 
 # A history walk follows superseded_by links at most this many steps each way: a cycle (nothing
 # forbids one in the data: supersede() does not check its successor) or a very long chain cannot hang
@@ -91,7 +90,7 @@ class NotSuperseded(Exception):
 
 
 def list_memories(user_id: str, layer: str | None, category: str | None, limit: int,
-                  before: tuple[datetime, UUID] | None = None, include_superseded: bool = False) -> list[dict]:
+                  before: tuple[datetime, UUID] | None = None, include_superseded: bool = False) -> list[Memory]:
     """The user's own memories, newest first, without embeddings; active rows only unless
     ``include_superseded``. ``before`` is the (created_at, id) of the last row of the previous page: the
     page goes on from that position whether or not the row is still there (it may have been deleted)."""
@@ -112,21 +111,21 @@ def position_of(user_id: str, memory_id: UUID) -> tuple[datetime, UUID] | None:
     return (row["created_at"], row["id"]) if row else None
 
 
-def _with_history(conn: psycopg.Connection, user_id: str, memory_id: UUID) -> dict | None:
+def _with_history(conn: Connection, user_id: str, memory_id: UUID) -> MemoryWithHistory | None:
     chain = conn.execute(_HISTORY, {"id": memory_id, "user": user_id, "depth": MAX_CHAIN_DEPTH}).fetchall()
     memory = next((row for row in chain if row["id"] == memory_id), None)
     if memory is None:
         return None
-    return {**memory, "history": chain}
+    return memory | {"history": chain}
 
 
-def get_memory(user_id: str, memory_id: UUID) -> dict | None:
+def get_memory(user_id: str, memory_id: UUID) -> MemoryWithHistory | None:
     """One of the user's memories with ``history``: every version of it, oldest first (itself
     included). None: no such memory of this user."""
     return _with_history(connection(), user_id, memory_id)
 
 
-def restore_memory(user_id: str, memory_id: UUID) -> dict | None:
+def restore_memory(user_id: str, memory_id: UUID) -> MemoryWithHistory | None:
     """Undo a supersession: the user says the old version is still true.
 
     In one transaction, with the row locked (a concurrent restore of the same row waits, then finds

@@ -9,7 +9,7 @@ All three strategies share one statement shape and differ only in the base score
 
 where ``s = 1 - (embedding <=> query)`` is the cosine similarity, ``d = exp(-age / tau)`` the
 decay and ``ifloor`` the importance floor (0: the plain ``s x decay x importance``; see
-``eros.recall`` for why it exists). ``age`` runs from the row's ``created_at`` to "now" (a bound
+below for why it exists). ``age`` runs from the row's ``created_at`` to "now" (a bound
 parameter, so the evaluation and the tests can ask at any date; the database's statement time
 otherwise). ``grouped`` is the
 same statement with the plain similarity as base, the quota as the per-category cap and no
@@ -39,20 +39,27 @@ strategy (for ``composite`` the multiplicative factors are written as what they 
 
 Ordering is ``score DESC, id``: equal scores fall back to the row's uuid, so the same rows in the
 same database always come back in the same order (the tests compare against a brute-force
-ranking in Python, ties included). ``eros.recall`` holds the Python twin of these formulas.
+ranking in Python, ties included).
+
+Why ``composite`` has an importance floor: real embedders compress cosine similarity into a narrow
+band (unrelated texts already score ~0.75 with e5, well above 0 with Voyage). Multiplied by a raw
+importance in [0, 1], importance then outweighs relevance and the important-but-unrelated fact wins
+every query (``bench/results/recall_eval_e5.md`` measures it); ``ifloor`` is what the least important
+row keeps, as ``floor`` is what a very old but still-true row ("has a daughter") keeps of its decay.
+The knobs and their defaults: ``eros.config.RecallParams``.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
 from uuid import UUID
 
 from pgvector import Vector
 
+from ..config import RecallParams
 from ..db import connection
-
-Strategy = Literal["grouped", "recency", "composite"]
+from ..memory import MemoryLayer
+from .rows import RankedMemory
 
 # The score parts, over the columns of the `base` subquery below: (base score, recency term,
 # importance term), with base + w * importance = similarity + recency term + importance term.
@@ -63,7 +70,7 @@ _IMPORTANCE = "coalesce(importance, 0.5)::float8"
 _TERM = f"%(iw)s::float8 * {_IMPORTANCE}"
 _DECAY_FACTOR = "(%(floor)s::float8 + (1 - %(floor)s::float8) * decay)"
 _IMPORTANCE_FACTOR = f"(%(ifloor)s::float8 + (1 - %(ifloor)s::float8) * {_IMPORTANCE})"
-_SCORES: dict[str, tuple[str, str, str]] = {
+_SCORES: dict[str, tuple[str, str, str]] = {  # strategy -> parts
     "grouped": ("1 - distance", "0::float8", _TERM),
     "recency": ("(1 - distance) + %(lam)s::float8 * decay", "%(lam)s::float8 * decay", _TERM),
     "composite": (f"(1 - distance) * {_DECAY_FACTOR} * {_IMPORTANCE_FACTOR}",
@@ -79,9 +86,9 @@ _SCORES: dict[str, tuple[str, str, str]] = {
 # In both, a row that consolidation has superseded (superseded_at set) is history, kept but never
 # recalled (the profile index covers active rows only); and a row created after "now" did not
 # exist yet at that date.
-_LAYERS: dict[str, str] = {
-    "profile": "user_id = %(user)s AND instance_id IS NULL AND category IS NOT NULL",
-    "relationship": "user_id = %(user)s AND instance_id = %(instance)s",
+_LAYERS: dict[MemoryLayer, str] = {
+    MemoryLayer.PROFILE: "user_id = %(user)s AND instance_id IS NULL AND category IS NOT NULL",
+    MemoryLayer.RELATIONSHIP: "user_id = %(user)s AND instance_id = %(instance)s",
 }
 
 # The read-time demotion, profile layer only, in its own statement (when demotion is off, or for
@@ -155,30 +162,25 @@ _STATEMENTS = {(layer, strategy, demoting): _TEMPLATE.format(
                    pool=(_DEMOTION if demoting else _NO_DEMOTION)[0],
                    demotion=(_DEMOTION if demoting else _NO_DEMOTION)[1])
                for layer, where in _LAYERS.items() for strategy, (base, recency, importance) in _SCORES.items()
-               for demoting in ((False, True) if layer == "profile" else (False,))}
+               for demoting in ((False, True) if layer is MemoryLayer.PROFILE else (False,))}
 
 
-def ranked(layer: Literal["profile", "relationship"], strategy: Strategy, user_id: str, query: list[float], *,
-           k: int, cap: int | None = None, instance_id: UUID | None = None, now: datetime | None = None,
-           lam: float = 0.0, tau_days: float = 30.0, floor: float = 0.0, importance_floor: float = 0.0,
-           importance_weight: float = 0.0, demote_similarity: float = 2.0, demote_penalty: float = 0.0,
-           demote_pool: int = 0) -> list[dict]:
-    """The layer's top ``k`` rows by the strategy's score, at most ``cap`` per category (None: no cap).
+def ranked(layer: MemoryLayer, params: RecallParams, user_id: str, query: list[float], *, k: int,
+           cap: int | None, instance_id: UUID | None = None, now: datetime | None = None) -> list[RankedMemory]:
+    """The layer's top ``k`` rows by ``params.strategy``'s score, at most ``cap`` per category (None: no cap).
 
     One round trip. Rows carry their embedding (for near-duplicate checks), distance, decay, the
     score parts (similarity, recency_term, importance_term, demotion) and score. ``now`` None means
-    the database's statement time. Demotion (profile layer) is off when ``demote_similarity`` is
-    above 1, the penalty is 0 or the pool is empty; the defaults here are all "off".
+    the database's statement time. Only the profile layer is demoted, and only when
+    ``params.demoting``.
     """
-    if k <= 0 or (layer == "relationship" and instance_id is None):
+    if k <= 0 or (layer is MemoryLayer.RELATIONSHIP and instance_id is None):
         return []
-    if tau_days <= 0:
-        raise ValueError("tau_days must be positive")
-    demoting = layer == "profile" and demote_similarity <= 1 and demote_penalty > 0 and demote_pool > 0
-    params = {"q": Vector(list(query)), "user": user_id, "instance": instance_id, "now": now, "lam": lam,
-              "tau": tau_days, "floor": floor, "ifloor": importance_floor, "iw": importance_weight,
-              "dsim": demote_similarity, "penalty": demote_penalty, "pool": demote_pool,
-              "k": k, "cap": cap if cap and cap > 0 else k}
+    demoting = layer is MemoryLayer.PROFILE and params.demoting
+    values = {"q": Vector(list(query)), "user": user_id, "instance": instance_id, "now": now, "lam": params.lam,
+              "tau": params.tau_days, "floor": params.floor, "ifloor": params.importance_floor,
+              "iw": params.importance_weight, "dsim": params.demote_similarity, "penalty": params.demote_penalty,
+              "pool": params.demote_pool, "k": k, "cap": cap if cap and cap > 0 else k}
     # Binary results: the embeddings come back as packed floats, not 512 numbers in text to parse.
     with connection().cursor(binary=True) as cur:
-        return cur.execute(_STATEMENTS[(layer, strategy, demoting)], params).fetchall()
+        return cur.execute(_STATEMENTS[(layer, params.strategy, demoting)], values).fetchall()

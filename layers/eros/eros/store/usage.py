@@ -6,22 +6,20 @@ of one user cannot overshoot a limit."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
-import psycopg
-
-from ..db import connection
+from ..db import Connection, connection
 
 
 def utcnow() -> datetime:
     """The spend clock (days are UTC). Tests replace it to cross midnight without waiting."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def next_day(moment: datetime) -> datetime:
     """Midnight UTC after ``moment``: when the daily budget resets."""
-    day = moment.astimezone(timezone.utc).date() + timedelta(days=1)
-    return datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
+    day = moment.astimezone(UTC).date() + timedelta(days=1)
+    return datetime(day.year, day.month, day.day, tzinfo=UTC)
 
 
 def tokens_of(usage: dict | None) -> int:
@@ -53,7 +51,7 @@ def admit_turn(user_id: str, now: datetime, turns_per_minute: int, daily_budget:
 
     None: admitted (counted). Else (why, until): ``"rate_limited"`` until the window ends, or
     ``"budget_exhausted"`` until midnight UTC; a refused turn is not counted."""
-    day = now.astimezone(timezone.utc).date()
+    day = now.astimezone(UTC).date()
     window = now.replace(second=0, microsecond=0)
     conn = connection()
     admitted = conn.execute(_ADMIT, {"user": user_id, "day": day, "window": window,
@@ -65,7 +63,7 @@ def admit_turn(user_id: str, now: datetime, turns_per_minute: int, daily_budget:
     return "rate_limited", window + timedelta(minutes=1)
 
 
-def record(user_id: str, tokens: int, kind: str, now: datetime, conn: psycopg.Connection | None = None) -> None:
+def record(user_id: str, tokens: int, kind: str, now: datetime, conn: Connection | None = None) -> None:
     """Add a provider call's tokens to the user's day (``kind``: "chat" or "dream"); ``conn``: inside a
     transaction the caller holds (the turn's own, so the count costs no commit of its own)."""
     if tokens <= 0:
@@ -75,7 +73,7 @@ def record(user_id: str, tokens: int, kind: str, now: datetime, conn: psycopg.Co
         f"INSERT INTO engine.user_usage AS u (user_id, day, tokens, {column}) VALUES (%(user)s, %(day)s, %(n)s, %(n)s)"
         f" ON CONFLICT (user_id, day) DO UPDATE SET tokens = u.tokens + EXCLUDED.tokens,"
         f" {column} = u.{column} + EXCLUDED.{column}",
-        {"user": user_id, "day": now.astimezone(timezone.utc).date(), "n": tokens},
+        {"user": user_id, "day": now.astimezone(UTC).date(), "n": tokens},
     )
 
 
@@ -83,7 +81,7 @@ def usage(user_id: str, now: datetime) -> dict:
     """The user's usage of ``now``'s UTC day (zeros when none)."""
     row = connection().execute(
         "SELECT tokens, chat_tokens, dream_tokens, turns FROM engine.user_usage WHERE user_id = %s AND day = %s",
-        (user_id, now.astimezone(timezone.utc).date()),
+        (user_id, now.astimezone(UTC).date()),
     ).fetchone()
     return row or {"tokens": 0, "chat_tokens": 0, "dream_tokens": 0, "turns": 0}
 

@@ -1,0 +1,144 @@
+"""The shapes of the rows that cross the store boundary: what a store function returns is one of these.
+
+They describe what the SQL selects (column names, with the aliases the statements give them); psycopg
+returns them as plain dicts, so these are TypedDicts rather than classes, as procrastinate types its
+query results. A use-case reads ``session["instance_id"]`` knowing the key exists and what it holds.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, NotRequired, TypedDict
+from uuid import UUID
+
+
+class Persona(TypedDict):
+    id: str
+    name: str
+    description: str
+
+
+class Session(TypedDict):
+    """A chat session as its user sees it (``store.chat.list_sessions``, ``create_session``)."""
+    id: UUID
+    instance_id: UUID
+    persona_id: str
+    created_at: datetime
+    last_active_at: datetime
+    extracted_at: NotRequired[datetime | None]
+
+
+class SessionWithPersona(Session):
+    """A session with its persona's prompt (``store.chat.get_session``): what a chat turn needs."""
+    persona_name: str
+    system_prompt: str
+
+
+class Message(TypedDict):
+    id: int
+    role: str  # user | assistant
+    content: str
+    client_turn_id: NotRequired[str]
+    sent_at: NotRequired[datetime]
+    metadata: NotRequired[dict[str, Any]]
+
+
+# The messages already stored for one client_turn_id, by role ("user", and "assistant" once answered).
+TurnMessages = dict[str, Message]
+
+
+class RecordedTurn(TypedDict):
+    replayed: bool
+    user_message_id: NotRequired[int]
+    assistant_message_id: NotRequired[int]
+
+
+class Claim(TypedDict):
+    """A session the sweep claimed (``store.dreaming.claim``): the extract event is made of it."""
+    id: UUID
+    user_id: str
+    instance_id: UUID
+    claim_token: datetime  # the claim's extraction_claimed_at
+
+
+class ClaimedSession(TypedDict):
+    """A claimed session as its extraction reads it (``store.dreaming.start``, ``claimed_session``)."""
+    id: UUID
+    user_id: str
+    instance_id: UUID
+    extraction_watermark: int | None  # the last message extraction has read; None: none yet
+    extraction_attempts: int
+    extraction_retries: int
+    extraction_retrying_since: datetime | None
+    extraction_error: str | None
+    lease: datetime | None  # extraction_started_at: set by the delivery that started the work
+
+
+class KnownMemory(TypedDict):
+    """An active profile memory shown to extraction (``store.dreaming.touched_memories``)."""
+    id: UUID
+    content: str
+    category: str
+    importance: float | None
+    created_at: datetime
+    distance: float
+
+
+class RankedMemory(TypedDict):
+    """A recalled row (``store.recall.ranked``) with its score and the parts that make it up."""
+    id: UUID
+    content: str
+    category: str | None
+    importance: float | None
+    created_at: datetime
+    embedding: Any  # pgvector's Vector
+    distance: float
+    decay: float
+    similarity: float
+    recency_term: float
+    importance_term: float
+    demotion: float
+    score: float
+
+
+class Memory(TypedDict):
+    """A memory as its owner sees it (``store.memories``): never its embedding."""
+    id: UUID
+    layer: str  # MemoryLayer
+    category: str | None
+    content: str
+    importance: float | None
+    persona_id: str | None
+    created_at: datetime
+    source: str  # eros.memory.Source
+    session_id: UUID | None
+    from_message_id: int | None
+    through_message_id: int | None
+    model: str | None
+    last_confirmed_at: datetime | None
+    mention_count: int
+    superseded_at: datetime | None
+    superseded_by: UUID | None
+    superseded_reason: str | None
+    supersedes: list[UUID]
+
+
+class MemoryWithHistory(Memory):
+    history: list[Memory]
+
+
+class UserClaim(TypedDict):
+    """A user the sweep claimed for a deep pass (``store.deep_pass.claim_users``)."""
+    user_id: str
+    claim_token: datetime  # the claim's user_consolidation.claimed_at
+
+
+class ClaimedUser(TypedDict):
+    """A claimed user's consolidation row (``store.deep_pass.start``, ``claimed_user``)."""
+    user_id: str
+    changed_at: datetime
+    attempts: int
+    retries: int
+    retrying_since: datetime | None
+    error: str | None
+    lease: datetime | None  # started_at
