@@ -110,7 +110,7 @@ class Settings(BaseModel):
 
     # --- dreaming -------------------------------------------------------------------
     dreaming_idle_secs: int = Field(1800, ge=1)
-    dreaming_tick_secs: int = Field(300, ge=1)
+    dreaming_tick_secs: int = Field(300, ge=1)  # local stack only; in AWS the schedule (DreamingScheduleRate)
     dreaming_claim_stale_secs: int = Field(600, ge=1)
     dreaming_batch_size: int = Field(200, ge=1, le=10000)
     dreaming_tick_cap: int = Field(5000, ge=1)
