@@ -81,22 +81,29 @@ def reset_claims(url: str) -> None:
 # --- claimers ---------------------------------------------------------------------------------------
 
 def claimer(batch: int, now: dt.datetime, start, out) -> None:
-    """Claim until a claim comes back empty; report (ids, statements, seconds in claim calls)."""
+    """Claim until a claim comes back empty; report (ids, statements, seconds in claim calls), or the
+    error that stopped it (and break the start line, so that nobody waits for a claimer that is gone)."""
     from eros import db
     from eros.store import dreaming as store
 
-    db.connection()  # connect before the start line
-    ids, statements, busy = [], 0, 0.0
-    start.wait()
-    while True:
-        t0 = time.perf_counter()
-        rows = store.claim(idle_before=now - IDLE, stale_before=now - STALE, limit=batch)
-        busy += time.perf_counter() - t0
-        statements += 1
-        if not rows:
-            break
-        ids.extend(r["id"].bytes for r in rows)
-    db.reset()
+    try:
+        db.connection()  # connect before the start line
+        ids, statements, busy = [], 0, 0.0
+        start.wait()
+        while True:
+            t0 = time.perf_counter()
+            rows = store.claim(idle_before=now - IDLE, stale_before=now - STALE, limit=batch)
+            busy += time.perf_counter() - t0
+            statements += 1
+            if not rows:
+                break
+            ids.extend(r["id"].bytes for r in rows)
+    except BaseException as exc:
+        start.abort()
+        out.put(f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        db.reset()
     out.put((ids, statements, busy))
 
 
@@ -114,12 +121,18 @@ def run_once(url: str, claimers: int, batch: int, mode: str) -> dict:
         workers = [ctx.Process(target=claimer, args=(batch, now, start, out)) for _ in range(claimers)]
     for w in workers:
         w.start()
-    start.wait()
+    try:
+        start.wait()
+    except threading.BrokenBarrierError:
+        pass  # a claimer failed before the start: its error is in the queue
     t0 = time.perf_counter()
     reports = [out.get() for _ in workers]  # drained before join: a full pipe would block a process
     elapsed = time.perf_counter() - t0
     for w in workers:
         w.join()
+    errors = [r for r in reports if isinstance(r, str)]
+    if errors:
+        raise RuntimeError(f"{len(errors)} claimer(s) failed: {errors[0]}")
     claimed = [i for ids, _, _ in reports for i in ids]
     unique = set(claimed)
     statements = sum(s for _, s, _ in reports)

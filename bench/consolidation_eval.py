@@ -225,7 +225,7 @@ def _run(args, users: list[dict], arms: list[Arm], configured: dict) -> dict:
 
     def use(phase: str) -> None:
         """Point the LLM at the fake (chat replies, scripted extraction), the offline stand-in or the
-        configured model; the embedder stays as chosen. The providers are rebuilt only when that changes
+        configured model; the embedder stays as chosen. The LLM client is rebuilt only when that changes
         (a new HTTP client costs tens of ms: with the scripted model, chat and extraction share one)."""
         llm_env = ({"LLM_BASE_URL": llm.url, "OPENROUTER_API_KEY": "bench"} if phase == "chat" or args.llm == "scripted"
                    else {k: v for k, v in configured.items() if k in ("OPENROUTER_API_KEY", "LLM_BASE_URL") and v}
@@ -237,7 +237,7 @@ def _run(args, users: list[dict], arms: list[Arm], configured: dict) -> dict:
         os.environ.update(llm_env)
         in_use["llm"] = llm_env
         settings.cache_clear()
-        providers.reset()
+        getattr(providers.chat_client, "cache_clear", providers.reset)()  # the embedder's client stays
 
     # The "before" arm for models we do not script: drop what they say about known memories.
     parse = extraction.parse_candidates

@@ -75,7 +75,13 @@ def _main(args: argparse.Namespace, command: str) -> int:
             headers = {"Authorization": f"Bearer {issue_token(name, cfg, local_jwt_key())}"}
             failed = foreign = done = 0
             with httpx.Client(base_url=base, headers=headers, timeout=60) as http:
-                sid = http.post("/v1/sessions", json={"persona_id": "luna"}).json()["id"]
+                try:
+                    created = http.post("/v1/sessions", json={"persona_id": "luna"})
+                    created.raise_for_status()
+                    sid = created.json()["id"]
+                except BaseException:
+                    ready.abort()  # nobody waits for a client that could not start
+                    raise
                 ready.wait()
                 for i in range(args.rounds):
                     text = f"{name} says {i}"
@@ -93,15 +99,20 @@ def _main(args: argparse.Namespace, command: str) -> int:
                             foreign += 1
             return done, failed, foreign
 
-        with ThreadPoolExecutor(args.clients) as pool:
-            futures = [pool.submit(client, n) for n in range(args.clients)]
-            ready.wait()
-            started = time.monotonic()
-            results = [f.result() for f in futures]
-            elapsed = time.monotonic() - started
-        server.shutdown()
-        server.server_close()
-        quiet.close()
+        try:
+            with ThreadPoolExecutor(args.clients) as pool:
+                futures = [pool.submit(client, n) for n in range(args.clients)]
+                try:
+                    ready.wait()
+                except threading.BrokenBarrierError:
+                    pass  # a client failed to start: its future raises below
+                started = time.monotonic()
+                results = [f.result() for f in futures]
+                elapsed = time.monotonic() - started
+        finally:
+            server.shutdown()
+            server.server_close()
+            quiet.close()
         done, failed, foreign = (sum(x) for x in zip(*results))
         bad = bad or bool(failed or foreign)
         print(f"run {run + 1}: {args.clients} clients, {args.containers} containers, {done} requests in {elapsed:.1f} s = {done / elapsed:.0f}"

