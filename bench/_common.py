@@ -17,8 +17,8 @@ import shlex
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -76,7 +76,7 @@ def git_commit() -> str:
         return "unknown"
 
 
-def command(script: str, argv: list[str] | None) -> str:
+def command_line(script: str, argv: list[str] | None) -> str:
     """The command a result was made with, as it is typed from the repository root."""
     args = sys.argv[1:] if argv is None else argv
     return f".venv/bin/python bench/{Path(script).name}" + "".join(f" {shlex.quote(a)}" for a in args)
@@ -198,6 +198,11 @@ def database(pgdata: str | Path, *, url: str = "", name: str | None = None, fres
                 conn.execute("DROP SCHEMA IF EXISTS engine CASCADE")
     migrate(url)
     return url
+
+
+# Every user's rows gone (personas and the migration log stay): where a bench starts from an empty engine.
+EMPTY_ENGINE = ("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions,"
+                " engine.user_consolidation, engine.persona_instances CASCADE")
 
 
 def postgres_version(url: str) -> dict[str, str]:

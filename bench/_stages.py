@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import time
 import types
-from typing import Iterator
+from collections.abc import Iterator
 
 
 class Stages:
@@ -40,7 +40,7 @@ class Stages:
         return "recall"
 
     @contextlib.contextmanager
-    def installed(self) -> Iterator["Stages"]:
+    def installed(self) -> Iterator[Stages]:
         import eros.chat
 
         def eros_modules(module) -> list:

@@ -29,8 +29,17 @@ import sys
 import threading
 import time
 
-from _common import (RESULTS, add_database_url_option, bench_environment, command as command_line, database,
-                     describe_machine, postgres_version, use_database, write_results)
+from _common import (
+    RESULTS,
+    add_database_url_option,
+    bench_environment,
+    command_line,
+    database,
+    describe_machine,
+    postgres_version,
+    use_database,
+    write_results,
+)
 
 RESULTS = RESULTS / "claim_throughput.md"
 USER_PREFIX = "bench-claim-"
@@ -109,7 +118,7 @@ def claimer(batch: int, now: dt.datetime, start, out) -> None:
 
 def run_once(url: str, claimers: int, batch: int, mode: str) -> dict:
     use_database(url)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     if mode == "thread":
         import queue
 
@@ -159,7 +168,7 @@ def render(args, results: list[dict], mach: str, pg: str, command: str) -> str:
     lines = [
         "# Claim throughput", "",
         f"* **Command:** `{command}`",
-        f"* **Date:** {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"* **Date:** {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
         f"* **Machine:** {mach}",
         f"* **Database:** embedded PostgreSQL {pg} (pgserver, `{args.pgdata}`), one connection per claimer"
         if not args.database_url else f"* **Database:** PostgreSQL {pg} (`--database-url`), one connection per claimer",

@@ -64,8 +64,20 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _common import (PROVIDER_ENV, RESULTS, ROOT, add_database_url_option, bench_environment, command as command_line,
-                     database, describe_machine, patched, test_helpers_on_path, write_results)
+from _common import (
+    EMPTY_ENGINE,
+    PROVIDER_ENV,
+    RESULTS,
+    ROOT,
+    add_database_url_option,
+    bench_environment,
+    command_line,
+    database,
+    describe_machine,
+    patched,
+    test_helpers_on_path,
+    write_results,
+)
 
 DATA = ROOT / "bench" / "data" / "consolidation_dev" / "users.jsonl"
 PERSONA = "luna"
@@ -187,7 +199,8 @@ def _run(args, users: list[dict], arms: list[Arm], configured: dict) -> dict:
     from apiclient import Api
     from fakes import FakeOpenRouter, FakeVoyage
 
-    from eros import db as eros_db, dreaming, extraction, providers, recall
+    from eros import db as eros_db
+    from eros import dreaming, extraction, providers, recall
     from eros.config import settings
     from eros.local import LambdaContext, load_function
     from eros.store import dreaming as store
@@ -195,8 +208,7 @@ def _run(args, users: list[dict], arms: list[Arm], configured: dict) -> dict:
     # The bench's own database is migrated from scratch every run, so an edited migration cannot go stale.
     url = database(args.pgdata, url=args.database_url, from_scratch=True)
     with eros_db.connect(url, vector=False) as conn:  # every run starts from an empty engine
-        conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions,"
-                     " engine.user_consolidation, engine.persona_instances CASCADE")
+        conn.execute(EMPTY_ENGINE)
 
     current: dict = {}  # the session being extracted (the scripted model reads it)
     misses: list[dict] = []
@@ -273,7 +285,7 @@ def _run(args, users: list[dict], arms: list[Arm], configured: dict) -> dict:
                     for turn in session["turns"]:
                         call("POST", f"/v1/sessions/{sid}/turns", {"content": turn}, uid)
                     _backdate_turns(eros_db.connection(), sid, at)
-                    now = dt.datetime.now(dt.timezone.utc)
+                    now = dt.datetime.now(dt.UTC)
                     claimed = [r for r in store.claim(now, now - dt.timedelta(seconds=600), 50)
                                if str(r["id"]) == sid]
                     assert claimed, f"session {sid} of {uid} was not claimable"
@@ -307,7 +319,8 @@ def _counted_calls(providers):
     """Count provider calls at the client seam too (the only count for non-fake providers), for the block."""
     counts = {"llm": 0, "embed": 0}
     changes = []
-    for kind, client, method in (("llm", providers.chat_client(), "complete"), ("embed", providers.embedder(), "embed")):
+    for kind, client, method in (("llm", providers.chat_client(), "complete"),
+                                 ("embed", providers.embedder(), "embed")):
         original = getattr(client, method)
 
         def counted(*a, _original=original, _kind=kind, **kw):
@@ -403,7 +416,8 @@ def summarise(arms: list[Arm]) -> dict:
         target = {"new": 2, "repeat-only": 1, "nothing": 1}
         out["arms"][arm.name] = {
             "probes": len(probes),
-            "current_above_superseded": _rate(sum(p["current"] is not None and (p["old"] is None or p["current"] < p["old"])
+            "current_above_superseded": _rate(sum(p["current"] is not None
+                                                  and (p["old"] is None or p["current"] < p["old"])
                                                   for p in probes), len(probes)),
             "superseded_shown": _rate(sum(p["old"] is not None for p in probes), len(probes)),
             "current_injected": _rate(sum(p["current"] is not None for p in probes), len(probes)),
@@ -412,8 +426,8 @@ def summarise(arms: list[Arm]) -> dict:
             "false_supersession": _rate(sum(f["current_active"] == 0 for f in kept), len(kept)),
             "traps": len(traps),
             "traps_kept": _rate(sum(f["current_active"] > 0 for f in traps), len(traps)),
-            "trap_bases_kept": _rate(sum(any(g["user"] == t["user"] and g["fact"] == facts_of(t) and g["current_active"] > 0
-                                             for g in kept) for t in traps), len(traps)),
+            "trap_bases_kept": _rate(sum(any(g["user"] == t["user"] and g["fact"] == facts_of(t)
+                                             and g["current_active"] > 0 for g in kept) for t in traps), len(traps)),
             "repeated_facts": len(repeated),
             "active_per_repeated": _rate(sum(f["current_active"] for f in repeated), len(repeated)),
             "chains": len(chains),
@@ -467,7 +481,7 @@ def render(args, command: str, users: list[dict], arms: list[Arm], figures: dict
     lines = [
         f"# Consolidation evaluation: `--llm {args.llm}`", "",
         f"* **Command:** `{command.strip()}`",
-        f"* **Date:** {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"* **Date:** {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
         f"* **Machine:** {describe_machine(with_load=False)}",
         f"* **Data:** `{Path(args.data).relative_to(ROOT) if Path(args.data).is_relative_to(ROOT) else args.data}`: "
         f"{len(users)} users ({sum(u['lang'] == 'zh' for u in users)} Chinese, "
@@ -516,7 +530,7 @@ def render(args, command: str, users: list[dict], arms: list[Arm], figures: dict
                 dist = ", ".join(f"{c}: {k}" for c, k in g["calls"].items())
                 lines.append(f"| {n} | {g['sessions']} | {labels[kind]} | {g['llm']} | {g['embed']} | "
                              f"{dist} | {g['target']} ({'met' if g['met'] else 'NOT met'}) |")
-    lines += ["", f"* Calls per session on target in every session: "
+    lines += ["", "* Calls per session on target in every session: "
               + ", ".join(f"{n} {'yes' if a[n]['calls_met'] else 'NO'}" for n in names)
               + "; wire counts equal the client-seam counts: "
               + ", ".join(f"{n} {'yes' if a[n]['wire_matches_seam'] else 'NO'}" for n in names) + "."]
@@ -529,7 +543,7 @@ def render(args, command: str, users: list[dict], arms: list[Arm], figures: dict
                   *[f"  * missed ({m['relation']}): {m['user']}, writing “{m['memory']}”, the earlier “{m['target']}” "
                     f"was not among the {m['shown']} known memories shown; the session's turns: "
                     + " / ".join(f"“{t}”" for t in m["turns"]) for m in arms[-1].misses[:20]],
-                  f"* Sessions whose outcome matches the script (new rows iff the script writes a new memory): "
+                  "* Sessions whose outcome matches the script (new rows iff the script writes a new memory): "
                   + ", ".join(f"{n} {_pct(a[n]['expected_matches_outcome'])}" for n in names) + "."]
     failed = [p for p in arms[-1].probes if p["current"] is None or p["old"] is not None]
     if failed:

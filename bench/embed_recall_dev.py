@@ -35,7 +35,7 @@ def main() -> None:
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         vectors = embed([r[field] for r in rows])
         with open(path, "w", encoding="utf-8") as f:
-            for row, vector in zip(rows, vectors):
+            for row, vector in zip(rows, vectors, strict=True):
                 row["embedding"] = [round(float(v), 5) for v in vector]
                 row["embedding_model"] = MODEL
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -34,8 +34,18 @@ import sys
 import time
 import warnings
 
-from _common import (RESULTS, add_database_url_option, bench_environment, command as command_line, database,
-                     describe_machine, reset_process_state, test_helpers_on_path, write_results)
+from _common import (
+    EMPTY_ENGINE,
+    RESULTS,
+    add_database_url_option,
+    bench_environment,
+    command_line,
+    database,
+    describe_machine,
+    reset_process_state,
+    test_helpers_on_path,
+    write_results,
+)
 
 RESULTS = RESULTS / "extract_calls.md"
 MARKER = re.compile(r"\[s(\d+)\]")
@@ -115,7 +125,8 @@ def _main(args: argparse.Namespace, command: str) -> int:
     from apiclient import Api
     from fakes import FakeOpenRouter, FakeVoyage
 
-    from eros import db as eros_db, dreaming
+    from eros import db as eros_db
+    from eros import dreaming
     from eros.config import settings
     from eros.extraction import SYSTEM_PROMPT
     from eros.local import InProcessInvoker
@@ -123,8 +134,7 @@ def _main(args: argparse.Namespace, command: str) -> int:
     # The bench's own database is migrated from scratch every run, so an edited migration cannot go stale.
     url = database(args.pgdata, url=args.database_url, from_scratch=True)
     with eros_db.connect(url, vector=False) as conn:  # every run starts from an empty engine
-        conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions, engine.user_consolidation,"
-                     " engine.persona_instances CASCADE")
+        conn.execute(EMPTY_ENGINE)
 
     kinds: dict[int, str] = {}  # round 2's sessions: number -> repeat | change | mixed
 
@@ -247,7 +257,7 @@ def _main(args: argparse.Namespace, command: str) -> int:
                         and not any(stored.get(n) for n in round2["repeat"] if n % args.users in with_known))
     unattributed = sum(s[3] for s in sweeps)
     ok = (exact and batched and consolidation_ok and unattributed == 0 and unstamped == 0 and last_sweep_calls == 0
-          and all(s[1].claimed == len(ns) for s, ns in zip(sweeps, [round1, *round2.values()])))
+          and all(s[1].claimed == len(ns) for s, ns in zip(sweeps, [round1, *round2.values()], strict=True)))
 
     def dist(ns: list[int]) -> str:
         counter = collections.Counter(total(n) for n in ns)
@@ -267,9 +277,10 @@ def _main(args: argparse.Namespace, command: str) -> int:
     report = "\n".join([
         "# Provider calls per extracted session", "",
         f"* **Command:** `{command}`",
-        f"* **Date:** {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"* **Date:** {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
         f"* **Machine:** {describe_machine(with_load=False)}",
-        f"* **Setup:** round 1: {args.sessions} sessions × {args.turns} turns of {args.users} users chatted through the "
+        f"* **Setup:** round 1: {args.sessions} sessions × {args.turns} turns of {args.users} users chatted through "
+        "the "
         f"chat handler, idle, then one sweep (`eros.dreaming.sweep`, in-process invoker, {args.workers} workers) "
         "running the extract handler per session; every "
         f"{args.empty_every}th session's extraction answers no memories. Round 2 (consolidation): three more sweeps "

@@ -23,8 +23,15 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from _common import (add_database_url_option, bench_environment, command as command_line, database,
-                     describe_machine, use_database, write_results)
+from _common import (
+    add_database_url_option,
+    bench_environment,
+    command_line,
+    database,
+    describe_machine,
+    use_database,
+    write_results,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,11 +51,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace, command: str) -> int:
-    import httpx
-
     from eros.config import settings
     from eros.db import connect
-    from eros.local import issue_token, local_jwt_key, make_server
 
     url = database(args.pg, url=args.database_url)
     use_database(url)
@@ -61,73 +65,85 @@ def _main(args: argparse.Namespace, command: str) -> int:
         with connect(url) as conn:
             conn.execute("DELETE FROM engine.companion_memories WHERE user_id LIKE 'bench-local-%'")
             conn.execute("DELETE FROM engine.chat_sessions WHERE user_id LIKE 'bench-local-%'")
-        server = make_server(cfg, "127.0.0.1", 0, concurrency=args.containers)
-        quiet = contextlib.ExitStack()  # the access log, metrics
-        devnull = quiet.enter_context(open(os.devnull, "w"))
-        quiet.enter_context(contextlib.redirect_stdout(devnull))
-        quiet.enter_context(contextlib.redirect_stderr(devnull))
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        base = f"http://127.0.0.1:{server.server_address[1]}"
-        ready = threading.Barrier(args.clients + 1)
-
-        def client(n: int) -> tuple[int, int, int]:
-            name = f"bench-local-{n:03d}"
-            headers = {"Authorization": f"Bearer {issue_token(name, cfg, local_jwt_key())}"}
-            failed = foreign = done = 0
-            with httpx.Client(base_url=base, headers=headers, timeout=60) as http:
-                try:
-                    created = http.post("/v1/sessions", json={"persona_id": "luna"})
-                    created.raise_for_status()
-                    sid = created.json()["id"]
-                except BaseException:
-                    ready.abort()  # nobody waits for a client that could not start
-                    raise
-                ready.wait()
-                for i in range(args.rounds):
-                    text = f"{name} says {i}"
-                    for response, mine in (
-                            (r := http.post(f"/v1/sessions/{sid}/turns", json={"content": text}),
-                             lambda: text in r.json()["reply"]),
-                            (m := http.get("/v1/memories", params={"limit": 500}),
-                             lambda: all(x["content"].startswith(name) for x in m.json()["memories"])),
-                            (s := http.get("/v1/sessions"),
-                             lambda: [x["id"] for x in s.json()["sessions"]] == [sid])):
-                        done += 1
-                        if response.status_code >= 300:
-                            failed += 1
-                        elif not mine():
-                            foreign += 1
-            return done, failed, foreign
-
-        try:
-            with ThreadPoolExecutor(args.clients) as pool:
-                futures = [pool.submit(client, n) for n in range(args.clients)]
-                try:
-                    ready.wait()
-                except threading.BrokenBarrierError:
-                    pass  # a client failed to start: its future raises below
-                started = time.monotonic()
-                results = [f.result() for f in futures]
-                elapsed = time.monotonic() - started
-        finally:
-            server.shutdown()
-            server.server_close()
-            quiet.close()
-        done, failed, foreign = (sum(x) for x in zip(*results))
+        done, failed, foreign, elapsed = one_run(cfg, args)
         bad = bad or bool(failed or foreign)
-        print(f"run {run + 1}: {args.clients} clients, {args.containers} containers, {done} requests in {elapsed:.1f} s = {done / elapsed:.0f}"
-              f" requests/s; failed {failed}, another user's data {foreign}", flush=True)
-        lines.append(f"| {run + 1} | {args.clients} | {args.containers} | {done} | {elapsed:.1f} | {done / elapsed:.0f} | "
-                     f"{failed} | {foreign} |")
+        print(f"run {run + 1}: {args.clients} clients, {args.containers} containers, {done} requests in "
+              f"{elapsed:.1f} s = {done / elapsed:.0f} requests/s; failed {failed}, another user's data {foreign}",
+              flush=True)
+        lines.append(f"| {run + 1} | {args.clients} | {args.containers} | {done} | {elapsed:.1f} | "
+                     f"{done / elapsed:.0f} | {failed} | {foreign} |")
     write_results(args.out, "\n".join([
         "# Local stack under concurrent clients", "",
         f"* **Command:** `{command}`",
-        f"* **Date:** {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"* **Date:** {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
         f"* **Machine:** {mach}",
         f"* **Rounds:** {args.rounds} per client (POST a turn, GET /v1/memories, GET /v1/sessions), offline providers",
         "", "| run | clients | containers | requests | seconds | requests/s | failed | another user's data |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |", *lines, ""]), notes=False)
     return 1 if bad else 0
+
+
+def one_run(cfg, args: argparse.Namespace) -> tuple[int, int, int, float]:
+    """One server, every client at once: (requests, failed, another user's data, seconds)."""
+    from eros.local import make_server
+
+    server = make_server(cfg, "127.0.0.1", 0, concurrency=args.containers)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    ready = threading.Barrier(args.clients + 1)
+    try:
+        with (open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull),  # the access log, metrics
+              contextlib.redirect_stderr(devnull), ThreadPoolExecutor(args.clients) as pool):
+            futures = [pool.submit(client, n, base, ready, cfg, args.rounds) for n in range(args.clients)]
+            try:
+                ready.wait()
+            except threading.BrokenBarrierError:
+                pass  # a client failed to start: its future raises below
+            started = time.monotonic()
+            results = [f.result() for f in futures]
+            elapsed = time.monotonic() - started
+    finally:
+        server.shutdown()
+        server.server_close()
+    done, failed, foreign = (sum(x) for x in zip(*results, strict=True))
+    return done, failed, foreign, elapsed
+
+
+def client(n: int, base: str, ready: threading.Barrier, cfg, rounds: int) -> tuple[int, int, int]:
+    """One user: a session, then ``rounds`` x (a turn, the memories, the sessions); returns (requests, failed,
+    answers with another user's data)."""
+    import httpx
+
+    from eros.local import issue_token, local_jwt_key
+
+    name = f"bench-local-{n:03d}"
+    counts = {"done": 0, "failed": 0, "foreign": 0}
+
+    def tally(response, mine) -> None:
+        counts["done"] += 1
+        if response.status_code >= 300:
+            counts["failed"] += 1
+        elif not mine(response.json()):
+            counts["foreign"] += 1
+
+    headers = {"Authorization": f"Bearer {issue_token(name, cfg, local_jwt_key())}"}
+    with httpx.Client(base_url=base, headers=headers, timeout=60) as http:
+        try:
+            created = http.post("/v1/sessions", json={"persona_id": "luna"})
+            created.raise_for_status()
+            sid = created.json()["id"]
+        except BaseException:
+            ready.abort()  # nobody waits for a client that could not start
+            raise
+        ready.wait()
+        for i in range(rounds):
+            text = f"{name} says {i}"
+            tally(http.post(f"/v1/sessions/{sid}/turns", json={"content": text}),
+                  lambda body, text=text: text in body["reply"])
+            tally(http.get("/v1/memories", params={"limit": 500}),
+                  lambda body: all(x["content"].startswith(name) for x in body["memories"]))
+            tally(http.get("/v1/sessions"), lambda body: [x["id"] for x in body["sessions"]] == [sid])
+    return counts["done"], counts["failed"], counts["foreign"]
 
 
 if __name__ == "__main__":

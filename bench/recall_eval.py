@@ -73,8 +73,16 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
-from _common import (ROOT, add_database_url_option, bench_environment, command as command_line, database,
-                     use_database, write_results)
+from _common import (
+    EMPTY_ENGINE,
+    ROOT,
+    add_database_url_option,
+    bench_environment,
+    command_line,
+    database,
+    use_database,
+    write_results,
+)
 
 DIM = 512
 SHOWN = 30  # rows write-time consolidation shows the model (issue 7 §1)
@@ -200,7 +208,7 @@ def embed_all(memories, queries, mode: str) -> str:
     for rows, field, input_type in ((memories, "content", "document"), (queries, "text", "query")):
         for start in range(0, len(rows), 64):
             batch = rows[start:start + 64]
-            for row, vector in zip(batch, e.embed([r[field] for r in batch], input_type).vectors):
+            for row, vector in zip(batch, e.embed([r[field] for r in batch], input_type).vectors, strict=True):
                 row["vector"] = pad(vector)
     return e.model
 
@@ -208,8 +216,7 @@ def embed_all(memories, queries, mode: str) -> str:
 def load_database(conn, memories) -> dict[str, uuid.UUID]:
     from pgvector import Vector
 
-    conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions, engine.user_consolidation,"
-                 " engine.persona_instances CASCADE")
+    conn.execute(EMPTY_ENGINE)
     persona = conn.execute("SELECT id FROM engine.personas ORDER BY id LIMIT 1").fetchone()["id"]
     instances: dict[str, uuid.UUID] = {}
     for user in sorted({m["user_id"] for m in memories}):
@@ -454,8 +461,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace, command: str) -> None:
-    from eros.config import Settings
-    from eros.config import RecallParams
+    from eros.config import RecallParams, Settings
 
     def replace(params: RecallParams, **changes) -> RecallParams:
         return params.model_copy(update=changes)

@@ -33,13 +33,20 @@ import argparse
 import random
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import psycopg
+from _common import (
+    EMPTY_ENGINE,
+    add_database_url_option,
+    bench_environment,
+    command_line,
+    database,
+    percentile,
+    use_database,
+    write_results,
+)
 from pgvector import Vector
-
-from _common import (add_database_url_option, bench_environment, command as command_line, database, percentile,
-                     use_database, write_results)
 
 DIM = 512
 TOPICS = 256
@@ -63,8 +70,7 @@ def ms(values: list[float]) -> str:
 # --- data ---------------------------------------------------------------------------------------
 
 def generate(conn, users: int, noise: int = NOISE, batch_users: int = 500) -> None:
-    conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions, engine.user_consolidation,"
-                 " engine.persona_instances CASCADE")
+    conn.execute(EMPTY_ENGINE)
     conn.execute("DROP TABLE IF EXISTS bench_topics, bench_noise")
     # Random vectors, one aggregate per vector id (GROUP BY keeps random() per element).
     conn.execute("CREATE UNLOGGED TABLE bench_topics AS SELECT i AS id,"
@@ -169,7 +175,7 @@ def exact_truth(conn, queries, k, table) -> tuple[list[list], list[float]]:
 def approx(conn, queries, k, table, truth) -> dict:
     times, short, wrong_rows, total_missing = [], 0, 0, 0
     conn.execute("SET enable_seqscan = off")
-    for q, true_ids in zip(queries, truth):
+    for q, true_ids in zip(queries, truth, strict=True):
         t0 = time.perf_counter()
         rows = conn.execute(APPROX.format(table=table), (q["user"], q["q"], k)).fetchall()
         times.append(time.perf_counter() - t0)
@@ -329,7 +335,7 @@ def _measure(args: argparse.Namespace, command: str, conn) -> None:
         "# Recall latency: 1,000,000 memory rows over 10,000 users" if rows_wanted == 1_000_000
         else f"# Recall latency: {rows_wanted:,} memory rows over {args.users:,} users",
         "",
-        f"Run {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on this project's 2-core machine (shared with other "
+        f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on this project's 2-core machine (shared with other "
         f"work), embedded PostgreSQL 16 + pgvector {pg_version} (pgserver, default settings), client over a Unix "
         f"socket. {rows_wanted:,} rows ({args.users:,} users x {ROWS_PER_USER}: {PROFILE_PER_USER} profile + "
         f"{ROWS_PER_USER - PROFILE_PER_USER} relationship), 512-d clustered embeddings, table + indexes "

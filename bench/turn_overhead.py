@@ -38,8 +38,20 @@ import time
 import uuid
 from pathlib import Path
 
-from _common import (RESULTS, add_database_url_option, bench_environment, command as command_line, database,
-                     git_commit, machine, patched, summary, use_database, write_results)
+from _common import (
+    EMPTY_ENGINE,
+    RESULTS,
+    add_database_url_option,
+    bench_environment,
+    command_line,
+    database,
+    git_commit,
+    machine,
+    patched,
+    summary,
+    use_database,
+    write_results,
+)
 from _stages import Stages, capture_statements
 
 RESULTS = RESULTS / "turn_overhead.md"
@@ -186,8 +198,7 @@ def load(url: str, args: argparse.Namespace) -> float:
 
     started = time.perf_counter()
     with connect(url) as conn:
-        conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions, engine.user_consolidation,"
-                     " engine.persona_instances CASCADE")
+        conn.execute(EMPTY_ENGINE)
         conn.execute("CREATE SCHEMA IF NOT EXISTS bench")
         conn.execute("DROP TABLE IF EXISTS bench.loaded, bench.skeleton")
         conn.execute("CREATE TABLE bench.loaded (shape jsonb NOT NULL, loaded_at timestamptz NOT NULL DEFAULT now())")
@@ -374,7 +385,7 @@ def logging_to_nowhere():
         try:
             yield
         finally:
-            for handler, stream in zip(handlers, streams):
+            for handler, stream in zip(handlers, streams, strict=True):
                 handler.setStream(stream)
 
 
@@ -499,7 +510,7 @@ def render(args, command: str, mach: dict, facts: dict, counts: dict, load_secs:
         "notes marker.",
         "",
         f"* **Command:** `{command}`",
-        f"* **Date:** {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; code at {git_commit()}",
+        f"* **Date:** {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M UTC}; code at {git_commit()}",
         f"* **Machine:** nproc={mach['nproc']}, {mach['cpu']}, {mach['memory']} RAM, Linux {mach['kernel']}, "
         f"Python {mach['python']}. Load average (1/5/15 min) {mach['load_before']} before the turns and "
         f"{mach['loadavg']} after: the cores are shared with other work, and the database server runs on them too.",

@@ -54,7 +54,8 @@ def test_scripted_run_reaches_the_targets_and_the_before_arm_does_not(database_u
     # Exactly 2 calls with new memories, 1 for repeat-only sessions and for nothing to remember.
     groups = after["sessions_by_outcome"]
     assert groups["new"]["calls"] == {2: groups["new"]["sessions"]}
-    assert groups["repeat-only"]["sessions"] >= 2 and groups["repeat-only"]["calls"] == {1: groups["repeat-only"]["sessions"]}
+    repeat_only = groups["repeat-only"]
+    assert repeat_only["sessions"] >= 2 and repeat_only["calls"] == {1: repeat_only["sessions"]}
     assert groups["nothing"]["calls"] == {1: 1}
     assert after["calls_met"] and after["wire_matches_seam"] and after["expected_matches_outcome"] == 1.0
 
