@@ -19,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -205,13 +206,21 @@ EMPTY_ENGINE = ("TRUNCATE engine.companion_memories, engine.chat_messages, engin
                 " engine.user_consolidation, engine.persona_instances CASCADE")
 
 
+def one(cursor) -> Any:
+    """The row a query returns (a query of a bench that returns none is a bug of the bench)."""
+    row = cursor.fetchone()
+    if row is None:
+        raise RuntimeError("the query returned no row")
+    return row
+
+
 def postgres_version(url: str) -> dict[str, str]:
     """``{"postgres": "16.2", "pgvector": "0.6.2"}`` of the database at ``url``."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
-        pg, vector = conn.execute("SELECT current_setting('server_version'),"
-                                  " (SELECT extversion FROM pg_extension WHERE extname = 'vector')").fetchone()
+        pg, vector = one(conn.execute("SELECT current_setting('server_version'),"
+                                      " (SELECT extversion FROM pg_extension WHERE extname = 'vector')"))
     return {"postgres": pg, "pgvector": vector or "none"}
 
 

@@ -4,9 +4,11 @@ recorder of the SQL statements a turn sends (bench/turn_overhead.py uses both; b
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import types
 from collections.abc import Iterator
+from typing import Any
 
 
 class Stages:
@@ -47,7 +49,8 @@ class Stages:
             return [m for m in vars(module).values() if isinstance(m, types.ModuleType)
                     and m.__name__.startswith("eros.") and not m.__name__.startswith(self.SKIP)]
 
-        modules, frontier = {}, [eros.chat]
+        modules: dict[str, types.ModuleType] = {}
+        frontier = [eros.chat]
         for _ in range(2):  # what eros.chat uses, and what those use
             frontier = [m for parent in frontier for m in eros_modules(parent) if m.__name__ not in modules]
             modules.update((m.__name__, m) for m in frontier)
@@ -83,8 +86,7 @@ class Stages:
                 if outermost:
                     current[stage] = current.get(stage, 0.0) + elapsed
 
-        timed.__wrapped__ = fn
-        return timed
+        return functools.wraps(fn)(timed)
 
     def begin(self) -> None:
         self.current = {}
@@ -100,16 +102,14 @@ def capture_statements() -> Iterator[list[tuple[str, object]]]:
     """Record (sql, params) of every statement a cursor executes during the block (Connection.execute
     goes through a cursor too)."""
     import psycopg
+    from _common import patched
 
-    seen: list[tuple[str, object]] = []
+    seen: list[tuple[str, Any]] = []
     original = psycopg.Cursor.execute
 
     def execute(self, query, params=None, *args, **kwargs):
         seen.append((query, params))
         return original(self, query, params, *args, **kwargs)
 
-    psycopg.Cursor.execute = execute
-    try:
+    with patched((psycopg.Cursor, "execute", execute)):
         yield seen
-    finally:
-        psycopg.Cursor.execute = original

@@ -28,6 +28,7 @@ import statistics
 import sys
 import threading
 import time
+from typing import Any
 
 from _common import (
     RESULTS,
@@ -36,6 +37,7 @@ from _common import (
     command_line,
     database,
     describe_machine,
+    one,
     postgres_version,
     use_database,
     write_results,
@@ -55,8 +57,8 @@ def load_backlog(url: str, sessions: int) -> None:
     from eros.db import connect
 
     with connect(url, vector=False) as conn:
-        have = conn.execute("SELECT count(*) AS n FROM engine.chat_sessions WHERE user_id LIKE %s",
-                            (USER_PREFIX + "%",)).fetchone()["n"]
+        have = one(conn.execute("SELECT count(*) AS n FROM engine.chat_sessions WHERE user_id LIKE %s",
+                                (USER_PREFIX + "%",)))["n"]
         if have == sessions:
             return
         print(f"loading {sessions:,} idle sessions ...", flush=True)
@@ -97,7 +99,8 @@ def claimer(batch: int, now: dt.datetime, start, out) -> None:
 
     try:
         db.connection()  # connect before the start line
-        ids, statements, busy = [], 0, 0.0
+        ids: list[bytes] = []
+        statements, busy = 0, 0.0
         start.wait()
         while True:
             t0 = time.perf_counter()
@@ -119,6 +122,9 @@ def claimer(batch: int, now: dt.datetime, start, out) -> None:
 def run_once(url: str, claimers: int, batch: int, mode: str) -> dict:
     use_database(url)
     now = dt.datetime.now(dt.UTC)
+    start: Any  # a barrier and a queue of threads or of processes
+    out: Any
+    workers: list[Any]
     if mode == "thread":
         import queue
 

