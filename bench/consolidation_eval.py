@@ -195,124 +195,153 @@ def run(argv: list[str] | None = None) -> dict:
 
 
 def _run(args, users: list[dict], arms: list[Arm], configured: dict) -> dict:
-    test_helpers_on_path()
-    from apiclient import Api
-    from fakes import FakeOpenRouter, FakeVoyage
-
     from eros import db as eros_db
-    from eros import dreaming, extraction, providers, recall
-    from eros.config import settings
-    from eros.local import LambdaContext, load_function
-    from eros.store import dreaming as store
+    from eros import extraction
 
     # The bench's own database is migrated from scratch every run, so an edited migration cannot go stale.
     url = database(args.pgdata, url=args.database_url, from_scratch=True)
     with eros_db.connect(url, vector=False) as conn:  # every run starts from an empty engine
         conn.execute(EMPTY_ENGINE)
+    pipeline = Pipeline(args, configured, url)
+    try:
+        with patched((extraction, "parse_candidates", pipeline.parse_for_arm)):
+            for arm in arms:
+                for user in users:
+                    pipeline.run_user(arm, user)
+    finally:
+        pipeline.close()
+    return summarise(arms)
 
-    current: dict = {}  # the session being extracted (the scripted model reads it)
-    misses: list[dict] = []
 
-    def respond(body: dict) -> str:
+class Pipeline:
+    """The fakes, the handlers and the session the scripted model is answering for."""
+
+    def __init__(self, args, configured: dict, url: str):
+        test_helpers_on_path()
+        from apiclient import Api
+        from fakes import FakeOpenRouter, FakeVoyage
+
+        from eros import db as eros_db
+        from eros import extraction
+        from eros.local import load_function
+
+        self.args, self.configured = args, configured
+        self.current: dict = {}  # the session being extracted (the scripted model reads it)
+        self.misses: list[dict] = []
+        self.in_use: dict[str, dict] = {}
+        self.parse = extraction.parse_candidates
+        self.llm = FakeOpenRouter(self.respond)
+        self.voyage = FakeVoyage() if args.embeddings == "offline" else None
+        os.environ["DATABASE_URL"] = url
+        if self.voyage is not None:
+            os.environ.update({"EMBED_BASE_URL": self.voyage.url, "VOYAGE_API_KEY": "bench"})
+        else:
+            os.environ.update({k: v for k, v in configured.items() if k in ("VOYAGE_API_KEY", "EMBED_BASE_URL") and v})
+        self.extract = load_function("extract")
+        eros_db.reset()
+        self.api = Api()  # tests/apiclient.py: the chat handler with API Gateway events, as the tests call it
+
+    def close(self) -> None:
+        from eros import db as eros_db
+
+        self.llm.close()
+        if self.voyage is not None:
+            self.voyage.close()
+        eros_db.reset()
+
+    def respond(self, body: dict) -> str:
+        """The fake OpenRouter: chat replies, and the scripted extraction of the current session."""
+        from eros import extraction
+
         messages = body["messages"]
         if messages[0].get("content") != extraction.SYSTEM_PROMPT:
             return CHAT_REPLY
         text = str(messages[-1].get("content") or "")
         block = text.split("</known_memories>", 1)[0] if "<known_memories>" in text else ""
+        current = self.current
         arm = current["arm"]
-        found = scripted_answer(current["session"], current["facts"], block, arm.consolidate, arm.script, misses)
-        arm.misses.extend(dict(m, user=current["user"]) for m in misses)
-        misses.clear()
+        found = scripted_answer(current["session"], current["facts"], block, arm.consolidate, arm.script, self.misses)
+        arm.misses.extend(dict(m, user=current["user"]) for m in self.misses)
+        self.misses.clear()
         return found
 
-    llm = FakeOpenRouter(respond)
-    voyage = FakeVoyage() if args.embeddings == "offline" else None
-    os.environ["DATABASE_URL"] = url
-    if voyage is not None:
-        os.environ.update({"EMBED_BASE_URL": voyage.url, "VOYAGE_API_KEY": "bench"})
-    else:
-        os.environ.update({k: v for k, v in configured.items() if k in ("VOYAGE_API_KEY", "EMBED_BASE_URL") and v})
+    def parse_for_arm(self, answer: str):
+        """The "before" arm for models we do not script: drop what they say about known memories."""
+        candidates = self.parse(answer)
+        if self.current.get("arm") is not None and not self.current["arm"].consolidate:
+            return [c.model_copy(update={"supersedes": [], "same_as": None}) for c in candidates]
+        return candidates
 
-    in_use: dict[str, dict] = {}
-
-    def use(phase: str) -> None:
+    def use(self, phase: str) -> None:
         """Point the LLM at the fake (chat replies, scripted extraction), the offline stand-in or the
         configured model; the embedder stays as chosen. The LLM client is rebuilt only when that changes
         (a new HTTP client costs tens of ms: with the scripted model, chat and extraction share one)."""
-        llm_env = ({"LLM_BASE_URL": llm.url, "OPENROUTER_API_KEY": "bench"} if phase == "chat" or args.llm == "scripted"
+        from eros import providers
+        from eros.config import settings
+
+        args, configured = self.args, self.configured
+        llm_env = ({"LLM_BASE_URL": self.llm.url, "OPENROUTER_API_KEY": "bench"}
+                   if phase == "chat" or args.llm == "scripted"
                    else {k: v for k, v in configured.items() if k in ("OPENROUTER_API_KEY", "LLM_BASE_URL") and v}
                    if args.llm == "configured" else {})
-        if in_use.get("llm") == llm_env:
+        if self.in_use.get("llm") == llm_env:
             return
         for name in ("OPENROUTER_API_KEY", "LLM_BASE_URL"):
             os.environ.pop(name, None)
         os.environ.update(llm_env)
-        in_use["llm"] = llm_env
+        self.in_use["llm"] = llm_env
         settings.cache_clear()
         getattr(providers.chat_client, "cache_clear", providers.reset)()  # the embedder's client stays
 
-    # The "before" arm for models we do not script: drop what they say about known memories.
-    parse = extraction.parse_candidates
-
-    def parse_for_arm(answer: str):
-        candidates = parse(answer)
-        if current.get("arm") is not None and not current["arm"].consolidate:
-            return [c.model_copy(update={"supersedes": [], "same_as": None}) for c in candidates]
-        return candidates
-
-    extract = load_function("extract")
-    eros_db.reset()
-
-    api = Api()  # tests/apiclient.py: the chat handler with API Gateway events, as the tests call it
-
-    def call(method: str, path: str, body: dict, user: str) -> dict:
-        status, answer = api.call(method, path, body, user=user)
+    def call(self, method: str, path: str, body: dict, user: str) -> dict:
+        status, answer = self.api.call(method, path, body, user=user)
         assert status in (200, 201), answer
         return answer
 
-    extraction.parse_candidates = parse_for_arm
-    try:
-        for arm in arms:
-            current["arm"] = arm
-            for user in users:
-                uid = f"{arm.name}.{user['user']}"
-                current["facts"], current["user"] = user["facts"], uid
-                for n, session in enumerate(user["sessions"]):
-                    at = dt.datetime.fromisoformat(session["at"])
-                    current["session"] = session
-                    use("chat")
-                    sid = call("POST", "/v1/sessions", {"persona_id": PERSONA}, uid)["id"]
-                    for turn in session["turns"]:
-                        call("POST", f"/v1/sessions/{sid}/turns", {"content": turn}, uid)
-                    _backdate_turns(eros_db.connection(), sid, at)
-                    now = dt.datetime.now(dt.UTC)
-                    claimed = [r for r in store.claim(now, now - dt.timedelta(seconds=600), 50)
-                               if str(r["id"]) == sid]
-                    assert claimed, f"session {sid} of {uid} was not claimable"
-                    use("extract")
-                    wire = (llm.calls, voyage.calls if voyage else 0)
-                    with _counted_calls(providers) as seam:
-                        result = extract.lambda_handler(dreaming.extract_payload(claimed[0]),
-                                                        LambdaContext("extract", timeout_secs=120))
-                    llm_calls = llm.calls - wire[0] if args.llm == "scripted" else seam["llm"]
-                    embed_calls = voyage.calls - wire[1] if voyage else seam["embed"]
-                    _backdate_extraction(eros_db.connection(), sid, uid, at)
-                    expected = ("new" if any("same_as" not in m for m in session["memories"])
-                                else "repeat-only" if session["memories"] else "nothing")
-                    arm.sessions.append({"user": uid, "n": n, "expected": expected, "outcome": result["outcome"],
-                                         "memories": result["memories"], "superseded": result["superseded"],
-                                         "confirmed": result["confirmed"], "ignored": result["ignored"],
-                                         "llm": llm_calls, "embed": embed_calls, "seam_llm": seam["llm"],
-                                         "seam_embed": seam["embed"]})
-                use("extract")
-                _score_user(arm, user, uid, eros_db.connection(), providers, recall)
-    finally:
-        extraction.parse_candidates = parse
-        llm.close()
-        if voyage is not None:
-            voyage.close()
-        eros_db.reset()
-    return summarise(arms)
+    def run_user(self, arm: Arm, user: dict) -> None:
+        """Every session of one user, then the probes."""
+        from eros import db as eros_db
+        from eros import providers, recall
+
+        uid = f"{arm.name}.{user['user']}"
+        self.current.update(arm=arm, facts=user["facts"], user=uid)
+        for n, session in enumerate(user["sessions"]):
+            arm.sessions.append(self.run_session(n, session, uid))
+        self.use("extract")
+        _score_user(arm, user, uid, eros_db.connection(), providers, recall)
+
+    def run_session(self, n: int, session: dict, uid: str) -> dict:
+        """Chat the session through the chat handler at its scripted date, claim it, extract it; what it cost."""
+        from eros import db as eros_db
+        from eros import dreaming, providers
+        from eros.local import LambdaContext
+        from eros.store import dreaming as store
+
+        llm, voyage = self.llm, self.voyage
+        at = dt.datetime.fromisoformat(session["at"])
+        self.current["session"] = session
+        self.use("chat")
+        sid = self.call("POST", "/v1/sessions", {"persona_id": PERSONA}, uid)["id"]
+        for turn in session["turns"]:
+            self.call("POST", f"/v1/sessions/{sid}/turns", {"content": turn}, uid)
+        _backdate_turns(eros_db.connection(), sid, at)
+        now = dt.datetime.now(dt.UTC)
+        claimed = [r for r in store.claim(now, now - dt.timedelta(seconds=600), 50) if str(r["id"]) == sid]
+        assert claimed, f"session {sid} of {uid} was not claimable"
+        self.use("extract")
+        wire = (llm.calls, voyage.calls if voyage else 0)
+        with _counted_calls(providers) as seam:
+            result = self.extract.lambda_handler(dreaming.extract_payload(claimed[0]),
+                                                 LambdaContext("extract", timeout_secs=120))
+        llm_calls = llm.calls - wire[0] if self.args.llm == "scripted" else seam["llm"]
+        embed_calls = voyage.calls - wire[1] if voyage else seam["embed"]
+        _backdate_extraction(eros_db.connection(), sid, uid, at)
+        expected = ("new" if any("same_as" not in m for m in session["memories"])
+                    else "repeat-only" if session["memories"] else "nothing")
+        return {"user": uid, "n": n, "expected": expected, "outcome": result["outcome"],
+                "memories": result["memories"], "superseded": result["superseded"],
+                "confirmed": result["confirmed"], "ignored": result["ignored"],
+                "llm": llm_calls, "embed": embed_calls, "seam_llm": seam["llm"], "seam_embed": seam["embed"]}
 
 
 def _counted_calls(providers):

@@ -75,6 +75,44 @@ def session_marker(request: dict) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def responder(kinds: dict[int, str], empty_every: int, system_prompt: str):
+    """What the fake OpenRouter answers: a chat reply, or the extraction of the session the request is about."""
+    def respond(request: dict) -> str:
+        system = str(request["messages"][0].get("content") or "")
+        if system != system_prompt:
+            return "That sounds like a lot. I'm here."  # a chat turn's reply
+        n = session_marker(request)
+        if n is None:  # not attributable to a session (counted as such): nothing to remember
+            return json.dumps({"memories": []})
+        if n in kinds:
+            text = str(request["messages"][-1].get("content") or "")
+            block = text.split("</known_memories>", 1)[0] if "<known_memories>" in text else ""
+            return consolidating_answer(n, kinds[n], block)
+        return extraction_answer(n, empty_every)
+
+    return respond
+
+
+def attribute(llm_requests: list[dict], voyage_requests: list[dict], per_session: dict[int, dict[str, int]]) -> int:
+    """Count each provider request against the session it is about; returns the requests about no one session."""
+    unattributed = 0
+    for r in llm_requests:
+        n = session_marker(r["json"])
+        if n is None:
+            unattributed += 1
+        else:
+            per_session[n]["llm"] += 1
+    for r in voyage_requests:
+        found = {int(m) for text in r["json"]["input"] for m in MARKER.findall(text)}
+        if len(found) == 1:
+            entry = per_session[found.pop()]
+            entry["embed"] += 1
+            entry["inputs"] += len(r["json"]["input"])
+        else:
+            unattributed += 1
+    return unattributed
+
+
 def marker_of(content: str) -> int:
     """The session a stored memory came from (-1: none; such a row is counted against no session)."""
     found = MARKER.search(content)
@@ -144,21 +182,7 @@ def _main(args: argparse.Namespace, command: str) -> int:
         conn.execute(EMPTY_ENGINE)
 
     kinds: dict[int, str] = {}  # round 2's sessions: number -> repeat | change | mixed
-
-    def respond(request: dict) -> str:
-        system = str(request["messages"][0].get("content") or "")
-        if system != SYSTEM_PROMPT:
-            return "That sounds like a lot. I'm here."  # a chat turn's reply
-        n = session_marker(request)
-        if n is None:  # not attributable to a session (counted as such): nothing to remember
-            return json.dumps({"memories": []})
-        if n in kinds:
-            text = str(request["messages"][-1].get("content") or "")
-            block = text.split("</known_memories>", 1)[0] if "<known_memories>" in text else ""
-            return consolidating_answer(n, kinds[n], block)
-        return extraction_answer(n, args.empty_every)
-
-    llm, voyage = FakeOpenRouter(respond), FakeVoyage()
+    llm, voyage = FakeOpenRouter(responder(kinds, args.empty_every, SYSTEM_PROMPT)), FakeVoyage()
     os.environ.update({"DATABASE_URL": url, "LLM_BASE_URL": llm.url, "OPENROUTER_API_KEY": "bench",
                        "EMBED_BASE_URL": voyage.url, "VOYAGE_API_KEY": "bench", "DREAMING_IDLE_SECS": "1",
                        "DREAMING_BATCH_SIZE": "200"})
@@ -196,21 +220,7 @@ def _main(args: argparse.Namespace, command: str) -> int:
         result = dreaming.sweep(cfg, invoker)
         invoker.wait()
         seconds = time.monotonic() - started
-        unattributed = 0
-        for r in llm.requests:
-            n = session_marker(r["json"])
-            if n is None:
-                unattributed += 1
-            else:
-                per_session[n]["llm"] += 1
-        for r in voyage.requests:
-            found = {int(m) for text in r["json"]["input"] for m in MARKER.findall(text)}
-            if len(found) == 1:
-                entry = per_session[found.pop()]
-                entry["embed"] += 1
-                entry["inputs"] += len(r["json"]["input"])
-            else:
-                unattributed += 1
+        unattributed = attribute(llm.requests, voyage.requests, per_session)
         llm.reset()
         voyage.reset()
         return result, seconds, unattributed
@@ -251,6 +261,18 @@ def _main(args: argparse.Namespace, command: str) -> int:
         voyage.close()
         eros_db.reset()
 
+    report, ok = render(args, command, per_session, round1, round2, stored, unstamped, consolidated, sweeps,
+                        last_sweep_calls, again)
+    print()
+    print(report)
+    write_results(args.out, report, notes=False)
+    return 0 if ok else 1
+
+
+def render(args: argparse.Namespace, command: str, per_session: dict[int, dict[str, int]], round1: list[int],
+           round2: dict[str, list[int]], stored: dict[int, int], unstamped: int, consolidated: dict,
+           sweeps: list[tuple], last_sweep_calls: int, again) -> tuple[str, bool]:
+    """The report and whether every goal was met."""
     total = lambda n: per_session[n]["llm"] + per_session[n]["embed"]  # noqa: E731
     everything = round1 + [n for ns in round2.values() for n in ns]
     # What each session should cost follows from what it wrote: new rows -> LLM + one embedding batch;
@@ -327,10 +349,7 @@ def _main(args: argparse.Namespace, command: str) -> int:
         f"* Totals: {total_llm} LLM + {total_embed} embedding calls for {len(everything)} sessions = "
         f"{(total_llm + total_embed) / max(1, len(everything)):.2f} per session on average.",
         f"* **Result: {'PASS' if ok else 'FAIL'}**", ""])
-    print()
-    print(report)
-    write_results(args.out, report, notes=False)
-    return 0 if ok else 1
+    return report, ok
 
 
 if __name__ == "__main__":

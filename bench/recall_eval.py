@@ -72,7 +72,7 @@ import time
 import uuid
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from _common import (
     EMPTY_ENGINE,
@@ -84,6 +84,9 @@ from _common import (
     use_database,
     write_results,
 )
+
+if TYPE_CHECKING:
+    from eros.config import RecallParams
 
 DIM = 512
 SHOWN = 30  # rows write-time consolidation shows the model (issue 7 §1)
@@ -136,27 +139,31 @@ def oracle(memories) -> tuple[dict[str, tuple[datetime, str, str]], dict[str, in
     for rows in users.values():
         rows.sort(key=lambda m: (datetime.fromisoformat(m["created_at"]), m["id"]))
         for m in rows:
-            if not m.get("supersedes") and not m.get("same_as"):
-                continue
-            at = datetime.fromisoformat(m["created_at"])
-            active = [r for r in rows if datetime.fromisoformat(r["created_at"]) < at and r["id"] not in decided]
-            active.sort(key=lambda r: (-_cosine(r["vector"], m["vector"]), r["id"]))
-            shown = {r["id"] for r in active[:SHOWN]}
-            if m.get("same_as"):
-                if m["same_as"] in shown:
-                    decided[m["id"]] = (at, m["same_as"], "duplicate")  # no new row: the twin is confirmed
-                    counts["same_as applied"] += 1
-                    continue
-                counts["same_as not shown"] += 1
-            for target in m.get("supersedes", []):
-                if target in decided:
-                    counts["supersedes already done"] += 1
-                elif target in shown:
-                    decided[target] = (at, m["id"], "changed")
-                    counts["supersedes applied"] += 1
-                else:
-                    counts["supersedes not shown"] += 1
+            if m.get("supersedes") or m.get("same_as"):
+                _apply_labels(m, rows, decided, counts)
     return decided, counts
+
+
+def _apply_labels(m: dict, rows: list[dict], decided: dict, counts: dict[str, int]) -> None:
+    """One new memory's labels, applied if the old row is among the SHOWN nearest active rows before it."""
+    at = datetime.fromisoformat(m["created_at"])
+    active = [r for r in rows if datetime.fromisoformat(r["created_at"]) < at and r["id"] not in decided]
+    active.sort(key=lambda r: (-_cosine(r["vector"], m["vector"]), r["id"]))
+    shown = {r["id"] for r in active[:SHOWN]}
+    if m.get("same_as"):
+        if m["same_as"] in shown:
+            decided[m["id"]] = (at, m["same_as"], "duplicate")  # no new row: the twin is confirmed
+            counts["same_as applied"] += 1
+            return
+        counts["same_as not shown"] += 1
+    for target in m.get("supersedes", []):
+        if target in decided:
+            counts["supersedes already done"] += 1
+        elif target in shown:
+            decided[target] = (at, m["id"], "changed")
+            counts["supersedes applied"] += 1
+        else:
+            counts["supersedes not shown"] += 1
 
 
 class State:
@@ -393,18 +400,9 @@ def consolidation_facts(memories, queries, state: State) -> dict:
 THRESHOLDS = (0.84, 0.88, 0.9, 0.92, 0.94, 0.96)
 
 
-def pair_cosines(memories, queries) -> list[str]:
-    """How far apart, by cosine, the pairs the demotion rule must tell apart are: an update (new row,
-    old row it supersedes), a trap (new row, old row it is related to but does not contradict), and
-    any other two rows of one user and one category. Same-category pairs only: the rule compares no
-    others. Per language (from the user's query tags)."""
-    lang = {}
-    for q in queries:
-        for tag in ("en", "zh"):
-            if tag in q.get("tags", []):
-                lang[q["user_id"]] = tag
+def _labelled_cosines(memories, lang: dict[str, str], kinds: dict[tuple[str, str], list[float]]) -> set[frozenset]:
+    """Cosines of the update and trap pairs into ``kinds``; returns every labelled pair."""
     by_id = {m["id"]: m for m in memories}
-    kinds: dict[tuple[str, str], list[float]] = {}
     labelled = set()
     for m in memories:
         for kind, targets in (("update", m.get("supersedes", [])), ("trap", m.get("related_to", []))):
@@ -414,6 +412,12 @@ def pair_cosines(memories, queries) -> list[str]:
                 if old.get("category") == m.get("category"):
                     kinds.setdefault((kind, lang.get(m["user_id"], "?")), []).append(
                         _cosine(m["vector"], old["vector"]))
+    return labelled
+
+
+def _other_cosines(memories, lang: dict[str, str], labelled: set[frozenset],
+                   kinds: dict[tuple[str, str], list[float]]) -> None:
+    """Cosines of every other pair of one user's profile rows of one category (not one fact) into ``kinds``."""
     rows: dict[tuple[str, str], list[dict]] = {}
     for m in memories:
         if m.get("layer", "profile") == "profile" and m.get("category"):
@@ -424,6 +428,17 @@ def pair_cosines(memories, queries) -> list[str]:
                 if frozenset((a["id"], b["id"])) in labelled or (a.get("fact") and a.get("fact") == b.get("fact")):
                     continue
                 kinds.setdefault(("other", lang.get(user, "?")), []).append(_cosine(a["vector"], b["vector"]))
+
+
+def pair_cosines(memories, queries) -> list[str]:
+    """How far apart, by cosine, the pairs the demotion rule must tell apart are: an update (new row,
+    old row it supersedes), a trap (new row, old row it is related to but does not contradict), and
+    any other two rows of one user and one category. Same-category pairs only: the rule compares no
+    others. Per language (from the user's query tags)."""
+    lang = {q["user_id"]: tag for q in queries for tag in ("en", "zh") if tag in q.get("tags", [])}
+    kinds: dict[tuple[str, str], list[float]] = {}
+    labelled = _labelled_cosines(memories, lang, kinds)
+    _other_cosines(memories, lang, labelled, kinds)
     lines = ["## Cosine between two memories of one user and one category (what demotion compares)", "",
              "*update*: a row and the one it supersedes; *trap*: a row and the older one it is related to but does "
              "not contradict (must not be demoted); *other*: every other same-category pair. Share of pairs at or "
@@ -464,21 +479,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace, command: str) -> None:
-    from eros.config import RecallParams, Settings
-
-    def replace(params: RecallParams, **changes) -> RecallParams:
-        return params.model_copy(update=changes)
-
+    from eros.config import Settings
     from eros.db import connect
 
-    memories, queries = load(Path(args.data))
-    if args.users:
-        only = set(args.users.split(","))
-        unknown = only - {m["user_id"] for m in memories}
-        if unknown:
-            raise SystemExit(f"unknown users: {', '.join(sorted(unknown))}")
-        memories = [m for m in memories if m["user_id"] in only]
-        queries = [q for q in queries if q["user_id"] in only]
+    memories, queries = _dataset(args)
     dsn = database(args.dir, url=args.database_url, name="recall_eval")
     use_database(dsn)
     model = embed_all(memories, queries, args.embeddings)
@@ -491,10 +495,55 @@ def _main(args: argparse.Namespace, command: str) -> None:
     states = {"none": State(conn, {}, user_of, applied), "oracle": State(conn, decided, user_of, applied)}
     runners = {mode: Runner(queries, instances, uuid_of, state) for mode, state in states.items()}
     modes = ["none", "oracle"] if args.consolidation == "both" else [args.consolidation]
-    runner = runners["none"]  # the ranking sweep: as before consolidation existed
     started = time.perf_counter()
 
     defaults = Settings().recall
+    baselines = _baselines(defaults)
+    sweep_lines: list[str] = []
+    chosen: dict[str, RecallParams] = {}
+    if args.sweep_safety:
+        tune_runner = Runner([q for q in queries if tune(q)], instances, uuid_of, states["none"])
+        lines, chosen["recency + safety net (best on tune)"] = _sweep_safety(
+            baselines["recency, no safety net (before)"], tune_runner)
+        sweep_lines += lines
+        print(f"safety sweep done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    if args.sweep:  # the ranking sweep: as before consolidation existed
+        lines, winners = _sweep_ranking(defaults, baselines, runners["none"])
+        sweep_lines += lines
+        chosen.update(winners)
+        print(f"sweep done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    configs = dict(baselines)
+    configs.update(chosen)
+
+    text = _report(args, command, model, memories, queries, instances, label_counts, states, runners, modes, configs,
+                   sweep_lines)
+    print(text)
+    if args.out:
+        write_results(args.out, text, notes=False)
+    conn.close()
+    print(f"done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+
+
+def _dataset(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+    """The dev set's memories and queries, only those of ``--users`` if given."""
+    memories, queries = load(Path(args.data))
+    if args.users:
+        only = set(args.users.split(","))
+        unknown = only - {m["user_id"] for m in memories}
+        if unknown:
+            raise SystemExit(f"unknown users: {', '.join(sorted(unknown))}")
+        memories = [m for m in memories if m["user_id"] in only]
+        queries = [q for q in queries if q["user_id"] in only]
+    return memories, queries
+
+
+def replace(params: RecallParams, **changes) -> RecallParams:
+    """A copy of ``params`` with ``changes``."""
+    return params.model_copy(update=changes)
+
+
+def _baselines(defaults: RecallParams) -> dict[str, RecallParams]:
+    """The rankings every run reports: before and after the safety net, and each part of it alone."""
     # The ranking before the safety net (issue 7): no importance term, no demotion, hygiene at 0.95.
     plain = {"importance_weight": 0.0, "demote_similarity": 2.0, "dedupe_similarity": 0.95}
     baselines = {
@@ -511,105 +560,116 @@ def _main(args: argparse.Namespace, command: str) -> None:
                                           demote_penalty=defaults.demote_penalty, demote_pool=defaults.demote_pool),
         "before + hygiene threshold only": replace(before, dedupe_similarity=defaults.dedupe_similarity),
     }
+    return baselines
+
+
+def _sweep_safety(base: RecallParams, tune_runner: Runner) -> tuple[list[str], RecallParams]:
+    """The read-time safety net tuned on the tune half, from ``base`` (the ranking before the net): the
+    sweep's tables and the parameters chosen."""
+    sweep_lines: list[str] = []
+    before_m = tune_runner.run(base)
+    weights = (0.0, 0.01, 0.02, 0.05, 0.1)
+    # Stage 1, the importance term alone: the best MRR that keeps stable facts in the prompt.
+    plain_grid = [replace(base, importance_weight=w) for w in weights]
+    anchor = max(plain_grid, key=lambda p: (tune_runner.run(p)["stable_kept"] >= before_m["stable_kept"],
+                                            round(tune_runner.run(p)["mrr"], 9)))
+    floor = tune_runner.run(anchor)
+
+    # Stage 2, demotion: the best cur>old that costs (almost) nothing against stage 1: stable kept
+    # no lower, stable MRR and MRR at most 0.01 lower. Demotion exists for updates write-time
+    # consolidation misses; it must not pay for them with relevance or with old true facts.
+    def objective(p):
+        m = tune_runner.run(p)
+        ok = (m["stable_kept"] >= floor["stable_kept"] and m["stable_mrr"] >= floor["stable_mrr"] - 0.01
+              and m["mrr"] >= floor["mrr"] - 0.01)
+        return (ok, round(m["cur>old"], 9), round(m["mrr"], 9))
+
+    grid = list(plain_grid)
+    grid += [replace(base, demote_similarity=t, demote_penalty=pen, importance_weight=w)
+             for t in (0.84, 0.86, 0.88, 0.9, 0.92, 0.94, 0.96, 0.98) for pen in (0.005, 0.01, 0.02, 0.05, 0.1)
+             for w in weights]
+    imp = lambda p: tune_runner.run(p, tagged("importance"))["mrr"]  # noqa: E731
+    sweep_lines += ["### Safety net: demotion threshold and penalty, importance weight (recency, consolidation "
+                    "none), tune half", "",
+                    f"Stage 1 (no demotion; the best MRR with stable kept ≥ {before_m['stable_kept']:.0%}, "
+                    f"the ranking before the net): {describe(anchor)}. Stage 2 floors, from it: stable kept "
+                    f"≥ {floor['stable_kept']:.0%}, stable MRR ≥ {floor['stable_mrr'] - 0.01:.3f}, MRR ≥ "
+                    f"{floor['mrr'] - 0.01:.3f}. *within floors*: all three met.", "",
+                    f"| parameters | {HEADER} | importance MRR | within floors |",
+                    "| --- |" + " --- |" * (len(COLUMNS) + 2)]
+    for p in grid:
+        sweep_lines.append(f"| {describe(p)} | {fmt(tune_runner.run(p))} | {imp(p):.3f} | "
+                           f"{'yes' if objective(p)[0] else 'no'} |")
+    best = max(grid, key=objective)
+    pools = [replace(best, demote_pool=n) for n in (4, 8, 16, 32, 64)]
+    sweep_lines += ["", "### Safety net: pool size (the rows compared pairwise), tune half", "",
+                    f"| parameters | {HEADER} | importance MRR | within floors |",
+                    "| --- |" + " --- |" * (len(COLUMNS) + 2)]
+    for p in pools:
+        sweep_lines.append(f"| {describe(p)} | {fmt(tune_runner.run(p))} | {imp(p):.3f} | "
+                           f"{'yes' if objective(p)[0] else 'no'} |")
+    # The pool is a cost knob (pool^2 / 2 pairs per statement): the smallest pool within the floors
+    # that keeps the best cur>old; only then MRR.
+    best = max(pools, key=lambda p: objective(p)[:2] + (-p.demote_pool,))
+    dedupe = [replace(best, dedupe_similarity=x) for x in (0.95, 0.96, 0.97, 0.98)]
+    sweep_lines += ["", "### Safety net: hygiene's near-duplicate threshold for the chosen net, tune half", "",
+                    f"| parameters | {HEADER} | importance MRR | within floors |",
+                    "| --- |" + " --- |" * (len(COLUMNS) + 2)]
+    for p in dedupe:
+        sweep_lines.append(f"| {describe(p)} | {fmt(tune_runner.run(p))} | {imp(p):.3f} | "
+                           f"{'yes' if objective(p)[0] else 'no'} |")
+    sweep_lines.append("")
+    return sweep_lines, max(  # ties: the lower threshold (fewer repeats shown)
+        dedupe, key=lambda p: objective(p) + (-p.dedupe_similarity,))
+
+
+def _sweep_ranking(defaults: RecallParams, baselines: dict[str, RecallParams], runner: Runner
+                   ) -> tuple[list[str], dict[str, RecallParams]]:
+    """The ranking parameters tuned on the tune half, consolidation none: the sweep's tables and the
+    winner per strategy."""
     sweep_lines: list[str] = []
     chosen: dict[str, RecallParams] = {}
-    if args.sweep_safety:
-        tune_runner = Runner([q for q in queries if tune(q)], instances, uuid_of, states["none"])
-        base = baselines["recency, no safety net (before)"]
-        before_m = tune_runner.run(base)
-        weights = (0.0, 0.01, 0.02, 0.05, 0.1)
-        # Stage 1, the importance term alone: the best MRR that keeps stable facts in the prompt.
-        plain_grid = [replace(base, importance_weight=w) for w in weights]
-        anchor = max(plain_grid, key=lambda p: (tune_runner.run(p)["stable_kept"] >= before_m["stable_kept"],
-                                                round(tune_runner.run(p)["mrr"], 9)))
-        floor = tune_runner.run(anchor)
+    stable_floor = runner.run(baselines["grouped (original)"], lambda q: tune(q) and tagged("stable")(q))[
+        "in_prompt"]
+    update_floor = runner.run(baselines["grouped (original)"], tune)["cur>old"]
 
-        # Stage 2, demotion: the best cur>old that costs (almost) nothing against stage 1: stable kept
-        # no lower, stable MRR and MRR at most 0.01 lower. Demotion exists for updates write-time
-        # consolidation misses; it must not pay for them with relevance or with old true facts.
-        def objective(p):
-            m = tune_runner.run(p)
-            ok = (m["stable_kept"] >= floor["stable_kept"] and m["stable_mrr"] >= floor["stable_mrr"] - 0.01
-                  and m["mrr"] >= floor["mrr"] - 0.01)
-            return (ok, round(m["cur>old"], 9), round(m["mrr"], 9))
+    def ranking_objective(p):
+        m = runner.run(p, tune)
+        ok = (runner.run(p, lambda q: tune(q) and tagged("stable")(q))["in_prompt"] >= stable_floor
+              and m["cur>old"] >= update_floor)
+        return (ok, m["mrr"], m["cur>old"])
 
-        grid = list(plain_grid)
-        grid += [replace(base, demote_similarity=t, demote_penalty=pen, importance_weight=w)
-                 for t in (0.84, 0.86, 0.88, 0.9, 0.92, 0.94, 0.96, 0.98) for pen in (0.005, 0.01, 0.02, 0.05, 0.1)
-                 for w in weights]
-        imp = lambda p: tune_runner.run(p, tagged("importance"))["mrr"]  # noqa: E731
-        sweep_lines += ["### Safety net: demotion threshold and penalty, importance weight (recency, consolidation "
-                        "none), tune half", "",
-                        f"Stage 1 (no demotion; the best MRR with stable kept ≥ {before_m['stable_kept']:.0%}, "
-                        f"the ranking before the net): {describe(anchor)}. Stage 2 floors, from it: stable kept "
-                        f"≥ {floor['stable_kept']:.0%}, stable MRR ≥ {floor['stable_mrr'] - 0.01:.3f}, MRR ≥ "
-                        f"{floor['mrr'] - 0.01:.3f}. *within floors*: all three met.", "",
-                        f"| parameters | {HEADER} | importance MRR | within floors |",
-                        "| --- |" + " --- |" * (len(COLUMNS) + 2)]
+    base = replace(defaults, top_k=8, category_cap=0)
+    grids = {
+        "recency": [replace(base, strategy="recency", lam=lam, tau_days=tau)
+                    for lam in (0.002, 0.005, 0.01, 0.02, 0.05, 0.1) for tau in (7, 30, 90, 365)],
+        "composite": [replace(base, strategy="composite", floor=f, tau_days=tau, importance_floor=ifloor)
+                      for ifloor in (0.0, 0.5, 0.8, 0.9) for f in (0.25, 0.5, 0.75, 0.9)
+                      for tau in (7, 30, 90, 365)],
+    }
+    for strategy, grid in grids.items():
+        sweep_lines += [f"### {strategy}: ranking parameters (K=8, no cap), consolidation none, tune half", "",
+                        f"| parameters | {HEADER} |", "| --- |" + " --- |" * len(COLUMNS)]
         for p in grid:
-            sweep_lines.append(f"| {describe(p)} | {fmt(tune_runner.run(p))} | {imp(p):.3f} | "
-                               f"{'yes' if objective(p)[0] else 'no'} |")
-        best = max(grid, key=objective)
-        pools = [replace(best, demote_pool=n) for n in (4, 8, 16, 32, 64)]
-        sweep_lines += ["", "### Safety net: pool size (the rows compared pairwise), tune half", "",
-                        f"| parameters | {HEADER} | importance MRR | within floors |",
-                        "| --- |" + " --- |" * (len(COLUMNS) + 2)]
-        for p in pools:
-            sweep_lines.append(f"| {describe(p)} | {fmt(tune_runner.run(p))} | {imp(p):.3f} | "
-                               f"{'yes' if objective(p)[0] else 'no'} |")
-        # The pool is a cost knob (pool^2 / 2 pairs per statement): the smallest pool within the floors
-        # that keeps the best cur>old; only then MRR.
-        best = max(pools, key=lambda p: objective(p)[:2] + (-p.demote_pool,))
-        dedupe = [replace(best, dedupe_similarity=x) for x in (0.95, 0.96, 0.97, 0.98)]
-        sweep_lines += ["", "### Safety net: hygiene's near-duplicate threshold for the chosen net, tune half", "",
-                        f"| parameters | {HEADER} | importance MRR | within floors |",
-                        "| --- |" + " --- |" * (len(COLUMNS) + 2)]
-        for p in dedupe:
-            sweep_lines.append(f"| {describe(p)} | {fmt(tune_runner.run(p))} | {imp(p):.3f} | "
-                               f"{'yes' if objective(p)[0] else 'no'} |")
+            sweep_lines.append(f"| {describe(p)} | {fmt(runner.run(p, tune))} |")
+        best = max(grid, key=ranking_objective)
+        shape = [replace(best, top_k=k, category_cap=cap) for k in (5, 8, 10) for cap in (0, 2)]
+        best = max(shape, key=lambda p: ranking_objective(p) + (-p.top_k,))  # ties: the shorter prompt
+        dedupe = [replace(best, dedupe_similarity=x) for x in (0.9, 0.95, 0.98, 2.0)]
+        sweep_lines += ["", f"### {strategy}: prompt shape and near-duplicate threshold, tune half", "",
+                        f"| parameters | {HEADER} |", "| --- |" + " --- |" * len(COLUMNS)]
+        for p in shape + dedupe:
+            sweep_lines.append(f"| {describe(p)} | {fmt(runner.run(p, tune))} |")
         sweep_lines.append("")
-        chosen["recency + safety net (best on tune)"] = max(  # ties: the lower threshold (fewer repeats shown)
-            dedupe, key=lambda p: objective(p) + (-p.dedupe_similarity,))
-        print(f"safety sweep done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
-    if args.sweep:
-        stable_floor = runner.run(baselines["grouped (original)"], lambda q: tune(q) and tagged("stable")(q))[
-            "in_prompt"]
-        update_floor = runner.run(baselines["grouped (original)"], tune)["cur>old"]
+        chosen[f"{strategy} (best on tune)"] = max(dedupe, key=lambda p: ranking_objective(p)
+                                                   + (p.dedupe_similarity <= 1,))
+    return sweep_lines, chosen
 
-        def ranking_objective(p):
-            m = runner.run(p, tune)
-            ok = (runner.run(p, lambda q: tune(q) and tagged("stable")(q))["in_prompt"] >= stable_floor
-                  and m["cur>old"] >= update_floor)
-            return (ok, m["mrr"], m["cur>old"])
 
-        base = replace(defaults, top_k=8, category_cap=0)
-        grids = {
-            "recency": [replace(base, strategy="recency", lam=lam, tau_days=tau)
-                        for lam in (0.002, 0.005, 0.01, 0.02, 0.05, 0.1) for tau in (7, 30, 90, 365)],
-            "composite": [replace(base, strategy="composite", floor=f, tau_days=tau, importance_floor=ifloor)
-                          for ifloor in (0.0, 0.5, 0.8, 0.9) for f in (0.25, 0.5, 0.75, 0.9)
-                          for tau in (7, 30, 90, 365)],
-        }
-        for strategy, grid in grids.items():
-            sweep_lines += [f"### {strategy}: ranking parameters (K=8, no cap), consolidation none, tune half", "",
-                            f"| parameters | {HEADER} |", "| --- |" + " --- |" * len(COLUMNS)]
-            for p in grid:
-                sweep_lines.append(f"| {describe(p)} | {fmt(runner.run(p, tune))} |")
-            best = max(grid, key=ranking_objective)
-            shape = [replace(best, top_k=k, category_cap=cap) for k in (5, 8, 10) for cap in (0, 2)]
-            best = max(shape, key=lambda p: ranking_objective(p) + (-p.top_k,))  # ties: the shorter prompt
-            dedupe = [replace(best, dedupe_similarity=x) for x in (0.9, 0.95, 0.98, 2.0)]
-            sweep_lines += ["", f"### {strategy}: prompt shape and near-duplicate threshold, tune half", "",
-                            f"| parameters | {HEADER} |", "| --- |" + " --- |" * len(COLUMNS)]
-            for p in shape + dedupe:
-                sweep_lines.append(f"| {describe(p)} | {fmt(runner.run(p, tune))} |")
-            sweep_lines.append("")
-            chosen[f"{strategy} (best on tune)"] = max(dedupe, key=lambda p: ranking_objective(p)
-                                                       + (p.dedupe_similarity <= 1,))
-        print(f"sweep done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
-    configs = dict(baselines)
-    configs.update(chosen)
-
+def _report(args: argparse.Namespace, command: str, model: str, memories: list[dict], queries: list[dict],
+            instances: dict, label_counts: dict[str, int], states: dict[str, State],
+            runners: dict[str, Runner], modes: list[str], configs: dict[str, RecallParams],
+            sweep_lines: list[str]) -> str:
     n_update = sum(bool(q.get("superseded_ids")) for q in queries)
     lines = [f"# Recall evaluation: {Path(args.data).name}, embeddings: {model}", "",
              f"{len(queries)} queries ({sum(tagged('en')(q) for q in queries)} English, "
@@ -650,12 +710,7 @@ def _main(args: argparse.Namespace, command: str) -> None:
     lines.append("")
     if sweep_lines:
         lines += ["## Sweep", ""] + sweep_lines
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        write_results(args.out, text, notes=False)
-    conn.close()
-    print(f"done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
