@@ -1,17 +1,28 @@
 """Shared fixtures: one embedded Postgres 16 + pgvector for the whole run, a clean schema per test,
-and helpers to call the Lambda handlers in-process with real API Gateway events."""
+and helpers to call the Lambda handlers in-process with real API Gateway events.
+
+Tiers (pyproject.toml registers the markers; ``pytest -m unit`` runs the fast tier alone):
+
+* ``unit``: no database, no servers, no subprocess -- pure functions, parsing, template checks;
+* ``integration``: the embedded Postgres and/or loopback fake providers and servers;
+* ``e2e``: the whole local stack over HTTP, subprocesses, fault injection, fuzzing, bench smoke runs.
+
+A module says ``pytestmark = pytest.mark.e2e`` (or a test its own marker); every other test gets its tier
+from the fixtures it uses (``TIER_FIXTURES``): integration if it reaches the database or a server,
+unit otherwise. A unit test that opens a socket or starts a process fails (``_unit_isolation``), and a
+test with two tiers stops the run at collection."""
 
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).parent))
+# The fake providers' fixtures (fake_llm, fake_voyage), registered once for every module.
+pytest_plugins = ["fakes"]
 
 # Tests never reach real providers or AWS, whatever the developer's shell has exported.
 for name in ("OPENROUTER_API_KEY", "VOYAGE_API_KEY", "LLM_BASE_URL", "EMBED_BASE_URL", "PROVIDER_SECRET_ARN",
@@ -19,7 +30,7 @@ for name in ("OPENROUTER_API_KEY", "VOYAGE_API_KEY", "LLM_BASE_URL", "EMBED_BASE
     os.environ.pop(name, None)
 os.environ.update({"AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "testing",
                    "AWS_SECRET_ACCESS_KEY": "testing", "POWERTOOLS_TRACE_DISABLED": "true",
-                   "POWERTOOLS_METRICS_NAMESPACE": "ErosTest", "POWERTOOLS_LOG_LEVEL": "WARNING",
+                   "POWERTOOLS_LOG_LEVEL": "WARNING",
                    "LOCAL_JWT_SECRET": "test-only-signing-key-for-local-tokens-0123456789"})
 
 _PG_DIR = Path(tempfile.mkdtemp(prefix="eros-test-pg-"))
@@ -39,6 +50,21 @@ def database_url() -> str:
     server.cleanup()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_botocore_loader():
+    """Every new boto3 session reads and parses botocore's JSON models again (Powertools makes a session per
+    parameters provider, and the tests a new provider each): ~0.1 s a client. The files never change during
+    a run, so the sessions share one loader (its caches included)."""
+    import functools
+
+    import botocore.session
+
+    original = botocore.session.create_loader
+    botocore.session.create_loader = functools.lru_cache(maxsize=None)(original)
+    yield
+    botocore.session.create_loader = original
+
+
 def reset_process_state() -> None:
     """Forget cached settings, providers and connections (tests change the environment)."""
     from eros import db, providers
@@ -49,17 +75,39 @@ def reset_process_state() -> None:
     db.reset()
 
 
+# Children before parents: a DELETE of a handful of rows is several times cheaper than a TRUNCATE (which
+# takes exclusive locks and rewrites files), and one statement batch is one round trip.
+CLEAN_SCHEMA = ";".join(f"DELETE FROM engine.{table}" for table in (
+    "companion_memories", "chat_messages", "chat_sessions", "user_consolidation", "persona_instances",
+    "provider_blocks", "user_usage"))
+
+
+@pytest.fixture(scope="session")
+def _shared_connection(database_url):
+    """One connection for every test's ``db`` (reopened if a test broke or closed it)."""
+    from eros.db import connect
+
+    holder = {"conn": connect(database_url)}
+    yield holder
+    holder["conn"].close()
+
+
 @pytest.fixture
-def db(database_url, monkeypatch):
+def db(database_url, _shared_connection):
     """A clean engine schema (personas kept) and a fresh process state; yields a connection."""
     from eros.db import connect
 
     reset_process_state()
-    with connect(database_url) as conn:
-        conn.execute("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions,"
-                     " engine.user_consolidation, engine.persona_instances, engine.provider_blocks,"
-                     " engine.user_usage CASCADE")
-        yield conn
+    conn = _shared_connection["conn"]
+    if conn.closed or conn.broken:
+        conn = _shared_connection["conn"] = connect(database_url)
+    try:
+        conn.execute(CLEAN_SCHEMA)
+    except Exception:  # e.g. the server was restarted under an idle connection: start over once
+        conn.close()
+        conn = _shared_connection["conn"] = connect(database_url)
+        conn.execute(CLEAN_SCHEMA)
+    yield conn
     reset_process_state()
 
 
@@ -89,7 +137,8 @@ class LocalServer:
         self.settings = settings()
         self.server = make_server(self.settings, "127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # A short poll: shutdown() waits for the serve loop to notice, 0.5 s per test by default.
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
 
     def client(self, user: str | None):
         import httpx
@@ -109,3 +158,59 @@ def local_server(db):
     server = LocalServer()
     yield server
     server.close()
+
+
+# --- tiers ------------------------------------------------------------------------------------------------
+TIERS = ("unit", "integration", "e2e")
+# Using any of these (directly or through another fixture) makes a test at least an integration test.
+TIER_FIXTURES = {"database_url", "db", "local_server", "fake_llm", "fake_voyage"}
+# Modules this conftest cannot mark themselves (owned elsewhere) that run the bench end to end.
+E2E_MODULES = {"test_bench_smoke.py"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    conflicts = []
+    for item in items:
+        tiers = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
+        if not tiers:
+            if item.path.name in E2E_MODULES:
+                tier = "e2e"
+            else:
+                tier = "integration" if TIER_FIXTURES & set(getattr(item, "fixturenames", ())) else "unit"
+            item.add_marker(tier)
+            tiers = {tier}
+        if len(tiers) != 1:
+            conflicts.append(f"{item.nodeid}: {sorted(tiers)}")
+    if conflicts:
+        raise pytest.UsageError("every test has exactly one tier (unit, integration, e2e):\n  "
+                                + "\n  ".join(conflicts))
+
+
+def _refuse(what: str):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a unit test {what}: mark it integration or e2e (tests/conftest.py, tiers)")
+    return refuse
+
+
+@pytest.fixture(autouse=True)
+def _unit_isolation(request):
+    """A unit test reaches no database, no server and no process: the tier is checked, not trusted."""
+    if request.node.get_closest_marker("unit") is None:
+        yield
+        return
+    import multiprocessing.process
+    import socket
+    import subprocess
+
+    import psycopg
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(socket.socket, "connect", _refuse("opened a network connection"))
+        patch.setattr(socket.socket, "connect_ex", _refuse("opened a network connection"))
+        patch.setattr(socket.socket, "bind", _refuse("started a server"))
+        patch.setattr(psycopg.Connection, "connect", _refuse("connected to a database"))
+        patch.setattr(subprocess.Popen, "_execute_child", _refuse("started a process"))
+        patch.setattr(multiprocessing.process.BaseProcess, "start", _refuse("started a process"))
+        patch.setattr(os, "fork", _refuse("forked"))
+        yield

@@ -16,7 +16,9 @@ Behaviours: ``Status(code, retry_after=None, body=None)``, ``Delay(seconds)`` (t
 ``Malformed(body="not json", status=200)``, ``Raw(body, status=200, headers=None)`` (any body verbatim),
 ``Disconnect()`` (close the connection without answering) and, for the LLM only, ``Reply(text)``.
 
-Pytest fixtures ``fake_llm`` and ``fake_voyage`` start one server per test and close it afterwards.
+Pytest fixtures ``fake_llm`` and ``fake_voyage`` start one server per test and close it afterwards;
+``skipped_sleeps`` makes the providers' retry loop skip its waits (a ``SkippingClock``: every sleep is
+recorded in ``.sleeps`` and returns at once, moving the loop's clocks on by as much).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import pytest
 from eros.providers.offline import hash_embed
 
 __all__ = ["Status", "Delay", "Malformed", "Raw", "Reply", "Disconnect", "FakeServer", "FakeOpenRouter",
-           "FakeVoyage", "fake_llm", "fake_voyage"]
+           "FakeVoyage", "SkippingClock", "fake_llm", "fake_voyage", "skipped_sleeps"]
 
 
 # --- behaviours -------------------------------------------------------------------------------------------
@@ -94,6 +96,9 @@ Behaviour = Status | Delay | Raw | Malformed | Reply | Disconnect
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as real providers (and httpx's pool) expect
     timeout = 30  # an idle keep-alive connection is dropped eventually even if nobody closes the fake
+    # Headers and body go out in two writes: with Nagle's algorithm the body waits for the client's delayed
+    # ACK of the headers, ~40 ms a response on loopback. Real providers answer without that stall.
+    disable_nagle_algorithm = True
     server_version = "FakeProvider/1.0"
 
     def setup(self) -> None:
@@ -430,3 +435,37 @@ def fake_voyage():
         yield server
     finally:
         server.close()
+
+
+class SkippingClock:
+    """Real time, except that a sleep returns at once: it is recorded, and the clocks jump by as much as it
+    asked for. What a deadline sees is then exact -- real time spent on requests plus the skipped waits."""
+
+    def __init__(self, wall: float | None = None):
+        self.sleeps: list[float] = []
+        self.skipped = 0.0
+        self._wall = wall  # a frozen wall clock (Retry-After dates), else the real one
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.skipped += max(0.0, seconds)
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.skipped
+
+    def time(self) -> float:
+        return (time.time() if self._wall is None else self._wall) + self.skipped
+
+
+@pytest.fixture
+def skipped_sleeps(monkeypatch):
+    """The providers' retry loop (eros.providers.base) on a ``SkippingClock``: backoffs and Retry-Afters are
+    recorded in ``skipped_sleeps.sleeps`` instead of waited for. The wall clock is frozen on a known
+    fraction of a second (0.25) so that Retry-After dates give exact waits."""
+    from eros.providers import base
+
+    clock = SkippingClock(wall=math.floor(time.time()) + 0.25)
+    monkeypatch.setattr(base, "sleep", clock.sleep)
+    monkeypatch.setattr(base, "monotonic", clock.monotonic)
+    monkeypatch.setattr(base, "wall_time", clock.time)
+    return clock

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from apiclient import Api
-from fakes import Delay, Status, fake_llm, fake_voyage  # noqa: F401 (fixtures)
+from fakes import Delay, Status
 
 
 @pytest.fixture

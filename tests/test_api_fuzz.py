@@ -29,7 +29,8 @@ from schemathesis import GenerationMode
 from apiclient import Api
 from eros.local import LambdaContext, http_api_event, load_function
 from eros.providers.offline import hash_embed
-from fakes import fake_llm, fake_voyage  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.e2e
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))
 DOCUMENT = json.loads(load_function("chat").app.get_openapi_json_schema(title="eros companion memory API",

@@ -26,7 +26,6 @@ from eros import dreaming
 from eros.config import Settings
 from eros.local import LambdaContext, load_function
 from eros.store import dreaming as store
-from fakes import fake_llm, fake_voyage  # noqa: F401 (pytest fixtures)
 
 IDLE = timedelta(seconds=1800)  # the defaults the SPEC fixes: DREAMING_IDLE_SECS, DREAMING_CLAIM_STALE_SECS
 STALE = timedelta(seconds=600)

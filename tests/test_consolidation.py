@@ -13,7 +13,6 @@ import pytest
 from pgvector import Vector
 
 from apiclient import Api
-from fakes import fake_llm, fake_voyage  # noqa: F401 (fixtures)
 
 from eros import dreaming, recall
 from eros.config import settings

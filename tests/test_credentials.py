@@ -19,7 +19,6 @@ from eros.config import Settings
 from eros.providers.llm import ChatClient
 from eros.credentials import (ConfigurationError, app_database_login, complete_app_secret, database_dsn,
                           with_provider_keys)
-from fakes import fake_llm  # noqa: F401 - fixture
 
 RDS_SECRET = {"engine": "postgres", "host": "eros.cluster-abc.us-east-1.rds.amazonaws.com", "port": 5432,
               "username": "eros_app", "password": "s3cr3t!", "dbname": "eros", "dbClusterIdentifier": "eros"}
@@ -227,7 +226,6 @@ def test_the_database_secret_is_cached_too(secretsmanager):
     assert database_dsn(settings) == first  # a warm container makes no Secrets Manager call
 
 
-
 # --- TLS: the server's certificate and host name are verified ------------------------------------------------
 
 def test_the_default_trust_store_holds_the_roots_of_rds_proxys_certificate(secretsmanager):
@@ -273,6 +271,7 @@ def test_a_missing_ca_bundle_is_a_configuration_error(secretsmanager):
         database_dsn(settings_from(DATABASE_SECRET_ARN=arn, DATABASE_SSL_ROOT_CERT="/nowhere/bundle.pem"))
 
 
+@pytest.mark.integration
 def test_verify_full_refuses_a_server_that_does_not_speak_tls():
     """No silent fallback to plain text: a listener that will not do TLS is refused before any login."""
     import socket
@@ -426,12 +425,14 @@ def _connect(dsn: str) -> str:
     return str(caught.value)
 
 
+@pytest.mark.integration
 def test_verify_full_accepts_a_server_certificate_from_the_configured_ca(secretsmanager, tls_server):
     arn = secretsmanager.create("eros/db", dict(RDS_SECRET, host="localhost", port=tls_server.port))
     dsn = database_dsn(settings_from(DATABASE_SECRET_ARN=arn, DATABASE_SSL_ROOT_CERT=str(tls_server.ca_file)))
     assert "tls-ok" in _connect(dsn)  # through the handshake to the startup answer
 
 
+@pytest.mark.integration
 def test_verify_full_refuses_a_certificate_of_an_unknown_ca(secretsmanager, tls_server):
     arn = secretsmanager.create("eros/db", dict(RDS_SECRET, host="localhost", port=tls_server.port))
     error = _connect(database_dsn(settings_from(DATABASE_SECRET_ARN=arn)))  # the default bundle: not this CA
@@ -441,12 +442,14 @@ def test_verify_full_refuses_a_certificate_of_an_unknown_ca(secretsmanager, tls_
                                               password="pw", dbname="eros", sslmode="require"))
 
 
+@pytest.mark.integration
 def test_verify_full_refuses_a_certificate_for_another_host(secretsmanager, tls_server):
     arn = secretsmanager.create("eros/db", dict(RDS_SECRET, host="127.0.0.1", port=tls_server.port))
     error = _connect(database_dsn(settings_from(DATABASE_SECRET_ARN=arn, DATABASE_SSL_ROOT_CERT=str(tls_server.ca_file))))
     assert "does not match host name" in error and "tls-ok" not in error
 
 
+@pytest.mark.integration
 def test_system_means_the_bundle_ssl_cert_file_names(secretsmanager, tls_server, monkeypatch):
     """psycopg's wheel bundles its own OpenSSL, whose default store is absent on Lambda: "system" verifies
     against SSL_CERT_FILE (docs/DEPLOY.md says so)."""

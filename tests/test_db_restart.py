@@ -28,7 +28,8 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 import pytest
 
-from fakes import fake_llm, fake_voyage  # noqa: F401 (fixtures)
+pytestmark = pytest.mark.e2e
+
 
 CLIENTS = 4
 SLOW = 8.0  # seconds: no request may take longer (connect_timeout is 5 s)

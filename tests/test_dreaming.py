@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from apiclient import Api
-from fakes import Delay, Reply, Status, fake_llm, fake_voyage  # noqa: F401 (fixtures)
+from fakes import Delay, Reply, Status
 
 from eros import dreaming
 from eros.config import settings

@@ -31,7 +31,9 @@ import pytest
 from eros import dreaming, health
 from eros.config import settings
 from eros.local import LambdaContext, load_function
-from fakes import FakeOpenRouter, fake_llm, fake_voyage  # noqa: F401 (fixtures)
+from fakes import FakeOpenRouter
+
+pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
 UTC = timezone.utc

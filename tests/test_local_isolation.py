@@ -10,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+pytestmark = pytest.mark.e2e
+
 USERS = 16
 ROUNDS = 50  # x 3 requests per round per user: 2,400 requests
 

@@ -11,9 +11,11 @@ import jwt
 import pytest
 from pgvector import Vector
 
-from fakes import Delay, Status, fake_llm, fake_voyage  # noqa: F401 (fixtures)
+from fakes import Delay, Status
 
 from eros.providers.offline import hash_embed
+
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture

@@ -15,6 +15,9 @@ from psycopg.conninfo import make_conninfo
 
 from eros.local import LambdaContext, load_function
 
+# A loopback recorder stands in for CloudFormation's response URL in every test.
+pytestmark = pytest.mark.integration
+
 RESPONSE_KEYS = {"Status", "Reason", "PhysicalResourceId", "StackId", "RequestId", "LogicalResourceId", "Data"}
 STACK_ID = "arn:aws:cloudformation:us-east-1:123456789012:stack/eros-test/5b4f3a20-ff11-11ef-9c2d-0a1b2c3d4e5f"
 
@@ -43,7 +46,9 @@ class ResponseRecorder:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # A short poll: shutdown() waits for the serve loop to notice (0.5 s per test by default).
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.01},
+                                       daemon=True)
 
     @property
     def url(self) -> str:

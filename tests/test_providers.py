@@ -14,12 +14,12 @@ import pytest
 from eros import providers
 from eros.config import EMBED_DIM
 from eros.providers import Deadline, ProviderResponseError, ProviderUnavailable
+from eros.providers import base
 from eros.providers.base import _retry_after, post_json
 from eros.providers.embed import MAX_BATCH, VoyageEmbedder
 from eros.providers.llm import ChatClient
 from eros.providers.offline import HashingEmbedder, OfflineChat, hash_embed
-from fakes import (Delay, Disconnect, FakeOpenRouter, FakeVoyage, Malformed, Raw, Reply, Status,  # noqa: F401
-                   fake_llm, fake_voyage)
+from fakes import Delay, Disconnect, FakeOpenRouter, FakeVoyage, Malformed, Raw, Reply, Status
 
 MESSAGES = [{"role": "system", "content": "You are Mira."}, {"role": "user", "content": "hello there"}]
 
@@ -30,12 +30,6 @@ def chat(fake, key: str | None = "sk-test", *, timeout: float = 2.0, max_retries
 
 def voyage(fake, key: str | None = "pa-test", *, timeout: float = 2.0, max_retries: int = 2) -> VoyageEmbedder:
     return VoyageEmbedder(fake.url, key, model="voyage-3.5-lite", timeout=timeout, max_retries=max_retries)
-
-
-def gaps(fake) -> list[float]:
-    """Seconds between consecutive request arrivals at the fake."""
-    times = [r["at"] for r in fake.requests]
-    return [b - a for a, b in zip(times, times[1:])]
 
 
 def cosine(a: list[float], b: list[float]) -> float:
@@ -117,6 +111,7 @@ def test_authorization_header_only_with_a_key(make, fake_llm, fake_voyage):
     assert "authorization" not in empty["headers"]
 
 
+@pytest.mark.integration
 def test_fake_enforces_its_api_key_and_the_client_reports_401_without_retry():
     with FakeOpenRouter(api_key="right") as fake:
         assert chat(fake, "right").complete("m", MESSAGES).text == "fake reply"
@@ -127,43 +122,64 @@ def test_fake_enforces_its_api_key_and_the_client_reports_401_without_retry():
 
 # --- retries, timeouts and the deadline -------------------------------------------------------------------
 
-def test_429_retry_after_is_honoured(fake_llm):
+# The retry loop's waits are skipped and recorded (fakes.skipped_sleeps): what it waited is asserted exactly,
+# and the next request follows at once.
+
+def test_the_retry_loop_waits_on_the_real_clock_unless_a_test_says_otherwise():
+    assert (base.sleep, base.monotonic, base.wall_time) == (time.sleep, time.monotonic, time.time)
+
+
+def test_a_skipped_sleep_moves_the_deadline_on(skipped_sleeps):
+    deadline = Deadline.after(10)
+    base.sleep(4)
+    assert 5 < deadline.remaining() <= 6
+    assert skipped_sleeps.sleeps == [4]
+
+
+def test_429_retry_after_is_honoured(fake_llm, skipped_sleeps):
     fake_llm.push(Status(429, retry_after=1))
-    started = time.monotonic()
     assert chat(fake_llm).complete("m", MESSAGES).text == "fake reply"
     assert fake_llm.calls == 2
-    [gap] = gaps(fake_llm)
-    assert 0.9 <= gap < 2.0
-    assert time.monotonic() - started >= 0.9
+    assert skipped_sleeps.sleeps == [1.0]
 
 
-def test_retry_after_as_an_http_date_is_honoured(fake_llm):
-    fake_llm.push(Status(503, retry_after=email.utils.formatdate(time.time() + 2, usegmt=True)))
+def test_retry_after_as_an_http_date_is_honoured(fake_llm, skipped_sleeps):
+    # The wall clock stands at a whole second + 0.25; the date (whole seconds) says 2 s later: 1.75 s to wait.
+    fake_llm.push(Status(503, retry_after=email.utils.formatdate(skipped_sleeps.time() + 2, usegmt=True)))
     assert chat(fake_llm).complete("m", MESSAGES).text == "fake reply"
-    [gap] = gaps(fake_llm)
-    assert 0.9 <= gap < 2.5  # the date has whole-second resolution: between one and two seconds away
+    assert fake_llm.calls == 2
+    assert skipped_sleeps.sleeps == [pytest.approx(1.75)]
 
 
-def test_unparseable_retry_after_falls_back_to_backoff(fake_llm):
+def test_unparseable_retry_after_falls_back_to_backoff(fake_llm, skipped_sleeps):
     fake_llm.push(Status(503, retry_after="soon, maybe"))
     assert chat(fake_llm).complete("m", MESSAGES).text == "fake reply"
-    [gap] = gaps(fake_llm)
-    assert gap < 0.9  # the first backoff step (0.125-0.25 s), not a crash and not a long sleep
+    [wait] = skipped_sleeps.sleeps
+    assert 0.125 <= wait <= 0.25  # the first backoff step, not a crash and not a long sleep
 
 
 @pytest.mark.parametrize("code", [500, 502, 503, 504, 408, 429])
-def test_retryable_status_then_success(fake_llm, code):
+def test_retryable_status_then_success(fake_llm, skipped_sleeps, code):
     fake_llm.push(Status(code, retry_after=0))
     assert chat(fake_llm).complete("m", MESSAGES).text == "fake reply"
     assert fake_llm.calls == 2
+    assert skipped_sleeps.sleeps == [0.0]
 
 
-def test_backoff_without_retry_after_grows_exponentially_with_jitter(fake_llm):
+def test_backoff_without_retry_after_grows_exponentially_with_jitter(fake_llm, skipped_sleeps):
     fake_llm.push(Status(500), Status(500))
     assert chat(fake_llm, max_retries=2).complete("m", MESSAGES).text == "fake reply"
-    first, second = gaps(fake_llm)
-    assert 0.12 <= first <= 0.25 + 0.35  # 0.25 s x [0.5, 1), plus scheduling slack
-    assert 0.24 <= second <= 0.5 + 0.35  # 0.5 s x [0.5, 1)
+    assert fake_llm.calls == 3
+    first, second = skipped_sleeps.sleeps
+    assert 0.125 <= first < 0.25  # 0.25 s x [0.5, 1)
+    assert 0.25 <= second < 0.5  # 0.5 s x [0.5, 1)
+
+
+@pytest.mark.parametrize("jitter, waits", [(0.0, [0.125, 0.25, 0.5, 1.0, 2.0, 2.0]),
+                                           (0.999999, [0.25, 0.5, 1.0, 2.0, 4.0, 4.0])])
+def test_backoff_doubles_up_to_four_seconds_times_a_jitter_of_a_half_to_one(monkeypatch, jitter, waits):
+    monkeypatch.setattr(base.random, "random", lambda: jitter)
+    assert [base.backoff(attempt) for attempt in range(6)] == [pytest.approx(w, abs=1e-5) for w in waits]
 
 
 def test_retries_exhausted_raise_provider_unavailable(fake_llm):
@@ -181,35 +197,39 @@ def test_no_retries_means_one_attempt(fake_llm):
     assert fake_llm.calls == 1
 
 
-def test_timeouts_are_retried_then_provider_unavailable(fake_llm):
+def test_timeouts_are_retried_then_provider_unavailable(fake_llm, skipped_sleeps):
     fake_llm.push(Delay(3), Delay(3))
     started = time.monotonic()
     with pytest.raises(ProviderUnavailable, match="timed out"):
         chat(fake_llm, timeout=0.3, max_retries=1).complete("m", MESSAGES)
     elapsed = time.monotonic() - started
     assert fake_llm.calls == 2
-    assert 0.6 <= elapsed < 2.0  # two 0.3 s timeouts and one short backoff, never the 3 s delay
+    assert 0.6 <= elapsed < 2.0  # two 0.3 s timeouts (the backoff between them skipped), never the 3 s delay
+    [wait] = skipped_sleeps.sleeps
+    assert 0.125 <= wait < 0.25
 
 
-def test_a_timeout_then_success(fake_voyage):
+def test_a_timeout_then_success(fake_voyage, skipped_sleeps):
     fake_voyage.push(Delay(2))
     result = voyage(fake_voyage, timeout=0.3, max_retries=1).embed(["late"], "query")
     assert result.vectors == [pytest.approx(hash_embed("late"))]
     assert fake_voyage.calls == 2
 
 
-def test_a_dropped_connection_is_retried(fake_llm):
+def test_a_dropped_connection_is_retried(fake_llm, skipped_sleeps):
     fake_llm.push(Disconnect())
     assert chat(fake_llm).complete("m", MESSAGES).text == "fake reply"
     assert fake_llm.calls == 2
 
 
-def test_dropped_connections_exhaust_into_provider_unavailable(fake_llm):
+def test_dropped_connections_exhaust_into_provider_unavailable(fake_llm, skipped_sleeps):
     fake_llm.push(Disconnect(), Disconnect())
     with pytest.raises(ProviderUnavailable, match="connection failed"):
         chat(fake_llm, max_retries=1).complete("m", MESSAGES)
+    assert fake_llm.calls == 2 and len(skipped_sleeps.sleeps) == 1
 
 
+@pytest.mark.integration
 def test_connection_refused_is_provider_unavailable():
     fake = FakeVoyage()
     client = voyage(fake, max_retries=0)
@@ -218,13 +238,20 @@ def test_connection_refused_is_provider_unavailable():
         client.embed(["x"], "query")
 
 
-def test_retry_after_longer_than_the_deadline_fails_fast(fake_llm):
+def test_retry_after_longer_than_the_deadline_fails_fast(fake_llm, skipped_sleeps):
     fake_llm.push(Status(429, retry_after=5))
-    started = time.monotonic()
     with pytest.raises(ProviderUnavailable, match="429"):
         chat(fake_llm, max_retries=3).complete("m", MESSAGES, deadline=Deadline.after(1.0))
-    assert time.monotonic() - started < 0.8  # no sleep at all (Retry-After asked for 5 s)
+    assert skipped_sleeps.sleeps == []  # no sleep at all (Retry-After asked for 5 s)
     assert fake_llm.calls == 1
+
+
+def test_a_wait_that_fits_the_deadline_is_taken_and_counts_against_it(fake_llm, skipped_sleeps):
+    fake_llm.push(Status(429, retry_after=3), Status(429, retry_after=3))
+    with pytest.raises(ProviderUnavailable, match="429"):
+        chat(fake_llm, max_retries=3).complete("m", MESSAGES, deadline=Deadline.after(5.0))
+    assert skipped_sleeps.sleeps == [3.0]  # the second 3 s no longer fits what is left of the 5 s
+    assert fake_llm.calls == 2
 
 
 def test_an_exhausted_deadline_makes_no_request(fake_llm):
@@ -524,6 +551,7 @@ def test_fake_rejects_behaviours_it_cannot_perform(fake_voyage):
         fake_voyage.push(Reply("embeddings have no text"))
 
 
+@pytest.mark.integration
 def test_fake_close_is_quick_even_with_a_pending_delay_and_an_idle_connection():
     fake = FakeOpenRouter()
     client = chat(fake)

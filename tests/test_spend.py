@@ -11,7 +11,6 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from apiclient import Api
-from fakes import fake_llm, fake_voyage  # noqa: F401 (fixtures)
 
 from eros import chat, dreaming
 from eros.local import LambdaContext, http_api_event, load_function, sweep_locally
@@ -41,7 +40,6 @@ def clock(monkeypatch):
 
 @pytest.fixture
 def online(db, env, fake_llm, fake_voyage, clock):
-    db.execute("TRUNCATE engine.user_usage")
     fake_llm.responder = lambda body: EXTRACTED if body.get("response_format") else "fake reply"
     env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="test-key", EMBED_BASE_URL=fake_voyage.url,
         VOYAGE_API_KEY="test-key", PROVIDER_MAX_RETRIES=0)

@@ -25,7 +25,9 @@ from collections import Counter
 import pytest
 
 from apiclient import Api
-from fakes import FakeOpenRouter, Status, fake_voyage  # noqa: F401 (fixture)
+from fakes import FakeOpenRouter, Status
+
+pytestmark = pytest.mark.e2e
 
 SENDERS = 12
 ROUNDS = 4

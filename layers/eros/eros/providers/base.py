@@ -13,6 +13,12 @@ import httpx
 
 from ..observability import logger
 
+# The clocks and the sleep of the retry loop, looked up at call time: tests replace them (a recording sleep
+# that returns at once and moves the clocks on) instead of waiting for real backoffs and Retry-Afters.
+sleep = time.sleep
+monotonic = time.monotonic
+wall_time = time.time  # Retry-After as an HTTP date counts from the wall clock
+
 
 class ProviderError(Exception):
     """Base of provider failures. ``status`` is the provider's HTTP status (or the error code it sent
@@ -57,11 +63,11 @@ class Deadline:
     expires_at: float
 
     @classmethod
-    def after(cls, seconds: float) -> "Deadline":
-        return cls(time.monotonic() + seconds)
+    def after(cls, seconds: float) -> Deadline:
+        return cls(monotonic() + seconds)
 
     def remaining(self) -> float:
-        return self.expires_at - time.monotonic()
+        return self.expires_at - monotonic()
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -76,9 +82,43 @@ def _retry_after(response: httpx.Response) -> float | None:
         except (TypeError, ValueError, IndexError):
             return None
         if parsed.tzinfo is None:  # "-0000" dates come back naive; HTTP dates are always UTC
-            parsed = parsed.replace(tzinfo=datetime.timezone.utc)
-        return max(0.0, parsed.timestamp() - time.time())
+            parsed = parsed.replace(tzinfo=datetime.UTC)
+        return max(0.0, parsed.timestamp() - wall_time())
     return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def _json_object(response: httpx.Response, what: str) -> dict:
+    try:
+        body = response.json()
+    except ValueError:
+        raise ProviderResponseError(f"{what}: response is not JSON") from None
+    if not isinstance(body, dict):
+        raise ProviderResponseError(f"{what}: response is not a JSON object")
+    return body
+
+
+def _attempt(client: httpx.Client, url: str, payload: dict, *, headers: dict, timeout: float,
+             what: str) -> dict | ProviderUnavailable:
+    """One POST: the decoded JSON object, or the failure worth retrying (with the provider's Retry-After
+    hint, if any). A failure not worth retrying (a 4xx, a malformed body) is raised."""
+    try:
+        response = client.post(url, json=payload, headers=headers, timeout=timeout)
+    except httpx.TimeoutException as exc:
+        return ProviderTimeout(f"{what}: timed out ({type(exc).__name__})")
+    except httpx.TransportError as exc:
+        return ProviderUnavailable(f"{what}: connection failed ({type(exc).__name__})")
+    status = response.status_code
+    if status in (408, 429) or status >= 500:
+        return ProviderUnavailable(f"{what}: HTTP {status}", status=status, retry_after=_retry_after(response))
+    if status >= 400:
+        raise client_error(f"{what}: HTTP {status}: {response.text[:300]}", status)
+    return _json_object(response, what)
+
+
+def backoff(attempt: int) -> float:
+    """Our own wait before retry ``attempt + 1`` when the provider gave no Retry-After: 0.25 s doubling
+    to 4 s at most, times a jitter in [0.5, 1)."""
+    return min(4.0, 0.25 * 2**attempt) * (0.5 + random.random() / 2)
 
 
 def post_json(client: httpx.Client, url: str, payload: dict, *, headers: dict, timeout: float,
@@ -91,34 +131,15 @@ def post_json(client: httpx.Client, url: str, payload: dict, *, headers: dict, t
         budget = deadline.remaining()
         if budget <= 0.05:
             raise ProviderTimeout(f"{what}: time budget exhausted")
-        try:
-            response = client.post(url, json=payload, headers=headers, timeout=min(timeout, budget))
-        except httpx.TimeoutException as exc:
-            failure, wait = ProviderTimeout(f"{what}: timed out ({type(exc).__name__})"), None
-        except httpx.TransportError as exc:
-            failure, wait = ProviderUnavailable(f"{what}: connection failed ({type(exc).__name__})"), None
-        else:
-            if response.status_code in (408, 429) or response.status_code >= 500:
-                wait = _retry_after(response)
-                failure = ProviderUnavailable(f"{what}: HTTP {response.status_code}", status=response.status_code,
-                                              retry_after=wait)
-            elif response.status_code >= 400:
-                raise client_error(f"{what}: HTTP {response.status_code}: {response.text[:300]}", response.status_code)
-            else:
-                try:
-                    body = response.json()
-                except ValueError:
-                    raise ProviderResponseError(f"{what}: response is not JSON") from None
-                if not isinstance(body, dict):
-                    raise ProviderResponseError(f"{what}: response is not a JSON object")
-                return body
+        outcome = _attempt(client, url, payload, headers=headers, timeout=min(timeout, budget), what=what)
+        if isinstance(outcome, dict):
+            return outcome
         if attempt >= max_retries:
-            raise failure
-        if wait is None:
-            wait = min(4.0, 0.25 * 2**attempt) * (0.5 + random.random() / 2)
+            raise outcome
+        wait = outcome.retry_after if outcome.retry_after is not None else backoff(attempt)
         if wait >= deadline.remaining() - 0.05:
-            raise failure  # waiting would blow the budget: fail now and let the caller decide
+            raise outcome  # waiting would blow the budget: fail now and let the caller decide
         logger.info("provider retry", extra={"what": what, "attempt": attempt + 1, "wait_s": round(wait, 3),
-                                             "reason": str(failure)})
-        time.sleep(wait)
+                                             "reason": str(outcome)})
+        sleep(wait)
         attempt += 1
