@@ -168,6 +168,24 @@ TIER_FIXTURES = {"database_url", "db", "local_server", "fake_llm", "fake_voyage"
 E2E_MODULES = {"test_bench_smoke.py"}
 
 
+def pytest_ignore_collect(collection_path, config):
+    """``-m`` over tiers alone (``-m unit``, ``-m "not e2e"``): a module that declares its tier for all its
+    tests is not even imported when that tier is not selected -- importing is most of the fast tier's time."""
+    import re
+
+    from _pytest.mark.expression import Expression
+
+    expression = config.option.markexpr
+    if not expression or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    if not set(re.findall(r"[A-Za-z_]\w*", expression)) - {"and", "or", "not"} <= set(TIERS):
+        return None
+    declared = re.search(r"^pytestmark = pytest\.mark\.(unit|integration|e2e)$", collection_path.read_text(), re.M)
+    if declared is None or Expression.compile(expression).evaluate(lambda name, **_: name == declared[1]):
+        return None
+    return True
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
     conflicts = []
