@@ -24,7 +24,7 @@ run: venv
 	$(VENV)/bin/eros serve
 
 test: venv
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 	$(MAKE) --no-print-directory sam-check
 
 sam-check: venv
