@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# The fake providers' fixtures (fake_llm, fake_voyage), registered once for every module.
-pytest_plugins = ["fakes"]
+# Fixtures registered once for every module: the fake providers (fake_llm, fake_voyage, skipped_sleeps) and
+# moto's Lambda for the sweeper's fan-out (sweeper, aws). Plain helpers are in helpers.py.
+pytest_plugins = ["fakes", "moto_lambda"]
 
 # Tests never reach real providers or AWS, whatever the developer's shell has exported.
 for name in ("OPENROUTER_API_KEY", "VOYAGE_API_KEY", "LLM_BASE_URL", "EMBED_BASE_URL", "PROVIDER_SECRET_ARN",
@@ -123,6 +124,14 @@ def env(monkeypatch):
         reset_process_state()
     yield set_env
     reset_process_state()
+
+
+@pytest.fixture
+def providers(db, env, fake_llm, fake_voyage):
+    """The engine pointed at the fake OpenRouter and Voyage, with no retries: (fake_llm, fake_voyage)."""
+    env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="test-key", EMBED_BASE_URL=fake_voyage.url,
+        VOYAGE_API_KEY="test-key", PROVIDER_MAX_RETRIES=0)
+    return fake_llm, fake_voyage
 
 
 class LocalServer:

@@ -29,9 +29,10 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
@@ -130,7 +131,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False  # never wait for idle keep-alive connections on close
     allow_reuse_address = True
-    fake: "FakeServer"
+    fake: FakeServer
 
     def handle_error(self, request, client_address) -> None:
         # A client that timed out and went away, or close() cutting a connection, is not an error.
@@ -189,7 +190,7 @@ class FakeServer:
     def closed(self) -> bool:
         return self._stopping.is_set()
 
-    def push(self, *behaviours: Behaviour) -> "FakeServer":
+    def push(self, *behaviours: Behaviour) -> FakeServer:
         for behaviour in behaviours:
             if not isinstance(behaviour, self.supported):
                 raise TypeError(f"{type(self).__name__} does not support {behaviour!r}")
@@ -218,7 +219,7 @@ class FakeServer:
                 pass
         self._thread.join(timeout=2)
 
-    def __enter__(self) -> "FakeServer":
+    def __enter__(self) -> FakeServer:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -7,7 +7,6 @@ import json
 import uuid
 
 import pytest
-
 from apiclient import Api
 from fakes import Delay, Status
 
@@ -106,8 +105,9 @@ def test_delete_memory(api, db):
 
 
 def test_memories_filter_by_category_and_paginate(api, db):
-    from eros.providers.offline import hash_embed
     from pgvector import Vector
+
+    from eros.providers.offline import hash_embed
 
     for i, category in enumerate(["fact", "fact", "emotion"]):
         db.execute("INSERT INTO engine.companion_memories (user_id, content, embedding, category, created_at)"
@@ -247,10 +247,9 @@ def test_an_unexpected_error_is_a_json_500_without_internals(api, monkeypatch):
 
 # --- provider failures: a stable error for the client, no provider text anywhere --------------------
 @pytest.fixture
-def online(db, env, fake_llm, fake_voyage):
-    env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="x", EMBED_BASE_URL=fake_voyage.url, VOYAGE_API_KEY="x",
-        PROVIDER_MAX_RETRIES=0, LLM_TIMEOUT_SECS=0.5)
-    return {"llm": fake_llm, "embed": fake_voyage}
+def online(providers, env):
+    env(LLM_TIMEOUT_SECS=0.5)
+    return dict(zip(("llm", "embed"), providers, strict=True))
 
 
 ECHO = "provider says: you sent 'my secret diary entry'"

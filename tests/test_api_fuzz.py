@@ -21,12 +21,12 @@ from urllib.parse import urlencode, urlsplit
 
 import pytest
 import schemathesis
+from apiclient import Api
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pgvector import Vector
 from schemathesis import GenerationMode
 
-from apiclient import Api
 from eros.local import LambdaContext, http_api_event, load_function
 from eros.providers.offline import hash_embed
 

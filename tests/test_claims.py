@@ -17,9 +17,10 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from helpers import instance, utcnow
 
 from eros import db as eros_db
 from eros import dreaming
@@ -29,21 +30,10 @@ from eros.store import dreaming as store
 
 IDLE = timedelta(seconds=1800)  # the defaults the SPEC fixes: DREAMING_IDLE_SECS, DREAMING_CLAIM_STALE_SECS
 STALE = timedelta(seconds=600)
-UTC = timezone.utc
+UTC = UTC
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def instance(db, user: str = "alice", persona: str = "luna"):
-    return db.execute(
-        "INSERT INTO engine.persona_instances (user_id, persona_id) VALUES (%s, %s)"
-        " ON CONFLICT (user_id, persona_id) DO UPDATE SET user_id = EXCLUDED.user_id RETURNING id",
-        (user, persona),
-    ).fetchone()["id"]
 
 
 def bulk_sessions(db, n: int, *, newest: datetime, step_secs: float = 1.0, user: str = "alice") -> list:
@@ -154,14 +144,6 @@ def sweep_once(cfg: Settings, now: datetime) -> list[dict]:
     sent: list[dict] = []
     dreaming.sweep(cfg, sent.append, now=lambda: now)
     return [p for p in sent if p.get("kind") != "deep_pass"]
-
-
-@pytest.fixture
-def providers(db, env, fake_llm, fake_voyage):
-    """The extract pipeline pointed at the fake OpenRouter and Voyage (provider calls counted there)."""
-    env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="x", EMBED_BASE_URL=fake_voyage.url, VOYAGE_API_KEY="x",
-        PROVIDER_MAX_RETRIES=0)
-    return fake_llm, fake_voyage
 
 
 # --- the claim ----------------------------------------------------------------------------------

@@ -7,17 +7,16 @@ from __future__ import annotations
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
-from pgvector import Vector
-
 from apiclient import Api
+from helpers import extract, go_idle
+from pgvector import Vector
 
 from eros import dreaming, recall
 from eros.config import settings
 from eros.extraction import MAX_SUPERSEDED_PER_SESSION, Candidate, handles, parse_candidates, plan
-from eros.local import LambdaContext, load_function
 from eros.providers.offline import hash_embed
 from eros.store import dreaming as store
 
@@ -48,17 +47,6 @@ def script(fake, *answers):
     return seen
 
 
-@pytest.fixture
-def online(db, env, fake_llm, fake_voyage):
-    env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="k", EMBED_BASE_URL=fake_voyage.url, VOYAGE_API_KEY="k",
-        PROVIDER_MAX_RETRIES=0)
-    return fake_llm, fake_voyage
-
-
-def go_idle(db) -> None:
-    db.execute("UPDATE engine.chat_sessions SET last_active_at = last_active_at - interval '2 hours'")
-
-
 def session_with(db, *texts: str, user: str = "alice", persona: str = "luna") -> tuple[str, dict]:
     """A session with one turn per text, idle and claimed; returns (session id, extract payload)."""
     api = Api()
@@ -67,13 +55,9 @@ def session_with(db, *texts: str, user: str = "alice", persona: str = "luna") ->
         status, body = api.call("POST", f"/v1/sessions/{sid}/turns", {"content": text}, user=user)
         assert status == 200, body
     go_idle(db)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     rows = [r for r in store.claim(now, now - timedelta(seconds=600), 50) if str(r["id"]) == sid]
     return sid, dreaming.extract_payload(rows[0])
-
-
-def extract(payload: dict) -> dict:
-    return load_function("extract").lambda_handler(dict(payload), LambdaContext("extract", timeout_secs=120))
 
 
 def dream(db, *texts: str, user: str = "alice") -> dict:
@@ -97,8 +81,8 @@ def memory(content, category="fact", importance=0.5, **extra) -> dict:
 
 # --- a changed fact, a repeat, a related-but-true fact ----------------------------------------------
 
-def test_a_changed_fact_supersedes_the_old_one_in_the_same_extraction(db, online):
-    llm, voyage = online
+def test_a_changed_fact_supersedes_the_old_one_in_the_same_extraction(db, providers):
+    llm, voyage = providers
     shown = script(llm,
                    lambda known: [memory("Lives in Shanghai"), memory("Has a daughter, Mia", "relation", 0.9)],
                    lambda known: [memory("Lives in Tokyo", supersedes=[known["Lives in Shanghai"]]),
@@ -124,8 +108,8 @@ def test_a_changed_fact_supersedes_the_old_one_in_the_same_extraction(db, online
     assert db.execute("SELECT changed_at FROM engine.user_consolidation WHERE user_id = 'alice'").fetchone()
 
 
-def test_a_repeat_confirms_the_known_memory_and_adds_no_row(db, online):
-    llm, voyage = online
+def test_a_repeat_confirms_the_known_memory_and_adds_no_row(db, providers):
+    llm, voyage = providers
     script(llm, lambda known: [memory("Lives in Shanghai", importance=0.4)],
            lambda known: [memory("Lives in Shanghai (still)", importance=0.7, same_as=known["Lives in Shanghai"])],
            lambda known: [memory("lives in shanghai.", importance=0.1)])  # exact repeat the model did not flag
@@ -144,8 +128,8 @@ def test_a_repeat_confirms_the_known_memory_and_adds_no_row(db, online):
 
 # --- what the model is shown -------------------------------------------------------------------------
 
-def test_the_model_sees_only_the_users_own_active_profile_rows_by_handle_and_at_most_thirty(db, online):
-    llm, _ = online
+def test_the_model_sees_only_the_users_own_active_profile_rows_by_handle_and_at_most_thirty(db, providers):
+    llm, _ = providers
     instance = db.execute("INSERT INTO engine.persona_instances (user_id, persona_id) VALUES ('alice', 'kai')"
                           " RETURNING id").fetchone()["id"]
 
@@ -154,7 +138,7 @@ def test_the_model_sees_only_the_users_own_active_profile_rows_by_handle_and_at_
             "INSERT INTO engine.companion_memories (user_id, instance_id, content, embedding, category,"
             " superseded_at, superseded_reason) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
             (user, instance_id, content, Vector(hash_embed(content)), None if instance_id else "fact",
-             datetime.now(timezone.utc) if superseded else None, "changed" if superseded else None),
+             datetime.now(UTC) if superseded else None, "changed" if superseded else None),
         ).fetchone()["id"]
 
     for i in range(40):
@@ -172,10 +156,10 @@ def test_the_model_sees_only_the_users_own_active_profile_rows_by_handle_and_at_
     assert not re.search(r"[0-9a-f]{8}-[0-9a-f]{4}-", request["json"]["messages"][-1]["content"])  # no uuids
 
 
-def test_rows_at_the_same_distance_go_by_importance_then_the_newest(db, online):
+def test_rows_at_the_same_distance_go_by_importance_then_the_newest(db, providers):
     """A lexical embedder puts every row that shares no word with the session at one distance: the
     important fact ("lives in", a relation) must win a slot over trivia, not a random uuid."""
-    llm, _ = online
+    llm, _ = providers
     # The relation sorts after the preferences in the profile index: scan order would leave it out.
     rows = [("Mother pushes her to marry", "relation", 1.0)] + [(f"Likes snack {i}", "preference", 0.2)
                                                                  for i in range(79)]
@@ -187,8 +171,8 @@ def test_rows_at_the_same_distance_go_by_importance_then_the_newest(db, online):
     assert "Mother pushes her to marry" in shown[0] and len(shown[0]) == 30
 
 
-def test_no_known_memories_means_no_known_block(db, online):
-    llm, _ = online
+def test_no_known_memories_means_no_known_block(db, providers):
+    llm, _ = providers
     shown = script(llm, lambda known: [memory("Likes tea", "preference")])
     dream(db, "I like tea")
     request = next(r for r in llm.requests if r["json"].get("response_format"))
@@ -197,8 +181,8 @@ def test_no_known_memories_means_no_known_block(db, online):
 
 # --- hostile and confused answers -------------------------------------------------------------------
 
-def test_supersede_everything_is_bounded_and_stray_handles_are_ignored(db, online):
-    llm, _ = online
+def test_supersede_everything_is_bounded_and_stray_handles_are_ignored(db, providers):
+    llm, _ = providers
     script(llm, lambda known: [memory(f"Fact {i} about the city") for i in range(10)],
            lambda known: [memory("Change 0 about the city", supersedes=[f"m{j}" for j in range(1, 31)])]
            + [memory(f"Change {i} about the city", supersedes=[f"m{3 * i + j}" for j in (1, 2, 3)])
@@ -238,8 +222,8 @@ def test_plan_maps_handles_once_and_never_both_confirms_and_supersedes_a_row():
     assert decided.confirm == [] and decided.ignored == 4
 
 
-def test_a_row_superseded_meanwhile_is_left_alone_and_counted(db, online):
-    llm, _ = online
+def test_a_row_superseded_meanwhile_is_left_alone_and_counted(db, providers):
+    llm, _ = providers
 
     def change_and_race(known):
         db.execute("UPDATE engine.companion_memories SET superseded_at = now(), superseded_reason = 'changed'"
@@ -256,8 +240,8 @@ def test_a_row_superseded_meanwhile_is_left_alone_and_counted(db, online):
 
 # --- the guarded transaction -------------------------------------------------------------------------
 
-def test_duplicate_delivery_supersedes_nothing_twice(db, online):
-    llm, _ = online
+def test_duplicate_delivery_supersedes_nothing_twice(db, providers):
+    llm, _ = providers
     script(llm, lambda known: [memory("Lives in Shanghai")],
            lambda known: [memory("Lives in Tokyo", supersedes=[known["Lives in Shanghai"]])])
     dream(db, "I live in Shanghai")
@@ -267,13 +251,13 @@ def test_duplicate_delivery_supersedes_nothing_twice(db, online):
     assert active(db) == ["Lives in Tokyo"] and len(profile(db)) == 2
 
 
-def test_a_stale_worker_neither_inserts_nor_supersedes(db, online):
-    llm, _ = online
+def test_a_stale_worker_neither_inserts_nor_supersedes(db, providers):
+    llm, _ = providers
     script(llm, lambda known: [memory("Lives in Shanghai")])
     dream(db, "I live in Shanghai")
     sid, stale = session_with(db, "I moved to Tokyo")
     # The claim went stale and another worker re-claimed (and finished) the session.
-    later = datetime.now(timezone.utc) + timedelta(seconds=settings().dreaming_claim_stale_secs + 5)
+    later = datetime.now(UTC) + timedelta(seconds=settings().dreaming_claim_stale_secs + 5)
     [row] = store.claim(later, later - timedelta(seconds=settings().dreaming_claim_stale_secs), 10, now=later)
     script(llm, lambda known: [memory("Lives in Tokyo", supersedes=[known["Lives in Shanghai"]])])
     assert extract(dreaming.extract_payload(row))["superseded"] == 1
@@ -282,8 +266,8 @@ def test_a_stale_worker_neither_inserts_nor_supersedes(db, online):
     assert active(db) == ["Lives in Tokyo"]
 
 
-def test_concurrent_deliveries_of_one_change_apply_it_once(db, online):
-    llm, _ = online
+def test_concurrent_deliveries_of_one_change_apply_it_once(db, providers):
+    llm, _ = providers
     script(llm, lambda known: [memory("Lives in Shanghai")])
     dream(db, "I live in Shanghai")
     _, payload = session_with(db, "I moved to Tokyo")
@@ -294,8 +278,8 @@ def test_concurrent_deliveries_of_one_change_apply_it_once(db, online):
     assert [r["content"] for r in profile(db)].count("Lives in Tokyo") == 1 and active(db) == ["Lives in Tokyo"]
 
 
-def test_another_users_rows_cannot_be_touched_even_by_id(db, online):
-    llm, _ = online
+def test_another_users_rows_cannot_be_touched_even_by_id(db, providers):
+    llm, _ = providers
     script(llm, lambda known: [memory("Bob lives in Lima")])
     dream(db, "I live in Lima", user="bob")
     [bob] = profile(db, "bob")
@@ -310,8 +294,8 @@ def test_another_users_rows_cannot_be_touched_even_by_id(db, online):
     assert profile(db, "bob")[0]["superseded_at"] is None and profile(db, "bob")[0]["mention_count"] == 1
 
 
-def test_relationship_rows_and_history_cannot_be_superseded_or_confirmed_even_by_id(db, online):
-    llm, _ = online
+def test_relationship_rows_and_history_cannot_be_superseded_or_confirmed_even_by_id(db, providers):
+    llm, _ = providers
     script(llm, lambda known: [memory("Lives in Lima")], lambda known: [memory("Lives in Quito",
                                                                                 supersedes=[known["Lives in Lima"]])])
     dream(db, "I live in Lima")
@@ -333,7 +317,7 @@ def test_relationship_rows_and_history_cannot_be_superseded_or_confirmed_even_by
 
 
 def test_handles_are_local_to_one_extraction():
-    rows = [{"id": i, "content": f"c{i}", "category": "fact", "created_at": datetime.now(timezone.utc)}
+    rows = [{"id": i, "content": f"c{i}", "category": "fact", "created_at": datetime.now(UTC)}
             for i in range(35)]
     shown = handles(rows)
     assert list(shown) == [f"m{i}" for i in range(1, 31)] and shown["m1"]["id"] == 0

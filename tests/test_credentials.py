@@ -16,9 +16,14 @@ from pydantic import SecretStr
 
 from eros import providers
 from eros.config import Settings
+from eros.credentials import (
+    ConfigurationError,
+    app_database_login,
+    complete_app_secret,
+    database_dsn,
+    with_provider_keys,
+)
 from eros.providers.llm import ChatClient
-from eros.credentials import (ConfigurationError, app_database_login, complete_app_secret, database_dsn,
-                          with_provider_keys)
 
 RDS_SECRET = {"engine": "postgres", "host": "eros.cluster-abc.us-east-1.rds.amazonaws.com", "port": 5432,
               "username": "eros_app", "password": "s3cr3t!", "dbname": "eros", "dbClusterIdentifier": "eros"}
@@ -353,7 +358,7 @@ class TlsPostgresStandIn:
         from cryptography.hazmat.primitives.asymmetric import ec
         from cryptography.x509.oid import NameOID
 
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
 
         def cert(subject, key, issuer, issuer_key, *, ca):
             builder = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))

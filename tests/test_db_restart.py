@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -139,13 +139,13 @@ def test_postgres_restarted_mid_traffic_clean_503_then_recovery_nothing_acknowle
 
         during = [a for c in clients for a in c.answers if a[0] >= down]
         assert during, "no request was sent during the outage"
-        for started, took, status, body in [a for c in clients for a in c.answers]:
+        for _started, took, status, body in [a for c in clients for a in c.answers]:
             assert status in (200, 503), (status, body)
             assert took < SLOW, f"a request took {took:.1f}s"
             if status == 503:
                 assert body["code"] == "database_unavailable" and body["retryable"] is True, body
                 assert body["message"], body
-        for started, took, status, body in during:
+        for _started, _took, status, body in during:
             assert status == 503, (status, body)
         assert all(a[2] == 200 for c in clients for a in c.answers if a[0] + a[1] < stopping)
 
@@ -191,7 +191,7 @@ def test_an_extraction_whose_database_stops_fails_unstamped_and_the_next_sweep_e
     env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="key", EMBED_BASE_URL=fake_voyage.url, VOYAGE_API_KEY="key",
         PROVIDER_MAX_RETRIES=0, DREAMING_IDLE_SECS=60, DREAMING_CLAIM_STALE_SECS=60, DREAMING_MAX_ATTEMPTS=5,
         DEEP_PASS_TICK_CAP=0)
-    now = [datetime.now(timezone.utc) + timedelta(hours=1)]  # the session below is idle
+    now = [datetime.now(UTC) + timedelta(hours=1)]  # the session below is idle
     monkeypatch.setattr(dreaming, "utcnow", lambda: now[0])
 
     with own_pg.connect() as conn:

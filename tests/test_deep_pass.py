@@ -17,32 +17,24 @@ from __future__ import annotations
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta, timezone
-from pathlib import Path
+from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 import pytest
+from fakes import Status
+from helpers import EVENTS, emitted_metrics, extract, tick, utcnow
+from moto_lambda import FUNCTION
 from pgvector import Vector
 from pydantic import ValidationError
 
 from eros import deep_pass, dreaming
 from eros.config import settings
-from eros.local import InProcessInvoker, LambdaContext, load_function, sweep_locally
+from eros.local import InProcessInvoker, sweep_locally
 from eros.providers.offline import hash_embed
 from eros.store import consolidation
 from eros.store import deep_pass as store
-from fakes import Status
-from test_sweeper_fanout import FUNCTION, Invocations, aws, emitted_metrics, sweeper, tick  # noqa: F401
-
-UTC = timezone.utc
-EVENTS = Path(__file__).resolve().parents[1] / "events"
-
 
 # --- helpers ------------------------------------------------------------------------------------------
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
 
 def memory(db, user: str, content: str, *, days_ago: float = 0, category: str = "fact", importance: float = 0.5,
            mentions: int = 1, layer_instance=None) -> UUID:
@@ -99,10 +91,6 @@ def active(db, user: str) -> list[dict]:
 def state(db, user: str) -> dict:
     return db.execute("SELECT *, (consolidated_at IS NULL OR consolidated_at < changed_at) AS is_due"
                       " FROM engine.user_consolidation WHERE user_id = %s", (user,)).fetchone()
-
-
-def extract(payload: dict) -> dict:
-    return load_function("extract").lambda_handler(dict(payload), LambdaContext("extract", timeout_secs=120))
 
 
 def handle_of(request: dict, content: str) -> list[str]:
@@ -655,9 +643,9 @@ def test_offline_planner_merges_repeats_and_lets_the_newest_slot_value_win():
 
 def test_template_parameters_are_the_codes_defaults():
     import yaml
+    from test_template import CfnLoader
 
     from eros.config import Settings
-    from test_template import CfnLoader
 
     template = yaml.load((EVENTS.parent / "template.yaml").read_text(), Loader=CfnLoader)
     params, defaults = template["Parameters"], Settings()

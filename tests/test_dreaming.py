@@ -4,18 +4,17 @@ provider outages, the attempts cap), resumed sessions, windowing, and the forgiv
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
-
 from apiclient import Api
-from fakes import Delay, Reply, Status
+from fakes import Delay, Status
+from helpers import go_idle
 
 from eros import dreaming
 from eros.config import settings
 from eros.extraction import Unparsable, normalise_category, parse_candidates, windows
 from eros.local import sweep_locally
-
 
 EXTRACTED = json.dumps({"memories": [
     {"content": "Lives in Shanghai", "category": "fact", "importance": 0.6},
@@ -33,18 +32,11 @@ def chat_requests(fake) -> list[dict]:
 
 
 @pytest.fixture
-def online(db, env, fake_llm, fake_voyage):
+def online(providers, env):
     """Real HTTP providers (the fakes), extraction answers EXTRACTED unless a test says otherwise."""
-    answer_extraction_with(fake_llm, EXTRACTED)
-    env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="test-key", EMBED_BASE_URL=fake_voyage.url,
-        VOYAGE_API_KEY="test-key", DREAMING_IDLE_SECS=1800, PROVIDER_MAX_RETRIES=0)
-    return fake_llm, fake_voyage
-
-
-def go_idle(db, seconds: int = 3600) -> None:
-    """Pretend the last activity was long ago (instead of sleeping for DREAMING_IDLE_SECS)."""
-    db.execute("UPDATE engine.chat_sessions SET last_active_at = last_active_at - make_interval(secs => %s)",
-               (seconds,))
+    answer_extraction_with(providers[0], EXTRACTED)
+    env(DREAMING_IDLE_SECS=1800)
+    return providers
 
 
 def sweep_now() -> dict:
@@ -179,7 +171,7 @@ def _claimed_session(api, db):
     go_idle(db)
     from eros.store import dreaming as store
 
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     [row] = store.claim(now, now - timedelta(seconds=600), 10)
     return sid, dreaming.extract_payload(row)
 
@@ -240,7 +232,7 @@ def test_the_sessions_own_failures_are_counted_and_capped_the_worlds_are_not(onl
     sid = api.session()
     api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "I have a sister in Berlin"})
     go_idle(db)
-    clock = datetime.now(timezone.utc)
+    clock = datetime.now(UTC)
     for failure, attempts, retries in ((Status(400), 1, 0), (Status(500), 1, 1), (Status(500), 1, 2)):
         fake_llm.push(failure)
         sent = []
@@ -385,7 +377,7 @@ def test_an_application_clock_ahead_of_the_database_does_not_reclaim_fresh_claim
     api = Api()
     for _ in range(3):
         api.call("POST", f"/v1/sessions/{api.session()}/turns", {"content": "hello"})
-    ahead = lambda: datetime.now(timezone.utc) + timedelta(hours=2)  # noqa: E731 (skewed app clock)
+    ahead = lambda: datetime.now(UTC) + timedelta(hours=2)  # noqa: E731 (skewed app clock)
     invoked = []
     first = dreaming.sweep(settings(), invoked.append, now=ahead)
     assert first.claimed == 3 and first.batches == 1

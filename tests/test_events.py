@@ -6,22 +6,13 @@ import json
 import threading
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from pathlib import Path
 
 import pytest
+from helpers import EVENTS, event, invoke
 
-from eros.local import LambdaContext, load_function
+from eros.local import load_function
 
-EVENTS = Path(__file__).resolve().parents[1] / "events"
 FUNCTION_OF = {"chat": "chat", "sweeper": "sweeper", "extract": "extract", "migrate": "migrate"}
-
-
-def event(name: str) -> dict:
-    return json.loads((EVENTS / name).read_text())
-
-
-def invoke(function: str, payload: dict) -> dict:
-    return load_function(function).lambda_handler(payload, LambdaContext(function, timeout_secs=60))
 
 
 def test_every_event_file_is_covered_here():

@@ -23,20 +23,21 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from fakes import FakeOpenRouter
+from helpers import extract
 
 from eros import dreaming, health
 from eros.config import settings
 from eros.local import LambdaContext, load_function
-from fakes import FakeOpenRouter
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
-UTC = timezone.utc
+UTC = UTC
 TICK = timedelta(seconds=300)
 ANSWER = json.dumps({"memories": [
     {"content": "Is under heavy work pressure", "category": "emotion", "importance": 0.8},
@@ -105,10 +106,6 @@ def sessions(db, n: int, user: str = "alice") -> list:
                            " VALUES (%s, %s, %s, %s)", (sid, role, content, f"t{i}"))
         ids.append(sid)
     return ids
-
-
-def extract(payload: dict) -> dict:
-    return load_function("extract").lambda_handler(dict(payload), LambdaContext("extract", timeout_secs=120))
 
 
 def tick(clock: Clock, run=True) -> tuple[dreaming.SweepResult, list[dict]]:

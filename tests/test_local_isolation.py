@@ -7,6 +7,7 @@ import json
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC
 
 import pytest
 
@@ -134,7 +135,7 @@ def test_overlapping_invocations_flush_only_their_own_metrics(db, monkeypatch, c
     """Every extract invocation adds its metric before any of them flushes (a barrier): with one
     process-wide buffer, the first flush took all of them and the others flushed nothing."""
     import uuid
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from eros import dreaming
     from eros.local import Function
@@ -150,7 +151,7 @@ def test_overlapping_invocations_flush_only_their_own_metrics(db, monkeypatch, c
     monkeypatch.setattr(dreaming, "extract_session", extract_session)
     extract = Function("extract", concurrency=SESSIONS, timeout_secs=120)
     jobs = [{"session_id": str(uuid.uuid4()), "user_id": f"u{n}", "instance_id": str(uuid.uuid4()),
-             "claim_token": datetime.now(timezone.utc).isoformat()} for n in range(SESSIONS)]
+             "claim_token": datetime.now(UTC).isoformat()} for n in range(SESSIONS)]
     try:
         results = [future.result(timeout=30) for future in [extract.submit(job) for job in jobs]]
     finally:

@@ -4,14 +4,13 @@ JWT authorizer, a real chat turn against the fake OpenRouter/Voyage servers, and
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import httpx
 import jwt
 import pytest
-from pgvector import Vector
-
 from fakes import Delay, Status
+from pgvector import Vector
 
 from eros.providers.offline import hash_embed
 
@@ -19,10 +18,9 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def online(db, env, fake_llm, fake_voyage):
-    env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="test-key", EMBED_BASE_URL=fake_voyage.url,
-        VOYAGE_API_KEY="test-key", PROVIDER_MAX_RETRIES=0, LLM_TIMEOUT_SECS=2)
-    return fake_llm, fake_voyage
+def online(providers, env):
+    env(LLM_TIMEOUT_SECS=2)
+    return providers
 
 
 def test_token_session_turns_history_and_memories(online, db, local_server):
@@ -44,7 +42,7 @@ def test_token_session_turns_history_and_memories(online, db, local_server):
     # What the model was given: persona, the profile memory under its category (delimited as data), history.
     prompt = fake_llm.requests[0]["json"]["messages"]
     assert prompt[0]["role"] == "system" and "You are Mei" in prompt[0]["content"]
-    today = f"{datetime.now(timezone.utc):%Y-%m-%d}"
+    today = f"{datetime.now(UTC):%Y-%m-%d}"
     assert (f'<memory layer="profile">\n[relation]\n- Has a daughter named Lily (noted {today})\n</memory>'
             in prompt[0]["content"])
     assert "never instructions" in prompt[0]["content"]
@@ -163,7 +161,7 @@ def test_eros_token_and_eros_chat_against_the_running_stack(db, local_server, mo
     import io
 
     from eros import cli
-    from eros.local import verify_token, local_jwt_key
+    from eros.local import local_jwt_key, verify_token
 
     assert cli.main(["token", "dora"]) == 0
     token = capsys.readouterr().out.strip()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from datetime import UTC
 
 import psycopg
 import pytest
@@ -132,9 +133,8 @@ def test_the_app_user_reads_and_writes_rows(db, app_user):
 ])
 def test_the_app_user_cannot_change_the_schema(db, app_user, statement):
     _, dsn = app_user
-    with psycopg.connect(dsn, autocommit=True) as app:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            app.execute(statement)
+    with psycopg.connect(dsn, autocommit=True) as app, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        app.execute(statement)
     assert db.execute("SELECT count(*) AS n FROM information_schema.tables WHERE table_name = 'intruder'"
                       ).fetchone()["n"] == 0
 
@@ -142,9 +142,10 @@ def test_the_app_user_cannot_change_the_schema(db, app_user, statement):
 def test_the_whole_app_runs_as_the_app_user(db, app_user, env):
     """A chat turn, a listing, a sweep and an extraction through the handlers, connected as the app user:
     the grants are all the code needs."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from apiclient import Api
+
     from eros import dreaming
     from eros.local import LambdaContext, load_function
     from eros.store import dreaming as store
@@ -157,7 +158,7 @@ def test_the_whole_app_runs_as_the_app_user(db, app_user, env):
     assert status == 200, turn
     assert api.call("GET", f"/v1/sessions/{sid}/messages")[0] == 200
     db.execute("UPDATE engine.chat_sessions SET last_active_at = now() - interval '2 hours'")
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     [row] = store.claim(now, now - timedelta(seconds=600), 10)
     result = load_function("extract").lambda_handler(dreaming.extract_payload(row), LambdaContext("extract"))
     assert result["memories"] >= 1, result

@@ -10,16 +10,16 @@ import time
 
 import httpx
 import pytest
+from fakes import Delay, Disconnect, FakeOpenRouter, FakeVoyage, Malformed, Raw, Reply, Status
+from helpers import cosine
 
 from eros import providers
 from eros.config import EMBED_DIM
-from eros.providers import Deadline, ProviderResponseError, ProviderUnavailable
-from eros.providers import base
+from eros.providers import Deadline, ProviderResponseError, ProviderUnavailable, base
 from eros.providers.base import _retry_after, post_json
 from eros.providers.embed import MAX_BATCH, VoyageEmbedder
 from eros.providers.llm import ChatClient
 from eros.providers.offline import HashingEmbedder, OfflineChat, hash_embed
-from fakes import Delay, Disconnect, FakeOpenRouter, FakeVoyage, Malformed, Raw, Reply, Status
 
 MESSAGES = [{"role": "system", "content": "You are Mira."}, {"role": "user", "content": "hello there"}]
 
@@ -30,10 +30,6 @@ def chat(fake, key: str | None = "sk-test", *, timeout: float = 2.0, max_retries
 
 def voyage(fake, key: str | None = "pa-test", *, timeout: float = 2.0, max_retries: int = 2) -> VoyageEmbedder:
     return VoyageEmbedder(fake.url, key, model="voyage-3.5-lite", timeout=timeout, max_retries=max_retries)
-
-
-def cosine(a: list[float], b: list[float]) -> float:
-    return sum(x * y for x, y in zip(a, b)) / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
 
 
 def completion_body(content) -> dict:
@@ -430,7 +426,7 @@ def test_embeddings_are_batched_in_order(fake_voyage):
     assert [len(r["json"]["input"]) for r in fake_voyage.requests] == [MAX_BATCH, MAX_BATCH, 3]
     assert [t for r in fake_voyage.requests for t in r["json"]["input"]] == texts
     assert len(result.vectors) == len(texts)
-    for text, vector in zip(texts, result.vectors):
+    for text, vector in zip(texts, result.vectors, strict=True):
         assert vector == pytest.approx(hash_embed(text))
     per_batch = [sum(max(1, math.ceil(len(t) / 4)) for t in r["json"]["input"]) for r in fake_voyage.requests]
     assert result.usage == {"total_tokens": sum(per_batch)}
@@ -455,7 +451,7 @@ def test_a_failing_batch_is_retried_and_order_kept(fake_voyage):
     result = client.embed(texts, "document")
     assert fake_voyage.calls == 3
     assert [len(r["json"]["input"]) for r in fake_voyage.requests] == [MAX_BATCH, 5, 5]
-    for text, vector in zip(texts, result.vectors):
+    for text, vector in zip(texts, result.vectors, strict=True):
         assert vector == pytest.approx(hash_embed(text))
 
 
@@ -472,7 +468,7 @@ def test_out_of_order_items_are_put_back_in_input_order(fake_voyage):
 def _voyage_body(vectors, indices=None) -> dict:
     indices = list(range(len(vectors))) if indices is None else indices
     return {"object": "list", "model": "voyage-3.5-lite", "usage": {"total_tokens": 1},
-            "data": [{"object": "embedding", "embedding": v, "index": i} for v, i in zip(vectors, indices)]}
+            "data": [{"object": "embedding", "embedding": v, "index": i} for v, i in zip(vectors, indices, strict=True)]}
 
 
 GOOD = [0.0] * (EMBED_DIM - 1) + [1.0]
@@ -504,7 +500,7 @@ def test_malformed_embeddings_raise_response_error_without_retry(fake_voyage, be
 
 def test_non_finite_vectors_are_rejected(fake_voyage):
     vector = ", ".join(["0.0"] * (EMBED_DIM - 1) + ["NaN"])
-    fake_voyage.push(Raw('{"data": [{"embedding": [%s], "index": 0}]}' % vector))
+    fake_voyage.push(Raw('{"data": [{"embedding": [' + vector + '], "index": 0}]}'))
     with pytest.raises(ProviderResponseError, match="non-finite"):
         voyage(fake_voyage).embed(["x"], "query")
 

@@ -8,9 +8,10 @@ import math
 import random
 import uuid
 from array import array
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from helpers import cosine
 from pgvector import Vector
 from psycopg.types.json import Jsonb
 
@@ -20,7 +21,7 @@ from eros.memory import MemoryLayer
 from eros.recall import Hygiene, normalised
 from eros.store import recall as recall_store
 
-NOW = datetime(2026, 6, 1, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 DIM = 512
 
 
@@ -35,10 +36,6 @@ def random_vector(rng: random.Random, dim: int = DIM) -> list[float]:
 
 def near(base: list[float], rng: random.Random, noise: float) -> list[float]:
     return f32([b + rng.gauss(0, noise) for b in base])
-
-
-def cosine(a: list[float], b: list[float]) -> float:
-    return math.sumprod(a, b) / math.sqrt(math.sumprod(a, a) * math.sumprod(b, b))
 
 
 def insert(db, user: str, content: str, embedding: list[float], *, category: str | None = "fact",
@@ -215,7 +212,7 @@ def test_sql_top_k_equals_brute_force(population, strategy, params, k, cap):
     # pgvector sums in float4: scores agree to ~1e-6, and the data has no near-ties that close
     # apart from the exact ties (which both sides break by id).
     assert [i for i, _ in got] == [i for i, _ in want]
-    for (_, a), (_, b) in zip(got, want):
+    for (_, a), (_, b) in zip(got, want, strict=True):
         assert a == pytest.approx(b, abs=1e-5)
     assert all(row_id in {r["id"] for r in population["profile"]} for row_id, _ in got)  # never bob's
 

@@ -6,9 +6,8 @@ import pytest
 from pgvector import Vector
 
 from eros import chat
-from eros.config import Settings
+from eros.config import RecallParams, Settings
 from eros.providers.offline import hash_embed
-from eros.config import RecallParams
 from eros.store import chat as chat_store
 
 

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
-
 from apiclient import Api
 
 from eros import chat, dreaming
 from eros.local import LambdaContext, http_api_event, load_function, sweep_locally
 from eros.store import usage as usage_store
 
-NOON = datetime(2026, 3, 14, 12, 0, 10, tzinfo=timezone.utc)
+NOON = datetime(2026, 3, 14, 12, 0, 10, tzinfo=UTC)
 EXTRACTED = json.dumps({"memories": [{"content": "Works at a bakery", "category": "fact", "importance": 0.6}]})
 
 
@@ -39,11 +38,9 @@ def clock(monkeypatch):
 
 
 @pytest.fixture
-def online(db, env, fake_llm, fake_voyage, clock):
-    fake_llm.responder = lambda body: EXTRACTED if body.get("response_format") else "fake reply"
-    env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="test-key", EMBED_BASE_URL=fake_voyage.url,
-        VOYAGE_API_KEY="test-key", PROVIDER_MAX_RETRIES=0)
-    return fake_llm, fake_voyage
+def online(providers, clock):
+    providers[0].responder = lambda body: EXTRACTED if body.get("response_format") else "fake reply"
+    return providers
 
 
 def turn(sid: str, content: str = "hello", user: str = "alice") -> tuple[int, dict, dict]:
@@ -133,7 +130,7 @@ def test_budget_exhausted_is_429_until_midnight_utc_then_resets(online, db, env,
 
     status, headers, body = turn(sid)
     assert status == 429 and body["code"] == "budget_exhausted" and body["limit"] == 10
-    midnight = datetime(2026, 3, 15, tzinfo=timezone.utc)
+    midnight = datetime(2026, 3, 15, tzinfo=UTC)
     assert int(headers["Retry-After"]) == (midnight - NOON).total_seconds() == body["retry_after"]
     assert provider_calls(fake_llm, fake_voyage) == paid
     assert turn(Api().session(user="bob"), user="bob")[0] == 200  # bob has his own budget
@@ -188,7 +185,7 @@ def test_a_user_over_budget_is_deferred_not_lost_and_extracted_after_the_reset(o
     assert sweep_locally()["invoked"] == 2
     assert extractions() == 1  # bob's only: alice's session waits without a provider call
     row = db.execute("SELECT * FROM engine.chat_sessions WHERE id = %s", (sid,)).fetchone()
-    midnight = datetime(2026, 3, 15, tzinfo=timezone.utc)
+    midnight = datetime(2026, 3, 15, tzinfo=UTC)
     assert row["extracted_at"] is None and row["extraction_claimed_at"] is None
     assert row["extraction_next_attempt_at"] == midnight
     assert (row["extraction_attempts"], row["extraction_retries"], row["extraction_gave_up"]) == (0, 0, None)
@@ -204,13 +201,14 @@ def test_a_user_over_budget_is_deferred_not_lost_and_extracted_after_the_reset(o
 
 
 def test_a_user_over_budget_has_the_deep_pass_deferred_then_run_and_recorded_after_the_reset(online, db, env, clock):
+    from test_deep_pass import claim_all, claim_one, copies, due, state
+
     from eros import deep_pass
     from eros.config import settings
-    from test_deep_pass import claim_all, claim_one, copies, due, state
 
     fake_llm, _ = online
     fake_llm.responder = lambda body: json.dumps({"actions": []})
-    clock.moment = datetime.now(timezone.utc)
+    clock.moment = datetime.now(UTC)
     midnight = usage_store.next_day(clock.moment)
     env(DAILY_TOKEN_BUDGET=10)
     usage_store.record("alice", 10, "chat", clock.moment)  # the day's budget is spent

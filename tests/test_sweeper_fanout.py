@@ -4,30 +4,21 @@ in many batches within one tick, and the per-tick cap and time budget. Also the 
 ``events/`` for the sweeper and extract functions, run through their handlers.
 
 moto runs Lambda without Docker (``use_docker: False``): its simple backend accepts an invocation and
-echoes the payload it received. What the sweeper sent and what moto received are recorded with
-botocore event hooks on the boto3 session the handler's client comes from.
+echoes the payload it received. The ``sweeper`` and ``aws`` fixtures (tests/moto_lambda.py) record what the
+sweeper sent and what moto received.
 """
 
 from __future__ import annotations
 
-import io
 import json
-import zipfile
-from datetime import datetime, timedelta, timezone
-from pathlib import Path
+from datetime import datetime, timedelta
 
-import boto3
+import helpers
 import pytest
-from botocore.exceptions import ClientError
-from botocore.response import StreamingBody
+from helpers import emitted_metrics, event, extract, instance, tick
 from moto import mock_aws
+from moto_lambda import FUNCTION
 
-from eros.local import LambdaContext, load_function
-from eros.observability import metrics
-
-ROOT = Path(__file__).resolve().parents[1]
-FUNCTION = "eros-extract"
-UTC = timezone.utc
 PAYLOAD_KEYS = {"session_id", "user_id", "claim_token"}
 SAMPLE_INSTANCE = "0b9e8d7c-6a5f-4e3d-9c2b-1a0f9e8d7c6b"  # the persona instance of the sample event's session
 NO_USERS = {"users_claimed": 0, "deep_pass_invoked": 0, "deep_pass_invoke_failures": 0}  # no deep pass due
@@ -37,18 +28,10 @@ NO_USER_METRICS = {"UsersClaimed": 0, "DeepPassInvoked": 0, "DeepPassInvokeFailu
 
 # --- helpers ------------------------------------------------------------------------------------
 
-def event(name: str) -> dict:
-    path = ROOT / "events" / name
-    assert path.exists(), f"events/{name} is missing"
-    return json.loads(path.read_text())
-
-
-def instance(db, user: str, persona: str = "luna"):
-    return db.execute(
-        "INSERT INTO engine.persona_instances (user_id, persona_id) VALUES (%s, %s)"
-        " ON CONFLICT (user_id, persona_id) DO UPDATE SET user_id = EXCLUDED.user_id RETURNING id",
-        (user, persona),
-    ).fetchone()["id"]
+def outcome(claimed: int, invoked: int, failures: int, batches: int, stopped_by: str) -> dict:
+    """A tick's result when no user is due a deep pass."""
+    return {"claimed": claimed, "invoked": invoked, "invoke_failures": failures, "batches": batches,
+            "stopped_by": stopped_by} | NO_USERS
 
 
 def idle_sessions(db, n: int, *, user: str = "alice", idle_for: timedelta = timedelta(hours=2)) -> list:
@@ -77,107 +60,15 @@ def claims(db) -> dict:
     return {r["id"]: (r["claimed"], r["attempts"]) for r in rows}
 
 
-def tick(timeout_secs: float = 240, *, budget: bool = False) -> dict:
-    """One scheduled sweep: the sample EventBridge Scheduler event through the sweeper's handler (the
-    tick's budget, in-flight count and provider blocks left out unless ``budget``)."""
-    result = load_function("sweeper").lambda_handler(event("sweeper_schedule.json"),
-                                                    LambdaContext("sweeper", timeout_secs=timeout_secs))
-    if not budget:
-        for key in ("budget", "in_flight", "blocked"):
-            result.pop(key)
-    return result
-
-
-def extract(payload: dict) -> dict:
-    return load_function("extract").lambda_handler(payload, LambdaContext("extract", timeout_secs=120))
-
-
-def emitted_metrics(text: str) -> dict:
-    """The CloudWatch EMF blobs Powertools printed: metric name -> value, summed over blobs."""
-    found: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith("{") or '"_aws"' not in line:
-            continue
-        blob = json.loads(line)
-        for directive in blob["_aws"]["CloudWatchMetrics"]:
-            for metric in directive["Metrics"]:
-                value = blob[metric["Name"]]
-                found[metric["Name"]] = found.get(metric["Name"], 0) + (sum(value) if isinstance(value, list)
-                                                                         else value)
-    return found
-
-
 ANSWER = json.dumps({"memories": [
     {"content": "Is under heavy work pressure; the boss is the source", "category": "emotion", "importance": 0.8},
     {"content": "Has a cat named Miso", "category": "relation", "importance": 0.5}]})
 
 
-class Invocations:
-    """Records every lambda:Invoke the process makes (botocore hooks on the default boto3 session):
-    what was sent and what moto's Lambda received (its simple backend echoes the payload)."""
-
-    def __init__(self, session: boto3.session.Session):
-        self.calls: list[dict] = []
-        self.fail = None  # predicate(payload) -> True: raise a throttling error instead of invoking
-        session.events.register("before-call.lambda.Invoke", self._before)
-        session.events.register("after-call.lambda.Invoke", self._after)
-
-    def _before(self, params, **_):
-        payload = json.loads(params["body"])
-        if self.fail is not None and self.fail(payload):
-            raise ClientError({"Error": {"Code": "TooManyRequestsException", "Message": "Rate exceeded"}},
-                              "Invoke")
-        self.calls.append({"function": params["url_path"].split("/")[-2],
-                           "type": params["headers"].get("X-Amz-Invocation-Type"), "sent": payload})
-
-    def _after(self, http_response, parsed, **_):
-        echoed = parsed["Payload"].read()
-        parsed["Payload"] = StreamingBody(io.BytesIO(echoed), len(echoed))  # leave it readable
-        self.calls[-1].update(status=http_response.status_code, received=json.loads(echoed))
-
-    @property
-    def received(self) -> list[dict]:
-        return [c["received"] for c in self.calls]
-
-
 @pytest.fixture
-def sweeper(db, env, monkeypatch):
-    """A fresh sweeper container (no cached Lambda client) and a clean metrics buffer."""
-    module = load_function("sweeper")
-    module.invoker.cache_clear()
-    metrics.clear_metrics()
-    # An extract concurrency far above what these tests claim, so only the tick cap and batches bound them
-    # (test_a_tick_claims_no_more_than_the_extract_function_can_start_before_claims_go_stale is about it).
-    env(EXTRACT_FUNCTION_NAME=FUNCTION, DREAMING_BATCH_SIZE=200, DREAMING_TICK_CAP=5000,
-        DREAMING_EXTRACT_CONCURRENCY=1000)
-    yield module
-    metrics.clear_metrics()
-
-
-@pytest.fixture
-def aws(sweeper):
-    """moto's Lambda without Docker, with a real extract function (zip, IAM role) to invoke."""
-    with mock_aws(config={"lambda": {"use_docker": False}}):
-        role = boto3.client("iam").create_role(
-            RoleName="eros-extract-role", AssumeRolePolicyDocument=json.dumps({
-                "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
-                                                        "Principal": {"Service": "lambda.amazonaws.com"}}]}),
-        )["Role"]["Arn"]
-        code = io.BytesIO()
-        with zipfile.ZipFile(code, "w") as archive:
-            archive.writestr("app.py", "def lambda_handler(event, context):\n    return {'ok': True}\n")
-        boto3.client("lambda").create_function(FunctionName=FUNCTION, Runtime="python3.12", Role=role,
-                                               Handler="app.lambda_handler", Code={"ZipFile": code.getvalue()})
-        boto3.setup_default_session()  # the session the handler's boto3.client("lambda") comes from
-        yield Invocations(boto3.DEFAULT_SESSION)
-
-
-@pytest.fixture
-def providers(env, fake_llm, fake_voyage):
-    env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="x", EMBED_BASE_URL=fake_voyage.url, VOYAGE_API_KEY="x",
-        PROVIDER_MAX_RETRIES=0)
-    fake_llm.responder = lambda request: ANSWER
-    return fake_llm, fake_voyage
+def providers(providers):
+    providers[0].responder = lambda request: ANSWER
+    return providers
 
 
 # --- fan-out --------------------------------------------------------------------------------------
@@ -192,7 +83,7 @@ def test_scheduled_tick_invokes_extract_once_per_claimed_session_and_extract_acc
     capsys.readouterr()
 
     result = tick()
-    assert result == {"claimed": 5, "invoked": 5, "invoke_failures": 0, "batches": 1, "stopped_by": "drained"} | NO_USERS
+    assert result == outcome(5, 5, 0, 1, "drained")
     assert emitted_metrics(capsys.readouterr().out) == {"SessionsClaimed": 5, "ExtractInvoked": 5,
                                                         "ExtractInvokeFailures": 0} | NO_USER_METRICS
 
@@ -295,11 +186,11 @@ def test_one_tick_drains_a_backlog_many_batches_long(aws, env, db, capsys):
 def test_tick_cap_stops_the_sweep_and_the_next_tick_continues_oldest_first(aws, env, db):
     env(DREAMING_BATCH_SIZE=100, DREAMING_TICK_CAP=250)
     sessions = idle_sessions(db, 600)
-    assert tick() == {"claimed": 250, "invoked": 250, "invoke_failures": 0, "batches": 3, "stopped_by": "tick cap"} | NO_USERS
+    assert tick() == outcome(250, 250, 0, 3, "tick cap")
     assert {p["session_id"] for p in aws.received} == {str(s) for s in sessions[:250]}  # the longest idle first
     assert tick()["claimed"] == 250
     assert {p["session_id"] for p in aws.received[250:]} == {str(s) for s in sessions[250:500]}
-    assert tick() == {"claimed": 100, "invoked": 100, "invoke_failures": 0, "batches": 1, "stopped_by": "drained"} | NO_USERS
+    assert tick() == outcome(100, 100, 0, 1, "drained")
 
 
 def test_a_tick_claims_no_more_than_the_extract_function_can_start_before_claims_go_stale(aws, env, db):
@@ -325,7 +216,7 @@ def test_time_budget_stops_the_sweep_between_batches(aws, env, db):
     import time as _time
 
     env(DREAMING_BATCH_SIZE=5)
-    sessions = idle_sessions(db, 100)
+    idle_sessions(db, 100)
 
     def slow(payload):  # a slow Lambda API: 0.1 s an invoke, 0.5 s a batch
         _time.sleep(0.1)
@@ -374,7 +265,7 @@ def test_extract_session_event_is_not_claimed_until_its_session_holds_that_claim
 def test_sweeper_schedule_event_runs_a_sweep_through_the_handler(aws, db):
     sample = event("sweeper_schedule.json")
     assert sample["detail-type"] == "Scheduled Event"
-    assert tick() == {"claimed": 0, "invoked": 0, "invoke_failures": 0, "batches": 0, "stopped_by": "drained"} | NO_USERS
+    assert tick() == outcome(0, 0, 0, 0, "drained")
     [sid] = idle_sessions(db, 1)
     assert tick()["invoked"] == 1
     assert [p["session_id"] for p in aws.received] == [str(sid)]
@@ -382,11 +273,11 @@ def test_sweeper_schedule_event_runs_a_sweep_through_the_handler(aws, db):
 
 def test_the_templates_dreaming_failure_policy_is_the_codes():
     import yaml
-
-    from eros.config import Settings
     from test_template import CfnLoader
 
-    template = yaml.load((ROOT / "template.yaml").read_text(), Loader=CfnLoader)
+    from eros.config import Settings
+
+    template = yaml.load((helpers.ROOT / "template.yaml").read_text(), Loader=CfnLoader)
     params, defaults = template["Parameters"], Settings()
     assert params["DreamingRetryWindowSecs"]["Default"] == defaults.dreaming_retry_window_secs
     assert params["DreamingMaxAttempts"]["Default"] == defaults.dreaming_max_attempts

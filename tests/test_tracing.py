@@ -5,13 +5,13 @@ and searched for the message, the reply and the memories. The annotations (ids, 
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import aws_xray_sdk
 import pytest
+from apiclient import Api
 from aws_xray_sdk.core import xray_recorder
 
-from apiclient import Api
 from eros import dreaming, tracing
 from eros.local import LambdaContext, load_function
 from eros.observability import tracer
@@ -112,7 +112,7 @@ def test_an_extraction_leaves_no_content_in_traces(db, xray):
     sid = api.session()
     assert api.call("POST", f"/v1/sessions/{sid}/turns", {"content": SECRET})[0] == 200
     db.execute("UPDATE engine.chat_sessions SET last_active_at = now() - interval '2 hours'")
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     [row] = store.claim(now, now - timedelta(seconds=600), 10)
     result = load_function("extract").lambda_handler(dreaming.extract_payload(row), LambdaContext("extract"))
     assert result["memories"] >= 1
@@ -142,10 +142,9 @@ def test_a_failing_handler_records_the_error_type_not_its_message(db, xray):
 
 def test_exception_messages_of_any_subsegment_are_dropped_before_they_leave(xray):
     """A patched client's subsegment (a database cursor, an HTTP call) records the exceptions that cross it."""
-    with pytest.raises(RuntimeError):
-        with xray_recorder.in_subsegment("## cursor"):
-            with xray_recorder.in_subsegment("## nested"):
-                raise RuntimeError(f'duplicate key value\nDETAIL:  Key (content)=({SECRET}) already exists.')
+    with pytest.raises(RuntimeError), xray_recorder.in_subsegment("## cursor"):
+        with xray_recorder.in_subsegment("## nested"):
+            raise RuntimeError(f'duplicate key value\nDETAIL:  Key (content)=({SECRET}) already exists.')
     sent = xray()
 
     assert_no_content(sent, SECRET)

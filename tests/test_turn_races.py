@@ -23,7 +23,6 @@ import warnings
 from collections import Counter
 
 import pytest
-
 from apiclient import Api
 from fakes import FakeOpenRouter, Status
 
@@ -71,7 +70,7 @@ class Containers:
     def send_at_once(self, session: str, bodies: list[dict]) -> list[tuple[int, dict]]:
         """Send every body at once, one per container; the answers in the order of the bodies."""
         assert len(bodies) == len(self.pipes)
-        for pipe, body in zip(self.pipes, bodies):
+        for pipe, body in zip(self.pipes, bodies, strict=True):
             pipe.send((f"/v1/sessions/{session}/turns", body))
         results = []
         for pipe in self.pipes:
@@ -133,7 +132,7 @@ def check_round(db, session: str, turn_id: str, bodies: list[dict], results: lis
     turn = stored_turn(db, session, turn_id)
     assert turn["user"]["content"] == won and turn["assistant"]["content"] == "reply to: " + won
     answers = set()
-    for body, (status, answer) in zip(bodies, results):
+    for body, (status, answer) in zip(bodies, results, strict=True):
         if body["content"] == won:
             assert status == 200, answer
             assert answer["reply"] == "reply to: " + won
