@@ -24,12 +24,12 @@ run: venv
 	$(VENV)/bin/eros serve
 
 test: venv
+	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest -q -n 2
 	$(MAKE) --no-print-directory sam-check
 
 # The linter (pyflakes, pycodestyle, bugbear, complexity <= 10, import order) and the type checker over the
-# package, the functions, the tests and the benches; configuration in pyproject.toml. The package, the
-# functions and bench/ pass; tests/ does not yet, so `make test` does not run it yet (issue 9, item 4).
+# package, the functions, the tests and the benches; configuration in pyproject.toml. Part of `make test`.
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ _PG_DIR = Path(tempfile.mkdtemp(prefix="eros-test-pg-"))
 
 
 @pytest.fixture(scope="session")
-def database_url() -> str:
+def database_url() -> Iterator[str]:
     import pgserver
 
     from eros.migrate import migrate

@@ -101,6 +101,7 @@ class _Handler(BaseHTTPRequestHandler):
     # ACK of the headers, ~40 ms a response on loopback. Real providers answer without that stall.
     disable_nagle_algorithm = True
     server_version = "FakeProvider/1.0"
+    server: _Server
 
     def setup(self) -> None:
         super().setup()
@@ -249,6 +250,7 @@ class FakeServer:
             self._requests.append(record)
 
     def _serve(self, handler: BaseHTTPRequestHandler) -> None:
+        """Record the request, then act out the next pushed behaviour, else answer as the provider would."""
         length = handler.headers.get("Content-Length")
         if length is None:
             self._record(handler, None)
@@ -263,12 +265,17 @@ class FakeServer:
             return self._send(handler, 404, {"error": {"message": f"no route {handler.path}", "code": 404}})
         with self._lock:
             behaviour = self._queue.popleft() if self._queue else None
-
         if isinstance(behaviour, Delay):
             if self._stopping.wait(behaviour.seconds):
                 handler.close_connection = True
                 return None
             behaviour = None
+        if behaviour is not None and not isinstance(behaviour, Reply):
+            return self._misbehave(handler, behaviour)
+        return self._answer_normally(handler, body, behaviour)
+
+    def _misbehave(self, handler: BaseHTTPRequestHandler, behaviour: Any) -> None:
+        """A pushed failure: a dropped connection, an error status, or a body sent verbatim."""
         if isinstance(behaviour, Disconnect):
             handler.close_connection = True
             try:
@@ -285,7 +292,9 @@ class FakeServer:
             return self._send(handler, behaviour.status, behaviour.body, behaviour.headers)
         if isinstance(behaviour, Malformed):
             return self._send(handler, behaviour.status, behaviour.body)
+        raise TypeError(f"not a behaviour: {behaviour!r}")
 
+    def _answer_normally(self, handler: BaseHTTPRequestHandler, body: Any, behaviour: Reply | None) -> None:
         if self.api_key is not None and handler.headers.get("Authorization") != f"Bearer {self.api_key}":
             return self._send(handler, 401, {"error": {"message": "invalid or missing API key", "code": 401}})
         if not isinstance(body, dict):

@@ -80,7 +80,12 @@ def test_same_client_turn_id_replays_without_a_second_model_call(api, db, monkey
 
     calls = []
     original = offline.OfflineChat.complete
-    monkeypatch.setattr(offline.OfflineChat, "complete", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(offline.OfflineChat, "complete", counted)
     sid = api.session()
     body = {"content": "hello there", "client_turn_id": "turn-1"}
     s1, r1 = api.call("POST", f"/v1/sessions/{sid}/turns", body)

@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pgvector import Vector
 from schemathesis import GenerationMode
+from schemathesis.core.result import Ok
 
 from eros.local import LambdaContext, http_api_event, load_function
 from eros.providers.offline import hash_embed
@@ -36,7 +37,8 @@ EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))
 DOCUMENT = json.loads(load_function("chat").app.get_openapi_json_schema(title="eros companion memory API",
                                                                          version="1.0.0"))
 SCHEMA = schemathesis.openapi.from_dict(DOCUMENT)
-OPERATIONS = {f"{op.method.upper()} {op.path}": op for op in (r.ok() for r in SCHEMA.get_all_operations())}
+OPERATIONS = {f"{op.method.upper()} {op.path}": op
+              for op in (r.ok() for r in SCHEMA.get_all_operations() if isinstance(r, Ok))}
 # Negative cases need something to get wrong: a parameter or a body.
 CASES = [(name, mode) for name, op in OPERATIONS.items()
          for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
@@ -61,7 +63,7 @@ def world(db, env, fake_llm, fake_voyage):
     return api, {"session_id": [session], "memory_id": memories}, fake_llm, fake_voyage
 
 
-def send(api: Api, case, path_parameters: dict) -> tuple[int, bytes, dict]:
+def send(api: Api, case, path_parameters: dict) -> tuple[int, str, dict]:
     """The case as the API Gateway event AWS would send (a valid token for alice); (status, body, request)."""
     case.path_parameters = {**(case.path_parameters or {}), **path_parameters}
     request = case.as_transport_kwargs(base_url="http://api.example")

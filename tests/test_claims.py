@@ -181,13 +181,13 @@ def test_16_concurrent_claimers_take_5000_sessions_exactly_once(db):
 def test_claim_skips_rows_another_claimer_holds_without_waiting(db, database_url):
     now = utcnow()
     ids = bulk_sessions(db, 10, newest=now - timedelta(hours=1))
-    with eros_db.connect(database_url) as other:
-        with other.transaction():  # another sweeper's claim, in flight, holds the four oldest
-            other.execute("SELECT id FROM engine.chat_sessions WHERE id = ANY(%s) FOR UPDATE", (ids[:4],))
-            eros_db.connection().execute("SET lock_timeout = '3s'")  # blocking would fail, not hang
-            started = time.monotonic()
-            rows = store.claim(idle_before=now - IDLE, stale_before=now - STALE, limit=3)
-            elapsed = time.monotonic() - started
+    # another sweeper's claim, in flight, holds the four oldest
+    with eros_db.connect(database_url) as other, other.transaction():
+        other.execute("SELECT id FROM engine.chat_sessions WHERE id = ANY(%s) FOR UPDATE", (ids[:4],))
+        eros_db.connection().execute("SET lock_timeout = '3s'")  # blocking would fail, not hang
+        started = time.monotonic()
+        rows = store.claim(idle_before=now - IDLE, stale_before=now - STALE, limit=3)
+        elapsed = time.monotonic() - started
     assert {r["id"] for r in rows} == set(ids[4:7])
     assert elapsed < 2.0
 

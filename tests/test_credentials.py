@@ -4,6 +4,7 @@ RDS-style secret, and DATABASE_URL winning locally."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import boto3
 import certifi
@@ -41,7 +42,7 @@ def secretsmanager():
             text = value if isinstance(value, str) else json.dumps(value)
             return client.create_secret(Name=name, SecretString=text)["ARN"]
 
-        client.create = create  # type: ignore[attr-defined]
+        client.create = create
         yield client
     parameters.clear_caches()
 
@@ -238,7 +239,7 @@ def test_the_default_trust_store_holds_the_roots_of_rds_proxys_certificate(secre
     arn = secretsmanager.create("eros/db", RDS_SECRET)
     parts = conninfo_to_dict(database_dsn(settings_from(DATABASE_SECRET_ARN=arn)))
     assert parts["sslmode"] == "verify-full"
-    bundle = open(parts["sslrootcert"], encoding="utf-8").read()
+    bundle = Path(parts["sslrootcert"]).read_text(encoding="utf-8")
     for root in ("Amazon Root CA 1", "Amazon Root CA 2", "Amazon Root CA 3", "Amazon Root CA 4",
                  "Starfield Services Root Certificate Authority - G2"):
         assert f"# Subject: CN={root} O=" in bundle, root
@@ -361,14 +362,17 @@ class TlsPostgresStandIn:
         now = datetime.datetime.now(datetime.UTC)
 
         def cert(subject, key, issuer, issuer_key, *, ca):
-            builder = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-                       .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            def name(common_name):
+                return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+            builder = (x509.CertificateBuilder().subject_name(name(subject)).issuer_name(name(issuer))
                        .public_key(key.public_key()).serial_number(x509.random_serial_number())
                        .not_valid_before(now - datetime.timedelta(hours=1))
                        .not_valid_after(now + datetime.timedelta(hours=1))
                        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
             if not ca:
-                builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+                builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]),
+                                                critical=False)
             else:
                 builder = builder.add_extension(x509.KeyUsage(
                     digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
@@ -450,7 +454,8 @@ def test_verify_full_refuses_a_certificate_of_an_unknown_ca(secretsmanager, tls_
 @pytest.mark.integration
 def test_verify_full_refuses_a_certificate_for_another_host(secretsmanager, tls_server):
     arn = secretsmanager.create("eros/db", dict(RDS_SECRET, host="127.0.0.1", port=tls_server.port))
-    error = _connect(database_dsn(settings_from(DATABASE_SECRET_ARN=arn, DATABASE_SSL_ROOT_CERT=str(tls_server.ca_file))))
+    settings = settings_from(DATABASE_SECRET_ARN=arn, DATABASE_SSL_ROOT_CERT=str(tls_server.ca_file))
+    error = _connect(database_dsn(settings))
     assert "does not match host name" in error and "tls-ok" not in error
 
 

@@ -48,7 +48,7 @@ class OwnPostgres:
         migrate(self.url)
 
     def stop(self, mode: str = "immediate") -> None:
-        from pgserver import pg_ctl
+        from pgserver import pg_ctl  # type: ignore[attr-defined]  # pgserver defines its commands at import
 
         pg_ctl(["-w", "-m", mode, "stop"], pgdata=self.server.pgdata, user=self.server.system_user, timeout=30)
 
@@ -85,7 +85,7 @@ class Client:
         self.acknowledged: list[dict] = []  # 200 bodies, with the content sent
         self.answers: list[tuple[float, float, int, dict | None]] = []  # (started, took, status, body)
         status, body = self.call("POST", "/v1/sessions", {"persona_id": "luna"})
-        assert status == 201, body
+        assert status == 201 and body is not None, body
         self.session = body["id"]
         self.sent = 0
 
@@ -106,7 +106,7 @@ class Client:
         status, body = self.call("POST", f"/v1/sessions/{self.session}/turns",
                                  {"content": content, "client_turn_id": f"{self.user}-{self.sent}"})
         self.answers.append((started, time.monotonic() - started, status, body))
-        if status == 200:
+        if status == 200 and body is not None:
             self.acknowledged.append({**body, "content": content})
         return status
 

@@ -33,6 +33,7 @@ from eros.local import InProcessInvoker, sweep_locally
 from eros.providers.offline import hash_embed
 from eros.store import consolidation
 from eros.store import deep_pass as store
+from eros.store.rows import UserClaim
 
 # --- helpers ------------------------------------------------------------------------------------------
 
@@ -59,7 +60,7 @@ def due(db, user: str, *, changed_ago: timedelta = timedelta(hours=2), consolida
                " VALUES (%s, now() - %s, %s, %s, %s)", (user, changed_ago, consolidated_at, claimed_at, attempts))
 
 
-def claim_all(limit: int = 100, now: datetime | None = None) -> list[dict]:
+def claim_all(limit: int = 100, now: datetime | None = None) -> list[UserClaim]:
     cfg, now = settings(), now or utcnow()
     return store.claim_users(quiet_before=now - timedelta(seconds=cfg.deep_pass_quiet_secs),
                              stale_before=now - timedelta(seconds=cfg.deep_pass_claim_stale_secs), limit=limit, now=now)
@@ -143,7 +144,7 @@ def test_concurrent_claimers_take_every_user_exactly_once(db):
 
     def claimer(_) -> list[str]:
         start.wait()
-        taken = []
+        taken: list[str] = []
         while batch := claim_all(limit=7):  # each thread has its own database connection
             taken.extend(r["user_id"] for r in batch)
         return taken

@@ -236,7 +236,7 @@ def test_the_sessions_own_failures_are_counted_and_capped_the_worlds_are_not(onl
     for failure, attempts, retries in ((Status(400), 1, 0), (Status(500), 1, 1), (Status(500), 1, 2)):
         fake_llm.push(failure)
         sent = []
-        assert dreaming.sweep(settings(), sent.append, now=lambda: clock).claimed == 1
+        assert dreaming.sweep(settings(), sent.append, now=lambda at=clock: at).claimed == 1
         result = dreaming.extract_session(settings(), sid, datetime.fromisoformat(sent[0]["claim_token"]), now=clock)
         assert result.outcome == "retry-later"
         row = session_row(db, sid)

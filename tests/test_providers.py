@@ -468,7 +468,8 @@ def test_out_of_order_items_are_put_back_in_input_order(fake_voyage):
 def _voyage_body(vectors, indices=None) -> dict:
     indices = list(range(len(vectors))) if indices is None else indices
     return {"object": "list", "model": "voyage-3.5-lite", "usage": {"total_tokens": 1},
-            "data": [{"object": "embedding", "embedding": v, "index": i} for v, i in zip(vectors, indices, strict=True)]}
+            "data": [{"object": "embedding", "embedding": v, "index": i}
+                     for v, i in zip(vectors, indices, strict=True)]}
 
 
 GOOD = [0.0] * (EMBED_DIM - 1) + [1.0]

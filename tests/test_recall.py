@@ -104,7 +104,8 @@ def brute_force(rows: list[dict], query: list[float], strategy: str, params: Rec
                       and cosine(a["embedding"], b["embedding"]) >= params.demote_similarity for b in pool)}
     scored = sorted(((value - (params.demote_penalty if memory_id in demoted else 0.0), memory_id, r["category"])
                      for value, memory_id, r in undemoted), key=lambda t: (-t[0], t[1]))
-    out, per_category = [], {}
+    out: list[tuple[uuid.UUID, float]] = []
+    per_category: dict[str, int] = {}
     for value, memory_id, category in scored:
         if len(out) == k:
             break

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from datetime import UTC, datetime, timedelta
+from uuid import UUID
 
 import pytest
 from apiclient import Api
@@ -100,7 +101,7 @@ def test_concurrent_turns_of_one_user_cannot_exceed_the_rate(online, db, env):
     def sender(sid: str) -> None:
         start.wait(10)
         try:
-            chat.take_turn("alice", sid, "hi", None)
+            chat.take_turn("alice", UUID(sid), "hi", None)
             outcomes.append("ok")
         except chat.OverLimit as exc:
             outcomes.append(exc.code)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -27,12 +28,14 @@ class CfnLoader(yaml.SafeLoader):
     """A SafeLoader that turns CloudFormation short tags (!Ref, !GetAtt, !Sub, ...) into their long form."""
 
 
-def _intrinsic(loader: CfnLoader, suffix: str, node: yaml.Node):
+def _intrinsic(loader: CfnLoader, suffix: str, node: yaml.Node) -> dict[str, Any]:
+    value: Any
     if isinstance(node, yaml.ScalarNode):
         value = loader.construct_scalar(node)
     elif isinstance(node, yaml.SequenceNode):
         value = loader.construct_sequence(node, deep=True)
     else:
+        assert isinstance(node, yaml.MappingNode), node
         value = loader.construct_mapping(node, deep=True)
     if suffix == "Ref":
         return {"Ref": value}

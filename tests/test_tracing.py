@@ -142,9 +142,9 @@ def test_a_failing_handler_records_the_error_type_not_its_message(db, xray):
 
 def test_exception_messages_of_any_subsegment_are_dropped_before_they_leave(xray):
     """A patched client's subsegment (a database cursor, an HTTP call) records the exceptions that cross it."""
-    with pytest.raises(RuntimeError), xray_recorder.in_subsegment("## cursor"):
-        with xray_recorder.in_subsegment("## nested"):
-            raise RuntimeError(f'duplicate key value\nDETAIL:  Key (content)=({SECRET}) already exists.')
+    with (pytest.raises(RuntimeError), xray_recorder.in_subsegment("## cursor"),
+          xray_recorder.in_subsegment("## nested")):
+        raise RuntimeError(f'duplicate key value\nDETAIL:  Key (content)=({SECRET}) already exists.')
     sent = xray()
 
     assert_no_content(sent, SECRET)

@@ -38,7 +38,7 @@ MESSAGES_PER_INVOCATION = 2_000
 
 # --- the sweeper ------------------------------------------------------------------------------
 class Invoker(Protocol):
-    def __call__(self, payload: dict) -> None: ...
+    def __call__(self, payload: dict, /) -> None: ...
 
 
 @dataclass
