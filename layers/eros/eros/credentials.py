@@ -17,7 +17,6 @@ import re
 from importlib import resources
 from typing import Any
 
-from aws_lambda_powertools.utilities import parameters
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import SecretStr
 
@@ -31,6 +30,10 @@ class ConfigurationError(RuntimeError):
 
 
 def _json_secret(arn: str) -> dict:
+    # Parameters brings boto3 (~0.2 s to import): only a deployment that reads a secret pays for it, on
+    # its first read, not every cold start or local run.
+    from aws_lambda_powertools.utilities import parameters
+
     try:
         value = parameters.get_secret(arn, transform="json", max_age=SECRET_MAX_AGE_SECS)
     except parameters.TransformParameterError:
