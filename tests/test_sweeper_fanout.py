@@ -175,9 +175,12 @@ def test_one_tick_drains_a_backlog_many_batches_long(aws, env, db, capsys):
     sessions = idle_sessions(db, 1250)
     capsys.readouterr()
     result = tick()
-    assert result == {"claimed": 1250, "invoked": 1250, "invoke_failures": 0, "batches": 13,
-                      "stopped_by": "drained"} | NO_USERS
-    assert emitted_metrics(capsys.readouterr().out)["SessionsClaimed"] == 1250
+    out = capsys.readouterr().out
+    # Once seen under load in CI (only "batches" survived -q's truncated diff): say why a tick stopped early.
+    assert (result["stopped_by"], result["invoke_failures"]) == ("drained", 0), (
+        result, [line for line in out.splitlines() if "invoke failed" in line][:3])
+    assert result == outcome(1250, 1250, 0, 13, "drained")
+    assert emitted_metrics(out)["SessionsClaimed"] == 1250
     sent = [p["session_id"] for p in aws.received]
     assert len(sent) == len(set(sent)) == 1250 and set(sent) == {str(s) for s in sessions}
     assert all(claimed is not None and attempts == 0 for claimed, attempts in claims(db).values())
