@@ -46,10 +46,23 @@ def database_url() -> Iterator[str]:
 
     server = pgserver.get_server(str(_PG_DIR), cleanup_mode="stop")
     url = server.get_uri()
+    _throwaway_durability(url)
     os.environ["DATABASE_URL"] = url
     migrate(url)
     yield url
     server.cleanup()
+
+
+def _throwaway_durability(url: str) -> None:
+    """This server's data dies with the run, so a commit need not wait for the disk: no fsync, no
+    synchronous commit, no full-page writes (each autocommitted statement of a test otherwise waits for a
+    WAL flush). Tests about crashes and restarts run their own server with the defaults (test_db_restart)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        for setting in ("fsync", "synchronous_commit", "full_page_writes"):
+            conn.execute(f"ALTER SYSTEM SET {setting} = off")
+        conn.execute("SELECT pg_reload_conf()")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,6 +4,7 @@ older near row and the importance term, and cross-layer hygiene."""
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import uuid
@@ -155,31 +156,45 @@ def test_score_formulas():
 
 # --- SQL == brute force -----------------------------------------------------------------------------
 
+@functools.cache
+def population_spec() -> tuple[list[float], list[tuple[str, str, list[float], dict]]]:
+    """The population's query and rows (user, content, embedding, insert options): drawn once per process
+    from a fixed seed (drawing the vectors costs more than inserting them), inserted afresh by each test."""
+    rng = random.Random(20260601)
+    query = random_vector(rng)
+    rows: list[tuple[str, str, list[float], dict]] = []
+    for i in range(150):
+        emb = near(query, rng, rng.uniform(0.6, 3.0))
+        rows.append(("alice", f"profile {i}", emb, {
+            "category": ("fact", "preference", "event", "emotion", "relation")[i % 5],
+            "importance": None if i % 7 == 0 else round(rng.random(), 3), "age_days": rng.uniform(0, 1100)}))
+    tie = near(query, rng, 0.8)
+    for i in range(3):  # identical rows: equal scores, order by id
+        rows.append(("alice", f"tie {i}", tie, {"category": "fact", "importance": 0.75, "age_days": 3}))
+    for i in range(40):
+        rows.append(("alice", f"utterance {i}", near(query, rng, rng.uniform(0.6, 3.0)),
+                     {"category": None, "relationship": True, "age_days": rng.uniform(0, 400)}))
+    for i in range(20):
+        rows.append(("bob", f"bob {i}", near(query, rng, 0.1), {"category": "fact", "importance": 1.0}))
+        rows.append(("bob", f"bob rel {i}", near(query, rng, 0.1), {"category": None, "relationship": True}))
+    return query, rows
+
+
 @pytest.fixture
 def population(db):
     """One user with 150 profile rows (5 categories, some without importance, ages up to 3 years, three
     exact ties), 40 relationship rows; another user with rows right next to the query (must never leak)."""
-    rng = random.Random(20260601)
-    query = random_vector(rng)
+    query, spec = population_spec()
+    instances = {user: instance_for(db, user) for user in ("alice", "bob")}
     rows, rel = [], []
-    for i in range(150):
-        emb = near(query, rng, rng.uniform(0.6, 3.0))
-        rows.append(insert(db, "alice", f"profile {i}", emb, category=("fact", "preference", "event", "emotion",
-                                                                      "relation")[i % 5],
-                           importance=None if i % 7 == 0 else round(rng.random(), 3),
-                           age_days=rng.uniform(0, 1100)))
-    tie = near(query, rng, 0.8)
-    for i in range(3):  # identical rows: equal scores, order by id
-        rows.append(insert(db, "alice", f"tie {i}", tie, category="fact", importance=0.75, age_days=3))
-    instance = instance_for(db, "alice")
-    for i in range(40):
-        rel.append(insert(db, "alice", f"utterance {i}", near(query, rng, rng.uniform(0.6, 3.0)), category=None,
-                          instance=instance, age_days=rng.uniform(0, 400)))
-    other = instance_for(db, "bob")
-    for i in range(20):
-        insert(db, "bob", f"bob {i}", near(query, rng, 0.1), category="fact", importance=1.0)
-        insert(db, "bob", f"bob rel {i}", near(query, rng, 0.1), category=None, instance=other)
-    return {"query": query, "profile": rows, "relationship": rel, "instance": instance}
+    for user, content, embedding, options in spec:
+        options = dict(options)
+        on_relationship = options.pop("relationship", False)
+        row = insert(db, user, content, embedding, instance=instances[user] if on_relationship else None,
+                     **options)
+        if user == "alice":
+            (rel if on_relationship else rows).append(row)
+    return {"query": query, "profile": rows, "relationship": rel, "instance": instances["alice"]}
 
 
 OFF = {"importance_weight": 0.0, "demote_similarity": 2.0}  # the ranking before the safety net
