@@ -8,6 +8,9 @@ PY := $(VENV)/bin/python
 PYTHON312 ?= $(shell for p in $$(command -v python3.12) $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12.*/bin/python3.12 2>/dev/null | sort -rV); do "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo "$$p"; break; }; done)
 # sam build looks for python3.12 on PATH: the virtualenv's own interpreter is one.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+# Some machines export PYTHONDONTWRITEBYTECODE; every process would then compile its imports from source
+# again (the tests' subprocesses and workers, the local stack). __pycache__ is git-ignored.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: run test lint venv sam-check bench clean
 

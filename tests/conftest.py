@@ -15,6 +15,7 @@ test with two tiers stops the run at collection."""
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # Fixtures registered once for every module: the fake providers (fake_llm, fake_voyage, skipped_sleeps) and
 # moto's Lambda for the sweeper's fan-out (sweeper, aws). Plain helpers are in helpers.py.
 pytest_plugins = ["fakes", "moto_lambda"]
+
+# Some machines export PYTHONDONTWRITEBYTECODE: then every process of the run (each xdist worker, each
+# local-stack and fault-injection subprocess, each function copy) compiles the package, the tests and their
+# rewritten asserts from source again. The run keeps bytecode in __pycache__ (git-ignored) instead.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # Tests never reach real providers or AWS, whatever the developer's shell has exported.
 for name in ("OPENROUTER_API_KEY", "VOYAGE_API_KEY", "LLM_BASE_URL", "EMBED_BASE_URL", "PROVIDER_SECRET_ARN",

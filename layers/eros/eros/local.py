@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import importlib.util
+import itertools
 import json
 import secrets
 import sys
@@ -143,6 +144,11 @@ def own_resolver_state(module: ModuleType) -> None:
         resolver.resolve = resolve  # type: ignore[method-assign]  # this resolver's own, per container
 
 
+# Container module copies are numbered across the process: two Function objects of one function (two servers
+# of a test run, a server and a test's own) never share a copy, nor what a ``prepare`` did to it.
+_CONTAINER_NUMBERS = itertools.count(1)
+
+
 class Function:
     """Warm containers of one Lambda function. An invocation takes an idle container, or starts a new
     one (a cold start) while fewer than ``concurrency`` exist, else waits for one. A container is a
@@ -168,8 +174,7 @@ class Function:
         if module is None:  # this container's cold start
             with self._lock:
                 self._started += 1
-                number = self._started
-            module = load_function(self.name, copy=f"container{number}")
+            module = load_function(self.name, copy=f"container{next(_CONTAINER_NUMBERS)}")
             own_resolver_state(module)
             if self.prepare:
                 self.prepare(module)
