@@ -174,9 +174,10 @@ class LocalServer:
         import httpx
 
         from eros.local import issue_token, local_jwt_key
+        from eros.providers.base import tls_context
 
         headers = {"Authorization": f"Bearer {issue_token(user, self.settings, local_jwt_key())}"} if user else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30, verify=tls_context())
 
     def close(self):
         self.server.shutdown()

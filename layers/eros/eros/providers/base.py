@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import datetime
 import email.utils
+import functools
 import math
 import random
+import ssl
 import time
 from dataclasses import dataclass
 
@@ -18,6 +20,14 @@ from ..observability import logger
 sleep = time.sleep
 monotonic = time.monotonic
 wall_time = time.time  # Retry-After as an HTTP date counts from the wall clock
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """What every provider client verifies servers against: httpx's default (certifi's CA bundle, or
+    SSL_CERT_FILE / SSL_CERT_DIR), made once per process. httpx builds a new one for each client it
+    creates otherwise, and loading the bundle is ~30 ms (an SSLContext is safe to share between threads)."""
+    return httpx.create_ssl_context()
 
 
 class ProviderError(Exception):

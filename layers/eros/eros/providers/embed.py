@@ -9,7 +9,7 @@ from typing import Literal
 import httpx
 
 from ..config import EMBED_DIM
-from .base import Deadline, ProviderResponseError, post_json
+from .base import Deadline, ProviderResponseError, post_json, tls_context
 
 InputType = Literal["query", "document"]
 MAX_BATCH = 128  # Voyage accepts up to 1,000 inputs a request; smaller batches keep each call quick
@@ -33,7 +33,7 @@ class VoyageEmbedder:
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
-        self._client = httpx.Client(transport=transport)
+        self._client = httpx.Client(transport=transport, verify=tls_context())
 
     def describe(self) -> str:
         return f"voyage embeddings ({self.model}, {EMBED_DIM}-d) at {self.base_url}"

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from .base import Deadline, ProviderResponseError, ProviderUnavailable, client_error, post_json
+from .base import Deadline, ProviderResponseError, ProviderUnavailable, client_error, post_json, tls_context
 
 
 @dataclass
@@ -26,7 +26,7 @@ class ChatClient:
         self._headers = {"Content-Type": "application/json", "X-Title": "eros"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
-        self._client = httpx.Client(transport=transport)
+        self._client = httpx.Client(transport=transport, verify=tls_context())
 
     def describe(self) -> str:
         return f"openai-compatible chat at {self.base_url}"
