@@ -219,7 +219,8 @@ def test_listing_and_history_statements_use_the_indexes(db, world):
                            " (SELECT 1 FROM engine.companion_memories p WHERE p.superseded_by = m.id)"
                            " LIMIT 1").fetchone()["id"]
     history = plan(memory_store._HISTORY, {"id": successor, "user": "user7", "depth": memory_store.MAX_CHAIN_DEPTH})
-    assert "companion_memories_superseded_by_idx" in history and "Seq Scan on companion_memories" not in history, history
+    assert "companion_memories_superseded_by_idx" in history, history
+    assert "Seq Scan on companion_memories" not in history, history
 
 
 # --- one memory and its history -------------------------------------------------------------------
