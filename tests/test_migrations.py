@@ -218,3 +218,16 @@ def test_ensure_app_user_never_takes_over_a_powerful_role(database_url):
                                 " WHERE u.rolname = %s", (name,)).fetchone()[0] == 0
         finally:
             conn.execute(f"DROP ROLE {name}")
+
+
+def test_a_database_without_pgvector_is_named_as_such_and_a_migrated_one_round_trips_vectors(fresh_database):
+    from pgvector import Vector
+
+    from eros.db import connect
+
+    with pytest.raises(psycopg.ProgrammingError, match="vector type is not in this database"):
+        connect(fresh_database)
+    migrate(fresh_database)
+    with connect(fresh_database) as conn:
+        loaded = conn.execute("SELECT %s::vector AS v", (Vector([1.5, -2.0, 0.25]),)).fetchone()["v"]
+        assert loaded.to_list() == [1.5, -2.0, 0.25]
