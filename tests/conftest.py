@@ -14,10 +14,10 @@ test with two tiers stops the run at collection."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,22 +42,64 @@ os.environ.update({"AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "test
                    "POWERTOOLS_LOG_LEVEL": "WARNING",
                    "LOCAL_JWT_SECRET": "test-only-signing-key-for-local-tokens-0123456789"})
 
-_PG_DIR = Path(tempfile.mkdtemp(prefix="eros-test-pg-"))
+# The run's Postgres, started by pytest_configure in a thread of its own so that initdb, the server's start
+# and the migrations (~2 s, mostly waiting on processes) overlap the collection of the tests (~3 s).
+_database: concurrent.futures.Future | None = None
 
 
-@pytest.fixture(scope="session")
-def database_url() -> Iterator[str]:
+def _start_database():
     import pgserver
 
     from eros.migrate import migrate
 
-    server = pgserver.get_server(str(_PG_DIR), cleanup_mode="stop")
+    # Deleted at the end of the run (each run's data is ~100 MB; left behind, they filled /tmp).
+    server = pgserver.get_server(tempfile.mkdtemp(prefix="eros-test-pg-"), cleanup_mode="delete")
     url = server.get_uri()
     _throwaway_durability(url)
-    os.environ["DATABASE_URL"] = url
     migrate(url)
-    yield url
-    server.cleanup()
+    return server, url
+
+
+def _runs_database_tests(config) -> bool:
+    """False for an xdist controller (its workers run the tests) and for a run of the unit tier alone."""
+    from _pytest.mark.expression import Expression
+
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return False
+    expression = config.option.markexpr
+    if not expression:
+        return True
+    compiled = Expression.compile(expression)
+    return compiled.evaluate(lambda name, /, **_: name == "integration") or compiled.evaluate(
+        lambda name, /, **_: name == "e2e")
+
+
+def pytest_configure(config):
+    global _database
+    if _runs_database_tests(config):
+        # Imported here, not in the thread: two threads importing the same modules at once can see each
+        # other's half-initialised modules.
+        import pgserver  # noqa: F401
+
+        import eros.migrate  # noqa: F401
+
+        _database = concurrent.futures.ThreadPoolExecutor(1, "postgres").submit(_start_database)
+
+
+def pytest_unconfigure(config):
+    if _database is not None:
+        server, _ = _database.result()
+        server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def database_url() -> str:
+    global _database
+    if _database is None:  # a run pytest_configure did not expect to need it (e.g. `-m unit` plus a path)
+        _database = concurrent.futures.ThreadPoolExecutor(1, "postgres").submit(_start_database)
+    _, url = _database.result()
+    os.environ["DATABASE_URL"] = url
+    return url
 
 
 def _throwaway_durability(url: str) -> None:
