@@ -176,13 +176,13 @@ def _claimed_session(api, db):
     return sid, dreaming.extract_payload(row)
 
 
-@pytest.mark.parametrize("failure", [Status(500), Status(429, retry_after=0), Delay(3)], ids=["500", "429", "timeout"])
+@pytest.mark.parametrize("failure", [Status(500), Status(429, retry_after=0), Delay(2)], ids=["500", "429", "timeout"])
 def test_provider_outage_is_backed_off_not_stamped_not_counted_then_extracted(online, db, env, failure):
     # Policy change (issue 8 item 3): an outage no longer raises for Lambda's hot retries of the same event;
     # the claim goes back with a backoff (the world's fault: a retry, never one of the session's attempts)
     # and a sweep after the backoff extracts it.
     fake_llm, _ = online
-    env(LLM_TIMEOUT_SECS=1)
+    env(LLM_TIMEOUT_SECS=0.5)
     api = Api()
     sid, payload = _claimed_session(api, db)
     fake_llm.push(failure)
