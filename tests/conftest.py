@@ -290,6 +290,8 @@ def _unit_isolation(request):
     if request.node.get_closest_marker("unit") is None:
         yield
         return
+    if _database is not None:  # the Postgres start in its thread opens sockets and processes: let it finish first
+        _database.result()
     import multiprocessing.process
     import socket
     import subprocess
