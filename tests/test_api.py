@@ -35,6 +35,27 @@ def test_openapi_document_lists_the_routes(api):
         assert path in body["paths"], path
 
 
+def test_the_docs_page_is_public_self_contained_and_carries_the_document(api):
+    import re
+
+    from eros.local import LambdaContext, http_api_event
+
+    result = api.function.lambda_handler(http_api_event("GET", "/v1/docs", {}, b"", None), LambdaContext("chat"))
+    assert result["statusCode"] == 200 and result["headers"]["Content-Type"].startswith("text/html")
+    page = result["body"]
+    assert "SwaggerUIBundle" in page and "eros companion memory API" in page
+    assert "/v1/sessions/{session_id}/turns" in page
+    # Script and styles are inline: the page asks no third party for anything.
+    assert not re.search(r"""(src|href)=["']?https?://""", page)
+    # The document is the page's, whole, and a "</" in it cannot close the page's <script> early.
+    spec = page[page.index("    spec: ") + 10:page.index(",\n    presets:")]
+    assert "</" not in spec
+    assert json.loads(spec) == api.call("GET", "/v1/openapi.json", user=None)[1]
+    linked = api.function.lambda_handler(http_api_event("GET", "/v1/docs?format=json", {}, b"", None),
+                                         LambdaContext("chat"))
+    assert json.loads(linked["body"]) == json.loads(spec)
+
+
 def test_openapi_documents_the_turns_errors_and_their_codes(api):
     turn = api.call("GET", "/v1/openapi.json", user=None)[1]["paths"]["/v1/sessions/{session_id}/turns"]["post"]
     assert {"200", "404", "409", "422", "502", "503", "504"} <= {str(code) for code in turn["responses"]}

@@ -8,7 +8,7 @@ from functools import lru_cache
 
 from eros import dreaming, tracing
 from eros.config import settings
-from eros.observability import logger, metrics, time_left
+from eros.observability import logger, metrics, time_left, trace_aws_calls
 
 
 class LambdaInvoker:
@@ -18,6 +18,7 @@ class LambdaInvoker:
     def __init__(self, function_name: str, client=None):
         import boto3  # the runtime's, imported on the first sweep rather than at cold start
 
+        trace_aws_calls()
         self.function_name = function_name
         self.client = client or boto3.client("lambda")
 

@@ -34,6 +34,9 @@ def _json_secret(arn: str) -> dict:
     # its first read, not every cold start or local run.
     from aws_lambda_powertools.utilities import parameters
 
+    from .observability import trace_aws_calls
+
+    trace_aws_calls()
     try:
         value = parameters.get_secret(arn, transform="json", max_age=SECRET_MAX_AGE_SECS)
     except parameters.TransformParameterError:
