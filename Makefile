@@ -12,13 +12,18 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # again (the tests' subprocesses and workers, the local stack). __pycache__ is git-ignored.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: run test lint venv sam-check bench clean
+.PHONY: run test lint venv sam-check bench lock clean
 
-$(VENV)/.installed: pyproject.toml layers/eros/requirements.txt requirements-dev.txt
+# Exact versions everywhere: requirements-dev.lock is what the virtualenv (tests, `make run`, the tools) gets;
+# layers/eros/requirements.lock is what the Lambda layer ships -- the same versions, for Lambda's platform,
+# with hashes. `make lock` writes both again after a change to what pyproject.toml, requirements-dev.txt or
+# layers/eros/requirements.txt ask for; tests/test_packaging.py checks that they agree and match the virtualenv.
+$(VENV)/.installed: pyproject.toml requirements-dev.lock layers/eros/requirements.txt requirements-dev.txt
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 is required (python3.12 on PATH, or pyenv install 3.12)"; exit 1; }
 	$(PYTHON312) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -r requirements-dev.lock
+	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
 venv: $(VENV)/.installed
@@ -43,6 +48,18 @@ sam-check: venv
 
 bench: venv
 	$(PY) bench/turn_overhead.py
+
+# The packages the Lambda Python runtime provides, left out of the layer (template.yaml, ErosLayer, says why).
+RUNTIME_PROVIDED := boto3 botocore s3transfer urllib3 python-dateutil six
+UV_VERSION := 0.13.9
+
+lock: venv
+	$(PY) -m pip install --quiet uv==$(UV_VERSION)
+	$(VENV)/bin/uv pip compile --quiet --no-cache --python-version 3.12 --extra dev \
+		--output-file requirements-dev.lock pyproject.toml
+	$(VENV)/bin/uv pip compile --quiet --no-cache --python-version 3.12 --python-platform x86_64-manylinux_2_28 \
+		--generate-hashes $(addprefix --no-emit-package ,$(RUNTIME_PROVIDED)) --constraint requirements-dev.lock \
+		--output-file layers/eros/requirements.lock layers/eros/requirements.txt
 
 clean:
 	rm -rf $(VENV) .aws-sam .data

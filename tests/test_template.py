@@ -106,9 +106,11 @@ def test_the_layer_is_built_for_python312_from_the_eros_package(template):
     assert layer["Type"] == "AWS::Serverless::LayerVersion"
     assert layer["Properties"]["ContentUri"].rstrip("/") == "layers/eros"
     assert layer["Properties"]["CompatibleRuntimes"] == ["python3.12"]
-    assert layer["Metadata"]["BuildMethod"] == "python3.12"
+    # layers/eros/Makefile: the locked versions, compiled (tests/test_packaging.py checks the lock).
+    assert layer["Metadata"]["BuildMethod"] == "makefile"
     content = ROOT / "layers/eros"
-    assert (content / "requirements.txt").is_file() and (content / "eros/__init__.py").is_file()
+    assert "build-ErosLayer:" in (content / "Makefile").read_text()
+    assert (content / "requirements.lock").is_file() and (content / "eros/__init__.py").is_file()
     assert list((content / "eros/migrations").glob("*.sql")) and list((content / "eros/personas").glob("*.json"))
 
 
