@@ -251,10 +251,13 @@ def test_the_sweeper_may_only_invoke_the_extract_function(template):
         assert not any(a.startswith("lambda:") for s in statements(template, name) for a in as_list(s["Action"]))
 
 
-def test_the_transformed_template_grants_nothing_more(template, monkeypatch):
-    """What SAM generates: inline policies without wildcards, and only the managed policies SAM adds."""
+@pytest.fixture(scope="module")
+def transformed(template) -> dict:
+    """The CloudFormation SAM generates from the template (no AWS call: no managed policy is looked up)."""
+    import os
+
     from samtranslator.translator.transform import transform  # comes with aws-sam-cli
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
     sam = copy.deepcopy(template)
     for r in sam["Resources"].values():
         for key in ("CodeUri", "ContentUri"):
@@ -265,7 +268,20 @@ def test_the_transformed_template_grants_nothing_more(template, monkeypatch):
         def load(self):
             raise AssertionError("the template names a managed policy")
 
-    cfn = transform(sam, {}, NoManagedPolicyLookups())
+    region = os.environ.get("AWS_DEFAULT_REGION")
+    os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
+    try:
+        return transform(sam, {}, NoManagedPolicyLookups())
+    finally:
+        if region is None:
+            os.environ.pop("AWS_DEFAULT_REGION")
+        else:
+            os.environ["AWS_DEFAULT_REGION"] = region
+
+
+def test_the_transformed_template_grants_nothing_more(transformed):
+    """What SAM generates: inline policies without wildcards, and only the managed policies SAM adds."""
+    cfn = transformed
     roles = {n: r["Properties"] for n, r in cfn["Resources"].items() if r["Type"] == "AWS::IAM::Role"}
     assert {f"{f}Role" for f in FUNCTIONS} <= set(roles)
     for name, role in roles.items():
@@ -277,6 +293,25 @@ def test_the_transformed_template_grants_nothing_more(template, monkeypatch):
     invoke = [(s["Action"], s["Resource"]) for p in roles["SweeperFunctionRole"]["Policies"]
               for s in p["PolicyDocument"]["Statement"] if "lambda:InvokeFunction" in as_list(s["Action"])]
     assert invoke == [("lambda:InvokeFunction", {"Fn::GetAtt": ["ExtractFunction", "Arn"]})]
+
+
+def test_the_api_calls_the_chat_alias_whose_cold_start_mode_is_a_parameter(template, transformed):
+    """SnapStart and provisioned concurrency work on published versions only: the HTTP API must call the
+    alias SAM publishes, never $LATEST; ChatColdStart picks the mode (SnapStart by default)."""
+    parameter = template["Parameters"]["ChatColdStart"]
+    assert parameter["Default"] == "snapstart" and set(parameter["AllowedValues"]) == {"snapstart", "provisioned",
+                                                                                        "on-demand"}
+    resources = transformed["Resources"]
+    alias = resources["ChatFunctionAliaslive"]
+    assert alias["Type"] == "AWS::Lambda::Alias" and alias["Properties"]["Name"] == "live"
+    assert alias["Properties"]["ProvisionedConcurrencyConfig"]["Fn::If"][0] == "ChatProvisioned"
+    assert resources["ChatFunction"]["Properties"]["SnapStart"] == {
+        "ApplyOn": {"Fn::If": ["ChatSnapStart", "PublishedVersions", "None"]}}
+    integrations = [r["Properties"] for r in resources.values() if r["Type"] == "AWS::Lambda::Permission"
+                    and "ChatFunction" in json.dumps(r["Properties"]["FunctionName"])]
+    assert integrations and all(p["FunctionName"] == {"Ref": "ChatFunctionAliaslive"} for p in integrations)
+    api = json.dumps(resources["ChatApi"]["Properties"]["Body"])
+    assert "ChatFunctionAliaslive" in api and '"ChatFunction.Arn"' not in api
 
 
 # --- dreaming ---------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.logging import correlation_paths
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
-from eros import chat, errors, tracing
+from eros import chat, errors, snapstart, tracing
 from eros import health as health_check
 from eros.config import settings
 from eros.memory import Category, MemoryLayer, Source, SupersededReason
@@ -33,6 +33,7 @@ from eros.store import memories as memory_store
 
 app = APIGatewayHttpResolver(enable_validation=True)
 TITLE = "eros companion memory API"
+snapstart.register()  # with SnapStart (template.yaml: ChatColdStart): warm before the snapshot, renew after
 
 # Request bodies are flat objects; deeper JSON is refused before it is parsed (Python's parser recurses).
 MAX_JSON_DEPTH = 32
