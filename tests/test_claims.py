@@ -148,6 +148,58 @@ def sweep_once(cfg: Settings, now: datetime) -> list[dict]:
 
 # --- the claim ----------------------------------------------------------------------------------
 
+
+@pytest.fixture
+def small_table_plans():
+    """The claim's connection plans as it does for a table whose statistics say it is tiny: a nested loop
+    that rescans its inner side rather than a hashed or sorted unique-ification of it."""
+    conn = eros_db.connection()
+    knobs = ("enable_hashagg", "enable_hashjoin", "enable_mergejoin", "enable_material")
+    for knob in knobs:
+        conn.execute(f"SET {knob} = off")
+    yield
+    for knob in knobs:
+        conn.execute(f"RESET {knob}")
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_a_claim_takes_no_more_than_its_limit_when_the_table_was_analysed_small(db, small_table_plans, limit):
+    """Statistics taken while the table was empty make the planner rescan the claim's picking sub-select;
+    with ``WHERE id IN (SELECT ... LIMIT ... SKIP LOCKED)`` each rescan skipped the rows already claimed
+    and took the next, so one claim took all five (the bad-key test's "1 probe" claimed 3 this way)."""
+    db.execute("DELETE FROM engine.chat_sessions")
+    db.execute("ANALYZE engine.chat_sessions")
+    now = utcnow()
+    # Oldest first in every order a scan can take (insertion, primary key): the rescans then meet them in
+    # the order the sub-select picks them, and a rescanned claim takes them all.
+    inst = instance(db, "alice")
+    ids = [f"00000000-0000-4000-8000-00000000000{i}" for i in range(5)]
+    for i, sid in enumerate(ids):
+        db.execute("INSERT INTO engine.chat_sessions (id, user_id, instance_id, last_active_at)"
+                   " VALUES (%s, 'alice', %s, %s)", (sid, inst, now - IDLE - timedelta(minutes=10 - i)))
+    taken = store.claim(now - IDLE, now - STALE, limit, now)
+    assert {str(r["id"]) for r in taken} == set(ids[:limit])  # the oldest, exactly the limit
+    assert db.execute("SELECT count(*) AS n FROM engine.chat_sessions WHERE extraction_claimed_at IS NOT NULL"
+                      ).fetchone()["n"] == limit
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_a_deep_pass_claim_takes_no_more_than_its_limit_when_the_table_was_analysed_small(db, small_table_plans,
+                                                                                         limit):
+    from eros.store import deep_pass as users_store
+
+    db.execute("DELETE FROM engine.user_consolidation")
+    db.execute("ANALYZE engine.user_consolidation")
+    now = utcnow()
+    for i, user in enumerate(["u1", "u2", "u3", "u4", "u5"]):
+        db.execute("INSERT INTO engine.user_consolidation (user_id, changed_at) VALUES (%s, %s)",
+                   (user, now - timedelta(hours=3, minutes=-i)))
+    taken = users_store.claim_users(now - timedelta(hours=1), now - STALE, limit, now)
+    assert {r["user_id"] for r in taken} == set(["u1", "u2"][:limit])
+    assert db.execute("SELECT count(*) AS n FROM engine.user_consolidation WHERE claimed_at IS NOT NULL"
+                      ).fetchone()["n"] == limit
+
+
 def test_16_concurrent_claimers_take_5000_sessions_exactly_once(db):
     now = utcnow()
     ids = bulk_sessions(db, 5000, newest=now - IDLE - timedelta(minutes=1), step_secs=0.5)

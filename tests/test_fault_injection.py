@@ -378,9 +378,10 @@ def test_a_bad_key_counts_nothing_holds_dreaming_says_so_in_health_and_resumes_w
             clock.advance()
             result, outcomes = tick(clock)
             held.append((result.blocked, result.budget, result.claimed, [o["outcome"] for o in outcomes]))
-        # (The message says what each tick saw, and which threads were alive: this failed about once in
-        # ten full runs with the block gone for a tick, and passes alone.)
-        assert llm.calls - calls <= 3, (held, sorted(t.name for t in threading.enumerate()))
+        # The message says what each held tick claimed: a probe tick once claimed all three sessions (the
+        # claim statement ignored its limit under some plans; tests/test_claims.py pins that down).
+        assert llm.calls - calls <= 3, held
+        assert all(claimed <= 1 for _, _, claimed, _ in held), held
         assert all(s["attempts"] == 0 and s["retries"] == 0 and s["extracted_at"] is None for s in state(db, ids))
 
         env(OPENROUTER_API_KEY="the-right-key")  # the configuration is fixed

@@ -25,17 +25,11 @@ _TICK = timedelta(microseconds=1)  # timestamptz resolution
 # backing off from a failure. The claim is stamped with the application clock the cut-offs come from
 # (as sessions are). Taking a claim counts nothing; re-taking a stale one whose worker had started
 # (the lease is set) counts the user's own attempt (the worker died on it), one never started is our
-# backlog (a retry, the world's fault). Migration 0005 says why.
+# backlog (a retry, the world's fault). Migration 0005 says why. The picked users are a MATERIALIZED
+# CTE for the reason store.dreaming's claim gives: an ``IN (SELECT ... LIMIT ... SKIP LOCKED)`` can be
+# rescanned by the plan and then claims every due user, whatever the limit.
 _CLAIM = """
-UPDATE engine.user_consolidation u
-SET claimed_at = %(now)s,
-    started_at = NULL,
-    attempts = u.attempts + (u.started_at IS NOT NULL)::int,
-    retries = u.retries + (u.claimed_at IS NOT NULL AND u.started_at IS NULL)::int,
-    error = CASE WHEN u.started_at IS NOT NULL THEN 'the worker did not finish (its claim went stale)'
-                 WHEN u.claimed_at IS NOT NULL THEN 'no worker started the claim before it went stale'
-                 ELSE u.error END
-WHERE user_id IN (
+WITH picked AS MATERIALIZED (
     SELECT user_id FROM engine.user_consolidation
     WHERE (consolidated_at IS NULL OR consolidated_at < changed_at)
       AND changed_at < %(quiet_before)s
@@ -45,7 +39,17 @@ WHERE user_id IN (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-RETURNING user_id, claimed_at AS claim_token
+UPDATE engine.user_consolidation u
+SET claimed_at = %(now)s,
+    started_at = NULL,
+    attempts = u.attempts + (u.started_at IS NOT NULL)::int,
+    retries = u.retries + (u.claimed_at IS NOT NULL AND u.started_at IS NULL)::int,
+    error = CASE WHEN u.started_at IS NOT NULL THEN 'the worker did not finish (its claim went stale)'
+                 WHEN u.claimed_at IS NOT NULL THEN 'no worker started the claim before it went stale'
+                 ELSE u.error END
+FROM picked
+WHERE u.user_id = picked.user_id
+RETURNING u.user_id, u.claimed_at AS claim_token
 """
 
 

@@ -22,7 +22,7 @@ from ..db import Connection, connection, one, transaction
 from . import consolidation
 from .rows import Claim, ClaimedSession, KnownMemory, Message
 
-# The SPEC's claim, verbatim in shape: one statement, FOR UPDATE SKIP LOCKED so concurrent
+# The SPEC's claim: one statement, FOR UPDATE SKIP LOCKED so concurrent
 # sweepers take disjoint sets without blocking; cut-offs computed by the caller and bound.
 # A session whose last failure set a backoff (extraction_next_attempt_at) waits it out.
 # Taking a claim counts nothing by itself (a provider outage must not use up a session's attempts);
@@ -32,18 +32,14 @@ from .rows import Claim, ClaimedSession, KnownMemory, Message
 # The claim is stamped with the same application clock the stale cut-off comes from: were it the
 # database's now(), an application clock running ahead by more than the stale threshold would
 # find every fresh claim already stale and re-claim the same sessions batch after batch.
+# The picked rows are a MATERIALIZED CTE, not ``WHERE id IN (SELECT ... LIMIT ... SKIP LOCKED)``: with
+# the IN form the planner may run the sub-select as the inner side of a nested-loop semi join (it does
+# whenever the table's statistics say it is small, e.g. analysed while empty). Each rescan then skips
+# the rows this statement has already updated (SKIP LOCKED skips self-modified rows) and locks the next,
+# so one claim took every idle session whatever its limit: the batch size, the tick cap and the single
+# probe of a provider block were all ignored (tests/test_claims.py reproduces it).
 _CLAIM = """
-UPDATE engine.chat_sessions s
-SET extraction_claimed_at = %(now)s,
-    extraction_started_at = NULL,
-    extraction_attempts = s.extraction_attempts + (s.extraction_started_at IS NOT NULL)::int,
-    extraction_retries = s.extraction_retries
-        + (s.extraction_claimed_at IS NOT NULL AND s.extraction_started_at IS NULL)::int,
-    extraction_error = CASE
-        WHEN s.extraction_started_at IS NOT NULL THEN 'the worker did not finish (its claim went stale)'
-        WHEN s.extraction_claimed_at IS NOT NULL THEN 'no worker started the claim before it went stale'
-        ELSE s.extraction_error END
-WHERE id IN (
+WITH picked AS MATERIALIZED (
     SELECT id FROM engine.chat_sessions
     WHERE extracted_at IS NULL
       AND last_active_at < %(idle_before)s
@@ -55,7 +51,19 @@ WHERE id IN (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-RETURNING id, user_id, instance_id, extraction_claimed_at AS claim_token
+UPDATE engine.chat_sessions s
+SET extraction_claimed_at = %(now)s,
+    extraction_started_at = NULL,
+    extraction_attempts = s.extraction_attempts + (s.extraction_started_at IS NOT NULL)::int,
+    extraction_retries = s.extraction_retries
+        + (s.extraction_claimed_at IS NOT NULL AND s.extraction_started_at IS NULL)::int,
+    extraction_error = CASE
+        WHEN s.extraction_started_at IS NOT NULL THEN 'the worker did not finish (its claim went stale)'
+        WHEN s.extraction_claimed_at IS NOT NULL THEN 'no worker started the claim before it went stale'
+        ELSE s.extraction_error END
+FROM picked
+WHERE s.id = picked.id
+RETURNING s.id, s.user_id, s.instance_id, s.extraction_claimed_at AS claim_token
 """
 
 
