@@ -28,6 +28,7 @@ from eros import health as health_check
 from eros.config import settings
 from eros.memory import Category, MemoryLayer, Source, SupersededReason
 from eros.observability import logger, metrics
+from eros.store import account as account_store
 from eros.store import chat as chat_store
 from eros.store import memories as memory_store
 
@@ -324,6 +325,33 @@ def delete_memory(memory_id: UUID):
     if not memory_store.delete_memory(current_user(), memory_id):
         raise errors.NotFound("memory not found")
     return Response(204, None, "")
+
+
+class Erased(BaseModel):
+    """What an erasure deleted, by kind (all 0 when there was nothing, e.g. the second time)."""
+    memories: int = Field(description="both layers, superseded history included")
+    messages: int
+    sessions: int
+    persona_instances: int
+    deep_pass: int = Field(description="the user's deep-pass (per-user consolidation) record")
+    usage_days: int = Field(description="days of token usage and turn counts")
+
+
+class Erasure(BaseModel):
+    erased: Erased
+
+
+@app.delete("/v1/me", summary="erase everything of the caller",
+            description="Messages, sessions, persona instances, both memory layers with their history, usage, and "
+                        "any dreaming queued for them, in one transaction. Dreaming that is running writes nothing "
+                        "after it. Idempotent: erasing again answers zeros.",
+            responses=_documented((200, "what was erased")))
+def erase_me() -> Erasure:
+    user = current_user()
+    erased = account_store.erase(user)
+    logger.info("user erased", extra={"erased": erased})  # counts only: never the user id or any content
+    metrics.add_metric(name="UsersErased", unit="Count", value=1)
+    return Erasure(erased=Erased(**erased))
 
 
 @app.exception_handler(RequestValidationError)

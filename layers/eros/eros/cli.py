@@ -90,6 +90,16 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def cmd_forget(args) -> int:
+    """What ``DELETE /v1/me`` does, for an operator: erase every row of USER."""
+    from .store.account import erase
+
+    _database()
+    erased = erase(args.user)
+    print(f"erased {args.user}: " + ", ".join(f"{count} {kind.replace('_', ' ')}" for kind, count in erased.items()))
+    return 0
+
+
 def cmd_chat(args) -> int:
     import httpx
 
@@ -144,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--persona")
     p.add_argument("--url", default="http://127.0.0.1:3000")
     p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("forget", help="erase everything stored about USER (what DELETE /v1/me does)")
+    p.add_argument("user")
+    p.set_defaults(func=cmd_forget)
 
     p = sub.add_parser("sweep", help="run one dreaming sweep now (claims idle sessions and extracts them)")
     p.set_defaults(func=cmd_sweep)

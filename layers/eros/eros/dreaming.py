@@ -269,12 +269,12 @@ def _extract(cfg: Settings, session: ClaimedSession, claim_token: datetime, time
     shown = extraction.handles(store.touched_memories(session["user_id"], session_id, session["extraction_watermark"],
                                                       extraction.MAX_KNOWN))
     deadline = Deadline.after(time_budget_secs)
-    progress["user_id"] = session["user_id"]
+    progress["user_id"], progress["session_id"] = session["user_id"], session_id
     candidates, problems, model = _candidates(cfg, earlier, parts, shown, deadline, progress)
     store.unblock("llm")  # it answered: whatever block it had is over
     decided = extraction.plan(candidates, shown)
     progress["step"] = "embedder"
-    rows = _rows(decided, model, deadline, first, watermark, session["user_id"])
+    rows = _rows(decided, model, deadline, first, watermark, session)
     if rows:
         store.unblock("embedder")
     calls = progress["calls"]
@@ -310,7 +310,8 @@ def _candidates(cfg: Settings, earlier: list[Message], parts: list[list[Message]
             {"role": "user", "content": extraction.render_transcript(earlier, part, shown)},
         ], max_tokens=1200, temperature=0.0, deadline=deadline, json_mode=True)
         progress["calls"] += 1
-        usage_store.record(progress["user_id"], usage_store.tokens_of(completion.usage), "dream", usage_store.utcnow())
+        usage_store.record(progress["user_id"], usage_store.tokens_of(completion.usage), "dream", usage_store.utcnow(),
+                           held_by=("session", progress["session_id"]))
         model = completion.model
         try:
             candidates.extend(extraction.parse_candidates(completion.text))
@@ -320,13 +321,14 @@ def _candidates(cfg: Settings, earlier: list[Message], parts: list[list[Message]
     return candidates, problems, model
 
 
-def _rows(decided: extraction.Plan, model: str, deadline: Deadline, first: int, last: int, user_id: str
-          ) -> list[dict]:
+def _rows(decided: extraction.Plan, model: str, deadline: Deadline, first: int, last: int,
+          session: ClaimedSession) -> list[dict]:
     """The new profile rows, embedded in one batch (none when the session only repeated known memories)."""
     if not decided.new:
         return []
     vectors = embedder().embed([c.content for c, _ in decided.new], "document", deadline=deadline)
-    usage_store.record(user_id, usage_store.tokens_of(vectors.usage), "dream", usage_store.utcnow())
+    usage_store.record(session["user_id"], usage_store.tokens_of(vectors.usage), "dream", usage_store.utcnow(),
+                       held_by=("session", session["id"]))
     return [{"id": uuid4(), "content": c.content, "category": c.category, "importance": c.importance,
              "embedding": v, "supersedes": supersedes, "from_message_id": first, "through_message_id": last,
              "metadata": {"model": model, "embed_model": vectors.model}}

@@ -63,17 +63,34 @@ def admit_turn(user_id: str, now: datetime, turns_per_minute: int, daily_budget:
     return "rate_limited", window + timedelta(minutes=1)
 
 
-def record(user_id: str, tokens: int, kind: str, now: datetime, conn: Connection | None = None) -> None:
+# Dreaming's tokens are counted only while what the work is for still exists: the session (extraction)
+# or the user's deep-pass row. The row is locked (FOR KEY SHARE) by the same statement, so a concurrent
+# erasure (store.account, which locks and deletes them) either finishes first, and nothing is counted, or
+# waits for the count and deletes it with the rest: an erased user gets no usage row from work in flight.
+_HELD_BY = {
+    "session": " FROM engine.chat_sessions h WHERE h.id = %(held)s FOR KEY SHARE OF h",
+    "deep_pass": " FROM engine.user_consolidation h WHERE h.user_id = %(held)s FOR KEY SHARE OF h",
+}
+
+
+def record(user_id: str, tokens: int, kind: str, now: datetime, conn: Connection | None = None, *,
+           held_by: tuple[str, object] | None = None) -> None:
     """Add a provider call's tokens to the user's day (``kind``: "chat" or "dream"); ``conn``: inside a
-    transaction the caller holds (the turn's own, so the count costs no commit of its own)."""
+    transaction the caller holds (the turn's own, so the count costs no commit of its own); ``held_by``:
+    ("session", id) or ("deep_pass", user id), counted only while that row exists."""
     if tokens <= 0:
         return
     column = {"chat": "chat_tokens", "dream": "dream_tokens"}[kind]
+    values = {"user": user_id, "day": now.astimezone(UTC).date(), "n": tokens}
+    source = " VALUES (%(user)s, %(day)s, %(n)s, %(n)s)"
+    if held_by is not None:
+        source = " SELECT %(user)s, %(day)s, %(n)s, %(n)s" + _HELD_BY[held_by[0]]
+        values["held"] = held_by[1]
     (conn or connection()).execute(
-        f"INSERT INTO engine.user_usage AS u (user_id, day, tokens, {column}) VALUES (%(user)s, %(day)s, %(n)s, %(n)s)"
+        f"INSERT INTO engine.user_usage AS u (user_id, day, tokens, {column}){source}"
         f" ON CONFLICT (user_id, day) DO UPDATE SET tokens = u.tokens + EXCLUDED.tokens,"
         f" {column} = u.{column} + EXCLUDED.{column}",
-        {"user": user_id, "day": now.astimezone(UTC).date(), "n": tokens},
+        values,
     )
 
 

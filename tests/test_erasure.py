@@ -1,0 +1,168 @@
+"""Erasure: ``DELETE /v1/me`` and ``eros forget USER`` leave nothing of the user in any table, touch
+nobody else, are idempotent, and a dreaming pass running at the same time writes nothing afterwards."""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from apiclient import Api
+from helpers import go_idle
+
+from eros import cli, dreaming
+from eros.config import settings
+from eros.local import LambdaContext, http_api_event, load_function, sweep_locally
+
+USER = "erasure-7f3a-user"  # unique strings: a scan for them finds nothing else
+OTHER = "erasure-other-user"
+SAID = "my tortoise Zebulon"
+EXTRACTED = json.dumps({"memories": [
+    {"content": "Has a tortoise named Zebulon", "category": "relation", "importance": 0.8},
+    {"content": "Lives in Porto", "category": "fact", "importance": 0.6},
+]})
+
+
+@pytest.fixture
+def online(providers, env):
+    fake_llm, _ = providers
+    fake_llm.responder = lambda body: EXTRACTED if body.get("response_format") else "fake reply"
+    env(DREAMING_IDLE_SECS=1800, TURNS_PER_MINUTE=20, DAILY_TOKEN_BUDGET=1000000)
+    return providers
+
+
+def a_full_history(db, api: Api, user: str) -> str:
+    """Two sessions of turns (messages, relationship rows, usage), one dreamed (profile rows), a
+    superseded version, a deep-pass record and one session left claimed: every kind of row there is."""
+    sid = api.session(user=user)
+    for text in (f"I love {SAID} of {user}", "He eats dandelions"):
+        assert api.call("POST", f"/v1/sessions/{sid}/turns", {"content": text}, user=user)[0] == 200
+    go_idle(db)
+    assert sweep_locally()["invoked"] == 1
+    old = db.execute("SELECT id FROM engine.companion_memories WHERE user_id = %s AND category = 'fact'",
+                     (user,)).fetchone()["id"]
+    db.execute("INSERT INTO engine.companion_memories (user_id, content, embedding, category, source, superseded_by,"
+               " superseded_at, superseded_reason) SELECT user_id, 'Lived in Lisbon', embedding, 'fact', 'dreaming',"
+               " id, now(), 'changed' FROM engine.companion_memories WHERE id = %s", (old,))
+    pending = api.session(user=user, persona="kai")
+    assert api.call("POST", f"/v1/sessions/{pending}/turns", {"content": f"{SAID} of {user} is asleep"},
+                    user=user)[0] == 200
+    db.execute("UPDATE engine.chat_sessions SET extraction_claimed_at = now() WHERE id = %s", (pending,))
+    db.execute("INSERT INTO engine.user_consolidation (user_id, changed_at) VALUES (%s, now())"
+               " ON CONFLICT (user_id) DO NOTHING", (user,))
+    return pending
+
+
+def rows_mentioning(db, *needles: str) -> dict[str, int]:
+    """For every table of the engine schema: rows whose text (every column, as Postgres prints the row)
+    contains any of ``needles``."""
+    tables = [r["table_name"] for r in db.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'engine'"
+        " AND table_type = 'BASE TABLE' ORDER BY table_name").fetchall()]
+    assert {"chat_messages", "chat_sessions", "companion_memories", "persona_instances", "user_consolidation",
+            "user_usage"} <= set(tables)
+    found = {}
+    for table in tables:
+        clauses = " OR ".join("r::text LIKE %s" for _ in needles)
+        n = db.execute(f"SELECT count(*) AS n FROM engine.{table} AS r WHERE {clauses}",  # noqa: S608 - names from the catalog
+                       [f"%{needle}%" for needle in needles]).fetchone()["n"]
+        if n:
+            found[table] = n
+    return found
+
+
+def erase(api: Api, user: str | None) -> tuple[int, dict]:
+    return api.call("DELETE", "/v1/me", user=user)
+
+
+def test_erasure_leaves_nothing_of_the_user_in_any_table_and_keeps_everyone_else(online, db):
+    api = Api()
+    a_full_history(db, api, USER)
+    a_full_history(db, api, OTHER)
+    before = rows_mentioning(db, USER)
+    assert {"chat_messages", "chat_sessions", "companion_memories", "persona_instances", "user_consolidation",
+            "user_usage"} <= set(before) | {"chat_messages"}  # messages carry the text, not the user id
+    assert rows_mentioning(db, f"{SAID} of {USER}")["chat_messages"] >= 2
+    others = rows_mentioning(db, OTHER)
+
+    status, body = erase(api, USER)
+    assert status == 200
+    erased = body["erased"]
+    assert erased["sessions"] == 2 and erased["messages"] == 6 and erased["persona_instances"] == 2
+    assert erased["memories"] == 2 + 1 + 3  # two dreamed, one superseded version, three relationship utterances
+    assert erased["deep_pass"] == 1 and erased["usage_days"] == 1
+
+    assert rows_mentioning(db, USER, f"{SAID} of {USER}") == {}  # the id and what they said: nowhere
+    assert rows_mentioning(db, OTHER) == others  # nobody else lost anything
+
+
+def test_erasing_again_erases_nothing_and_succeeds(online, db):
+    api = Api()
+    a_full_history(db, api, USER)
+    assert erase(api, USER)[0] == 200
+    status, body = erase(api, USER)
+    assert status == 200 and set(body["erased"].values()) == {0}
+    assert erase(api, "never-seen-user") == (200, {"erased": dict.fromkeys(body["erased"], 0)})
+
+
+def test_erasure_needs_a_token_and_takes_no_user_from_the_request(online, db):
+    api = Api()
+    a_full_history(db, api, USER)
+    event = http_api_event("DELETE", f"/v1/me?user_id={USER}", {"content-type": "application/json"},
+                           json.dumps({"user_id": USER}).encode(), None)
+    result = load_function("chat").lambda_handler(event, LambdaContext("chat"))
+    assert result["statusCode"] == 401
+    # A token for someone else erases that someone, whatever the query or body name.
+    event = http_api_event("DELETE", f"/v1/me?user_id={USER}", {"content-type": "application/json"},
+                           json.dumps({"user_id": USER}).encode(), {"sub": OTHER, "iss": "test", "aud": "test"})
+    assert load_function("chat").lambda_handler(event, LambdaContext("chat"))["statusCode"] == 200
+    assert rows_mentioning(db, USER)
+
+
+def test_a_turn_in_an_erased_session_is_session_not_found(online, db):
+    api = Api()
+    sid = api.session(user=USER)
+    assert erase(api, USER)[0] == 200
+    status, body = api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "still there?"}, user=USER)
+    assert status == 404 and body["message"] == "session not found"
+    assert rows_mentioning(db, USER) == {}
+
+
+def test_an_extraction_running_during_the_erasure_writes_nothing_after_it(online, db):
+    fake_llm, _ = online
+    api = Api()
+    sid = api.session(user=USER)
+    assert api.call("POST", f"/v1/sessions/{sid}/turns", {"content": f"I love {SAID}"}, user=USER)[0] == 200
+    go_idle(db)
+    sent: list[dict] = []
+    dreaming.sweep(settings(), sent.append)
+    [payload] = sent
+    asked, answer = threading.Event(), threading.Event()
+
+    def held_extraction(body):
+        if not body.get("response_format"):
+            return "fake reply"
+        asked.set()
+        assert answer.wait(20)
+        return EXTRACTED
+
+    fake_llm.responder = held_extraction
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(load_function("extract").lambda_handler, payload, LambdaContext("extract", 120))
+        assert asked.wait(20), "the extraction never reached its model call"
+        assert erase(api, USER)[0] == 200  # while the model is still answering
+        answer.set()
+        result = running.result(30)
+    assert result["outcome"] == "lost-claim" and result.get("memories", 0) == 0
+    assert rows_mentioning(db, USER, SAID) == {}
+
+
+def test_eros_forget_erases_the_same_way_for_an_operator(online, db, capsys):
+    api = Api()
+    a_full_history(db, api, USER)
+    assert cli.main(["forget", USER]) == 0
+    out = capsys.readouterr().out
+    assert f"erased {USER}: " in out and "2 sessions" in out and "1 deep pass" in out
+    assert rows_mentioning(db, USER) == {}
+    assert cli.main(["forget", USER]) == 0 and "0 sessions" in capsys.readouterr().out
