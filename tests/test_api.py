@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime
 
 import pytest
 from apiclient import Api
@@ -128,6 +129,43 @@ def test_delete_memory(api, db):
     assert api.call("DELETE", f"/v1/memories/{memory['id']}") == (204, None)
     assert api.call("DELETE", f"/v1/memories/{memory['id']}")[0] == 404
     assert api.call("GET", "/v1/memories")[1]["memories"] == []
+
+
+def test_bulk_delete_by_layer_and_category_counts_history_and_touches_no_one_else(api, db):
+    from pgvector import Vector
+
+    from eros.providers.offline import hash_embed
+
+    def memory(user, content, category, superseded_by=None):
+        return db.execute(
+            "INSERT INTO engine.companion_memories (user_id, content, embedding, category, superseded_by,"
+            " superseded_at, superseded_reason) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
+            (user, content, Vector(hash_embed(content)), category, superseded_by,
+             datetime.now(UTC) if superseded_by else None, "changed" if superseded_by else None)).fetchone()["id"]
+
+    tokyo = memory("alice", "Lives in Tokyo", "fact")
+    memory("alice", "Lives in Shanghai", "fact", superseded_by=tokyo)  # history of the same fact
+    memory("alice", "Likes mocha", "preference")
+    memory("bob", "Lives in Oslo", "fact")
+    sid = api.session()
+    api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "I said this to a persona"})  # a relationship row
+
+    assert api.call("DELETE", "/v1/memories?category=fact") == (200, {"deleted": 2})
+    assert api.call("DELETE", "/v1/memories?category=fact") == (200, {"deleted": 0})
+    left = {m["content"] for m in api.call("GET", "/v1/memories?include=superseded")[1]["memories"]}
+    assert left == {"Likes mocha", "I said this to a persona"}
+    assert api.call("DELETE", "/v1/memories?layer=relationship") == (200, {"deleted": 1})
+    assert api.call("DELETE", "/v1/memories?layer=profile&category=preference") == (200, {"deleted": 1})
+    assert api.call("GET", "/v1/memories")[1]["memories"] == []
+    assert api.call("GET", "/v1/memories", user="bob")[1]["memories"][0]["content"] == "Lives in Oslo"
+
+    # Careless or hostile filters: no filter at all, an unknown layer or category, a repeated parameter.
+    status, body = api.call("DELETE", "/v1/memories")
+    assert status == 422 and "name a layer and/or a category" in body["message"] + json.dumps(body)
+    assert api.call("DELETE", "/v1/memories?layer=everything")[0] == 422
+    assert api.call("DELETE", "/v1/memories?category=%00")[0] == 422
+    assert api.call("DELETE", "/v1/memories?category=fact", user=None)[0] == 401
+    assert api.call("GET", "/v1/memories", user="bob")[1]["memories"][0]["content"] == "Lives in Oslo"
 
 
 def test_memories_filter_by_category_and_paginate(api, db):

@@ -318,6 +318,25 @@ def restore_memory(memory_id: UUID) -> MemoryWithHistory:
     return MemoryWithHistory.model_validate(restored)
 
 
+class Deleted(BaseModel):
+    deleted: int = Field(description="how many memories were deleted (0 when none matched)")
+
+
+@app.delete("/v1/memories", summary="delete the memories of a layer and/or a category",
+            description="Every memory of the caller matching both filters, history included. At least one filter "
+                        "is required (DELETE /v1/me erases everything). Memories of other kinds that one of them "
+                        "had replaced stay history.",
+            responses=_documented((200, "how many were deleted")))
+def delete_memories(layer: Annotated[MemoryLayer | None, Query()] = None,
+                    category: Annotated[Category | None, Query()] = None) -> Deleted:
+    user = current_user()
+    if layer is None and category is None:
+        raise RequestValidationError([{"loc": ("query",), "type": "value_error",
+                                       "msg": "name a layer and/or a category to delete (DELETE /v1/me erases "
+                                              "everything)"}])
+    return Deleted(deleted=memory_store.delete_memories(user, layer, category))
+
+
 @app.delete("/v1/memories/<memory_id>", summary="delete a memory",
             description="Memories it had replaced stay history (their validity end is kept).",
             responses=_documented((204, "deleted"), _NOT_YOURS))

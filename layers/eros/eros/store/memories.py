@@ -1,4 +1,5 @@
-"""The two memory layers as the user sees them: listing, one memory with its history, restore, deletion.
+"""The two memory layers as the user sees them: listing, one memory with its history, restore, deletion
+(one, or all of a layer or category).
 
 Recall ranking lives in ``eros.store.recall``; consolidation's writes in ``eros.store.consolidation``.
 
@@ -165,6 +166,17 @@ def restore_memory(user_id: str, memory_id: UUID) -> MemoryWithHistory | None:
                 consolidation.supersede(conn, user_id, memory_id, [head["id"]], "reverted")
         consolidation.mark_changed(conn, user_id)
         return _with_history(conn, user_id, memory_id)
+
+
+def delete_memories(user_id: str, layer: str | None, category: str | None) -> int:
+    """Delete the user's memories of a layer and/or a category, history included; returns how many.
+    A memory of another layer or category that one of them had replaced stays history."""
+    return connection().execute(
+        "DELETE FROM engine.companion_memories m WHERE m.user_id = %(user)s"
+        "   AND (%(layer)s::text IS NULL OR (%(layer)s = 'profile') = (m.instance_id IS NULL))"
+        "   AND (%(category)s::text IS NULL OR m.category = %(category)s)",
+        {"user": user_id, "layer": layer, "category": category},
+    ).rowcount
 
 
 def delete_memory(user_id: str, memory_id: UUID) -> bool:
