@@ -21,9 +21,9 @@ from aws_lambda_powertools.event_handler.exceptions import NotFoundError, Servic
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.logging import correlation_paths
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
-from eros import chat, errors, snapstart, tracing
+from eros import chat, curation, errors, snapstart, tracing
 from eros import health as health_check
 from eros.config import settings
 from eros.memory import Category, MemoryLayer, Source, SupersededReason
@@ -318,6 +318,49 @@ def restore_memory(memory_id: UUID) -> MemoryWithHistory:
     return MemoryWithHistory.model_validate(restored)
 
 
+class NewMemory(Strict):
+    content: Content
+    category: Category
+    importance: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        None, description=f"0..1; default {curation.USER_IMPORTANCE} (what the user states matters)")
+
+
+class MemoryEdit(Strict):
+    content: Content | None = None
+    category: Category | None = None
+    importance: Annotated[float, Field(ge=0, le=1)] | None = None
+
+    @model_validator(mode="after")
+    def _changes_something(self):
+        if self.content is None and self.category is None and self.importance is None:
+            raise ValueError("name at least one of content, category, importance to change")
+        return self
+
+
+_MODEL_FAILURES = ((502, "the embedder refused the text (retrying will not help)"),
+                   (503, "the embedder is unavailable (retryable)"), (504, "the embedder timed out (retryable)"))
+
+
+@app.post("/v1/memories", summary="state a memory",
+          description="A profile memory the user states directly (source 'user'), embedded once.",
+          responses=_documented((201, "the new memory"), *_MODEL_FAILURES))
+def add_memory(body: NewMemory) -> Response[MemoryWithHistory]:
+    memory = curation.remember(current_user(), body.content, body.category, body.importance)
+    return Response(201, content_types.APPLICATION_JSON, MemoryWithHistory.model_validate(memory))
+
+
+@app.patch("/v1/memories/<memory_id>", summary="edit a memory",
+           description="A new version of the current version of a profile memory: it supersedes the old one "
+                       "(reason 'edited'; the history keeps both) and keeps where the memory came from. The text "
+                       "is embedded again only when it changed.",
+           responses=_documented((200, "the new version with its history"), _NOT_YOURS,
+                                 (409, "not the current version of a profile memory (memory_not_current)"),
+                                 *_MODEL_FAILURES))
+def edit_memory(memory_id: UUID, body: MemoryEdit) -> MemoryWithHistory:
+    changes = body.model_dump(exclude_none=True)
+    return MemoryWithHistory.model_validate(curation.edit(current_user(), memory_id, changes))
+
+
 class Deleted(BaseModel):
     deleted: int = Field(description="how many memories were deleted (0 when none matched)")
 
@@ -400,6 +443,17 @@ def over_limit(error: chat.OverLimit):
                       retryable=True)
     response.headers["Retry-After"] = str(error.retry_after)
     return response
+
+
+@app.exception_handler(memory_store.NotCurrent)
+def not_current(error: memory_store.NotCurrent):
+    return _error(409, str(error), "memory_not_current")
+
+
+@app.exception_handler(errors.ModelFailed)
+def model_failed(error: errors.ModelFailed):
+    return _error(_TURN_FAILURE_STATUS[error.code], f"{error}; nothing was stored", error.code,
+                  retryable=error.retryable)
 
 
 @app.exception_handler(memory_store.NotSuperseded)

@@ -11,10 +11,10 @@ from pydantic import BaseModel, Field
 
 from . import prompt, recall
 from .config import Settings, settings
-from .errors import NotFound
+from .errors import ModelFailed, NotFound, provider_status
 from .memory import MemoryLayer
 from .observability import logger, metrics, tracer
-from .providers import Deadline, ProviderError, ProviderTimeout, ProviderUnavailable, chat_client, embedder
+from .providers import Deadline, ProviderError, chat_client, embedder
 from .providers.embed import Embeddings
 from .providers.llm import Completion
 from .store import chat as chat_store
@@ -57,31 +57,13 @@ def admit(user_id: str) -> None:
                     " midnight UTC", wait, cfg.daily_token_budget)
 
 
-class TurnFailed(Exception):
-    """The model (or embedder) failed; the user's message is kept and the turn can be retried.
-
-    What an API client sees is stable and never the provider's text (which can echo the user's
-    content): ``code`` (model_timeout, model_unavailable, model_error), a fixed message, and
-    ``retryable``, true only for availability failures (timeouts, the provider's 5xx, 408 and 429): a
-    retry of a request the provider refused (400, 401, 402, 403, a malformed answer) fails the same way."""
+class TurnFailed(ModelFailed):
+    """The model (or embedder) failed a turn; the user's message is kept and the turn can be retried with
+    its ``client_turn_id`` (``ModelFailed`` says what the client is told)."""
 
     def __init__(self, cause: ProviderError, client_turn_id: str):
-        status = provider_status(cause)
-        refused = status is not None and 400 <= status < 500 and status not in (408, 429)
-        if isinstance(cause, ProviderTimeout) and not refused:
-            code, message, retryable = "model_timeout", "the model did not answer in time", True
-        elif isinstance(cause, ProviderUnavailable) and not refused:
-            code, message, retryable = "model_unavailable", "the model is unavailable", True
-        else:
-            code, message, retryable = "model_error", "the model could not answer this message", False
-        super().__init__(message)
-        self.code, self.retryable, self.client_turn_id = code, retryable, client_turn_id
-
-
-def provider_status(exc: BaseException) -> int | None:
-    """The provider's HTTP status (or the error code it sent inside a 200), when the error carries one."""
-    value = getattr(exc, "status", None)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+        super().__init__(cause)
+        self.client_turn_id = client_turn_id
 
 
 class RecalledMemory(BaseModel):

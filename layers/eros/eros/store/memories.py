@@ -14,7 +14,10 @@ from __future__ import annotations
 from datetime import datetime
 from uuid import UUID
 
-from ..db import Connection, connection, transaction
+from pgvector import Vector
+from psycopg.types.json import Jsonb
+
+from ..db import Connection, connection, one, transaction
 from . import consolidation
 from .rows import Memory, MemoryWithHistory
 
@@ -88,6 +91,15 @@ SELECT id FROM later WHERE active ORDER BY depth LIMIT 1
 
 class NotSuperseded(Exception):
     """Restore asked for a memory that is active: there is nothing to undo."""
+
+
+class NotCurrent(Exception):
+    """An edit of a memory that is history (superseded) or not in the profile layer: only the current
+    version of a profile memory can be edited."""
+
+    def __init__(self, memory_id: UUID):
+        super().__init__(f"memory {memory_id} is not the current version of a profile memory: edit the current "
+                         "version (its history names it)")
 
 
 def list_memories(user_id: str, layer: str | None, category: str | None, limit: int,
@@ -166,6 +178,56 @@ def restore_memory(user_id: str, memory_id: UUID) -> MemoryWithHistory | None:
                 consolidation.supersede(conn, user_id, memory_id, [head["id"]], "reverted")
         consolidation.mark_changed(conn, user_id)
         return _with_history(conn, user_id, memory_id)
+
+
+def add_memory(user_id: str, content: str, category: str, importance: float, embedding: list[float],
+               embed_model: str) -> MemoryWithHistory:
+    """A profile memory the user states (source 'user'): confirmed now; the user's profile is marked changed
+    (the deep pass merges it with a memory that says the same)."""
+    with transaction() as conn:
+        memory_id = one(conn.execute(
+            "INSERT INTO engine.companion_memories (user_id, content, embedding, category, importance, source,"
+            " last_confirmed_at, metadata) VALUES (%s, %s, %s, %s, %s, 'user', now(), %s) RETURNING id",
+            (user_id, content, Vector(embedding), category, importance, Jsonb({"embed_model": embed_model})),
+        ))["id"]
+        consolidation.mark_changed(conn, user_id)
+        return _with_history(conn, user_id, memory_id)  # type: ignore[return-value]  # just inserted
+
+
+def edit_memory(user_id: str, memory_id: UUID, changes: dict, embedding: list[float] | None = None,
+                embed_model: str | None = None) -> MemoryWithHistory | None:
+    """A new version of one of the user's current profile memories, superseding it (reason 'edited'):
+    ``changes`` of content, category, importance; ``embedding`` when the content changed (else the old
+    one is kept). It keeps the provenance of the version it replaces (session, message range) and says it
+    was written by the user. The old row is locked, so two edits of one version make one successor (the
+    second finds it superseded). Returns the new version with its history; None: no such memory of this
+    user; raises ``NotCurrent`` for history or a relationship row."""
+    with transaction() as conn:
+        old = conn.execute(
+            "SELECT instance_id, superseded_at FROM engine.companion_memories WHERE id = %s AND user_id = %s"
+            " FOR UPDATE", (memory_id, user_id),
+        ).fetchone()
+        if old is None:
+            return None
+        if old["instance_id"] is not None or old["superseded_at"] is not None:
+            raise NotCurrent(memory_id)
+        new_id = one(conn.execute(
+            "INSERT INTO engine.companion_memories (user_id, content, embedding, category, importance, source,"
+            " session_id, from_message_id, through_message_id, mention_count, last_confirmed_at, metadata)"
+            " SELECT user_id, coalesce(%(content)s, content), coalesce(%(embedding)s, embedding),"
+            "        coalesce(%(category)s, category), coalesce(%(importance)s, importance), 'user', session_id,"
+            "        from_message_id, through_message_id, mention_count, now(),"
+            "        metadata || jsonb_build_object('edited_from', id::text)"
+            "                 || CASE WHEN %(embed_model)s::text IS NULL THEN '{}'::jsonb"
+            "                         ELSE jsonb_build_object('embed_model', %(embed_model)s::text) END"
+            " FROM engine.companion_memories WHERE id = %(id)s RETURNING id",
+            {"content": changes.get("content"), "category": changes.get("category"),
+             "importance": changes.get("importance"), "id": memory_id, "embed_model": embed_model,
+             "embedding": Vector(embedding) if embedding is not None else None},
+        ))["id"]
+        consolidation.supersede(conn, user_id, new_id, [memory_id], "edited")
+        consolidation.mark_changed(conn, user_id)
+        return _with_history(conn, user_id, new_id)
 
 
 def delete_memories(user_id: str, layer: str | None, category: str | None) -> int:

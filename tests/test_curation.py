@@ -1,0 +1,184 @@
+"""The user curating their memory: POST /v1/memories (a memory they state) and PATCH /v1/memories/{id}
+(an edit: a new version that supersedes the old, history kept), through the chat handler, with the fake
+Voyage on loopback counting what is embedded."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from apiclient import Api
+from fakes import Status
+from pgvector import Vector
+from test_memory_history import containers
+
+from eros.providers.offline import hash_embed
+
+
+@pytest.fixture
+def api(providers):
+    return Api()
+
+
+def documents(fake_voyage) -> list[list[str]]:
+    return [r["json"]["input"] for r in fake_voyage.requests if r["json"]["input_type"] == "document"]
+
+
+def dreamed(db, user: str = "alice", content: str = "Lives in Shanghai") -> str:
+    """A profile memory as dreaming writes it, with its provenance."""
+    inst = db.execute("INSERT INTO engine.persona_instances (user_id, persona_id) VALUES (%s, 'luna')"
+                      " ON CONFLICT (user_id, persona_id) DO UPDATE SET user_id = EXCLUDED.user_id RETURNING id",
+                      (user,)).fetchone()["id"]
+    sid = db.execute("INSERT INTO engine.chat_sessions (user_id, instance_id) VALUES (%s, %s) RETURNING id",
+                     (user, inst)).fetchone()["id"]
+    return str(db.execute(
+        "INSERT INTO engine.companion_memories (user_id, session_id, content, embedding, category, importance,"
+        " source, from_message_id, through_message_id, metadata) VALUES (%s, %s, %s, %s, 'fact', 0.6, 'dreaming',"
+        " 11, 14, '{\"model\": \"dreamer\"}') RETURNING id",
+        (user, sid, content, Vector(hash_embed(content)))).fetchone()["id"])
+
+
+def stored(db) -> int:
+    return db.execute("SELECT count(*) AS n FROM engine.companion_memories").fetchone()["n"]
+
+
+# --- POST /v1/memories ---------------------------------------------------------------------------------------
+
+def test_a_stated_memory_is_embedded_once_stored_as_the_users_and_recalled(api, providers, db):
+    fake_llm, fake_voyage = providers
+    status, memory = api.call("POST", "/v1/memories",
+                              {"content": "  My dog is called Biscuit ", "category": "relation"})
+    assert status == 201
+    assert (memory["content"], memory["category"], memory["layer"], memory["source"]) == (
+        "My dog is called Biscuit", "relation", "profile", "user")
+    assert memory["importance"] == pytest.approx(0.8) and memory["last_confirmed_at"] is not None
+    assert memory["session_id"] is None and memory["history"] == [{k: v for k, v in memory.items() if k != "history"}]
+    assert documents(fake_voyage) == [["My dog is called Biscuit"]]
+    assert [m["id"] for m in api.call("GET", "/v1/memories")[1]["memories"]] == [memory["id"]]
+    assert api.call("GET", f"/v1/memories/{memory['id']}", user="bob")[0] == 404
+
+    sid = api.session()
+    reply = api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "what is my dog called?"})[1]
+    assert memory["id"] in [r["id"] for r in reply["recalled"]]
+    assert "My dog is called Biscuit" in fake_llm.requests[-1]["json"]["messages"][0]["content"]
+    assert db.execute("SELECT chat_tokens FROM engine.user_usage WHERE user_id = 'alice'").fetchone()["chat_tokens"] > 0
+
+
+@pytest.mark.parametrize("body", [
+    {}, {"content": "x"}, {"category": "fact"}, {"content": "", "category": "fact"},
+    {"content": "   ", "category": "fact"},
+    {"content": "x" * 4001, "category": "fact"}, {"content": "a\u0000b", "category": "fact"},
+    {"content": "x", "category": "hobby"}, {"content": "x", "category": "fact", "importance": 1.5},
+    {"content": "x", "category": "fact", "importance": "high"},
+    {"content": "x", "category": "fact", "source": "dreaming"},
+    {"content": "x", "category": "fact", "user_id": "bob"}, {"content": ["x"], "category": "fact"},
+], ids=lambda b: ",".join(f"{k}={str(v)[:12]}" for k, v in b.items()) or "empty")
+def test_a_bad_memory_is_refused_before_anything_is_embedded_or_stored(api, providers, db, body):
+    _, fake_voyage = providers
+    status, answer = api.call("POST", "/v1/memories", body)
+    assert status == 422 and answer["code"] == "invalid_request", answer
+    assert fake_voyage.calls == 0 and stored(db) == 0
+
+
+def test_a_memory_without_a_token_is_refused(api, providers, db):
+    assert api.call("POST", "/v1/memories", {"content": "x", "category": "fact"}, user=None)[0] == 401
+    assert stored(db) == 0
+
+
+@pytest.mark.parametrize("failure,status,retryable", [(Status(503), 503, True), (Status(400), 502, False)])
+def test_an_embedder_failure_stores_nothing_and_says_whether_to_retry(api, providers, db, failure, status, retryable):
+    _, fake_voyage = providers
+    fake_voyage.push(failure)
+    code, answer = api.call("POST", "/v1/memories", {"content": "Likes tea", "category": "preference"})
+    assert code == status and answer["retryable"] is retryable and "nothing was stored" in answer["message"]
+    assert "fake provider error" not in answer["message"] and stored(db) == 0
+
+
+# --- PATCH /v1/memories/{id} ---------------------------------------------------------------------------------
+
+def test_an_edit_is_a_new_version_that_supersedes_the_old_and_keeps_its_provenance(api, providers, db):
+    _, fake_voyage = providers
+    old = dreamed(db)
+    status, new = api.call("PATCH", f"/v1/memories/{old}", {"content": "Lives in Tokyo"})
+    assert status == 200 and new["id"] != old
+    assert (new["content"], new["category"], new["importance"], new["source"]) == (
+        "Lives in Tokyo", "fact", pytest.approx(0.6), "user")
+    assert (new["from_message_id"], new["through_message_id"], new["session_id"]) == (
+        11, 14, api.call("GET", f"/v1/memories/{old}")[1]["session_id"])
+    assert new["supersedes"] == [old] and [m["id"] for m in new["history"]] == [old, new["id"]]
+    previous = api.call("GET", f"/v1/memories/{old}")[1]
+    assert (previous["superseded_by"], previous["superseded_reason"]) == (new["id"], "edited")
+    assert documents(fake_voyage) == [["Lives in Tokyo"]]  # embedded once
+    assert [m["content"] for m in api.call("GET", "/v1/memories")[1]["memories"]] == ["Lives in Tokyo"]
+
+    # Only the category or importance: nothing to embed again; the embedding is the old one.
+    status, recategorised = api.call("PATCH", f"/v1/memories/{new['id']}", {"category": "event", "importance": 0.9})
+    assert status == 200 and recategorised["content"] == "Lives in Tokyo" and recategorised["category"] == "event"
+    assert len(documents(fake_voyage)) == 1
+    same = db.execute("SELECT (a.embedding = b.embedding) AS same FROM engine.companion_memories a,"
+                      " engine.companion_memories b WHERE a.id = %s AND b.id = %s",
+                      (new["id"], recategorised["id"])).fetchone()["same"]
+    assert same
+    # The user can still go back: restoring the first version supersedes the current one ('reverted').
+    assert api.call("POST", f"/v1/memories/{old}/restore")[0] == 200
+    assert [m["content"] for m in api.call("GET", "/v1/memories")[1]["memories"]] == ["Lives in Shanghai"]
+
+
+def test_what_cannot_be_edited_is_refused_and_changes_nothing(api, providers, db):
+    _, fake_voyage = providers
+    old = dreamed(db)
+    theirs = dreamed(db, user="bob", content="Lives in Oslo")
+    current = api.call("PATCH", f"/v1/memories/{old}", {"importance": 0.7})[1]["id"]
+    before = stored(db)
+    cases = [
+        (f"/v1/memories/{old}", {"content": "Lives in Kyoto"}, 409, "memory_not_current"),  # history
+        (f"/v1/memories/{theirs}", {"content": "mine now"}, 404, "not_found"),  # another user's
+        ("/v1/memories/00000000-0000-4000-8000-000000000000", {"importance": 0.1}, 404, "not_found"),
+        ("/v1/memories/not-a-uuid", {"importance": 0.1}, 422, "invalid_request"),
+        (f"/v1/memories/{current}", {}, 422, "invalid_request"),
+        (f"/v1/memories/{current}", {"content": None}, 422, "invalid_request"),
+        (f"/v1/memories/{current}", {"content": ""}, 422, "invalid_request"),
+        (f"/v1/memories/{current}", {"category": "hobby"}, 422, "invalid_request"),
+        (f"/v1/memories/{current}", {"importance": -0.1}, 422, "invalid_request"),
+        (f"/v1/memories/{current}", {"superseded_at": None, "importance": 0.2}, 422, "invalid_request"),
+    ]
+    for path, body, status, code in cases:
+        answer = api.call("PATCH", path, body)
+        assert (answer[0], answer[1]["code"]) == (status, code), (path, body, answer)
+    assert stored(db) == before and fake_voyage.calls == 0
+    assert api.call("PATCH", f"/v1/memories/{current}", {"importance": 0.2}, user=None)[0] == 401
+    # A relationship utterance is what was said: it is not edited.
+    sid = api.session()
+    api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "I said this"})
+    utterance = api.call("GET", "/v1/memories?layer=relationship")[1]["memories"][0]["id"]
+    assert api.call("PATCH", f"/v1/memories/{utterance}", {"importance": 0.3})[1]["code"] == "memory_not_current"
+
+
+def test_two_edits_of_one_version_at_once_make_one_successor(api, providers, db, database_url):
+    from eros import db as eros_db
+    from eros.db import connect
+
+    old = dreamed(db)
+    results: list[int] = []
+
+    def edit(container: Api, content: str):
+        try:
+            results.append(container.call("PATCH", f"/v1/memories/{old}", {"content": content})[0])
+        finally:
+            eros_db.reset()
+
+    with connect(database_url) as holder, holder.transaction():
+        holder.execute("SELECT 1 FROM engine.companion_memories WHERE id = %s FOR UPDATE", (old,))
+        threads = [threading.Thread(target=edit, args=(c, f"Lives in city {i}")) for i, c in enumerate(containers(2))]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 20
+        while db.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                         " AND datname = current_database()").fetchone()["n"] < 2:
+            assert time.monotonic() < deadline, "the two edits never queued on the row"
+            time.sleep(0.05)
+    for thread in threads:
+        thread.join(30)
+    assert sorted(results) == [200, 409]
+    assert len(api.call("GET", "/v1/memories")[1]["memories"]) == 1
