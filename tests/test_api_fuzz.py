@@ -47,10 +47,11 @@ CASES = [(name, mode) for name, op in OPERATIONS.items()
 
 
 @pytest.fixture
-def world(db, env, fake_llm, fake_voyage):
-    """Online providers (the fakes), alice's session with one turn, and a superseded memory to restore."""
+def world(db, env, fake_llm, fake_voyage, tmp_path):
+    """Online providers (the fakes), alice's session with one turn, a superseded memory to restore, and a
+    folder for exports (as the local stack has)."""
     env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="x", EMBED_BASE_URL=fake_voyage.url, VOYAGE_API_KEY="x",
-        PROVIDER_MAX_RETRIES=0)
+        PROVIDER_MAX_RETRIES=0, EXPORT_DIR=str(tmp_path), EXPORT_BASE_URL="http://127.0.0.1:9/local")
     api = Api()
     session = api.session()
     assert api.call("POST", f"/v1/sessions/{session}/turns", {"content": "I grow tomatoes"})[0] == 200

@@ -164,7 +164,28 @@ def test_no_wildcard_actions_or_resources(template):
         for statement in statements(template, name):
             assert statement["Effect"] == "Allow"
             assert all("*" not in action for action in as_list(statement["Action"])), (name, statement)
-            assert all(r != "*" and "*" not in json.dumps(r) for r in as_list(statement["Resource"])), (name, statement)
+            assert all(r != "*" and "*" not in json.dumps(r) for r in as_list(statement["Resource"])
+                       if r != EXPORT_OBJECTS), (name, statement)
+
+
+# The one wildcard a function's role has: the chat function's export objects, named at random under a prefix.
+EXPORT_OBJECTS = {"Fn::Sub": "${ExportBucket.Arn}/exports/*"}
+
+
+def test_exports_are_private_encrypted_tls_only_expiring_and_only_the_chat_function_reaches_them(template):
+    bucket = props(template, "ExportBucket")
+    assert bucket["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]["ServerSideEncryptionByDefault"]
+    assert all(bucket["PublicAccessBlockConfiguration"].values()) and len(bucket["PublicAccessBlockConfiguration"]) == 4
+    [rule] = bucket["LifecycleConfiguration"]["Rules"]
+    assert (rule["Prefix"], rule["ExpirationInDays"], rule["AbortIncompleteMultipartUpload"]) == (
+        "exports/", 1, {"DaysAfterInitiation": 1})
+    [deny] = props(template, "ExportBucketPolicy")["PolicyDocument"]["Statement"]
+    assert deny["Effect"] == "Deny" and deny["Condition"] == {"Bool": {"aws:SecureTransport": False}}
+    assert environment(template, "ChatFunction")["EXPORT_BUCKET"] == {"Ref": "ExportBucket"}
+    reaching = {name for name in FUNCTIONS for st in statements(template, name) if "ExportBucket" in json.dumps(st)}
+    assert reaching == {"ChatFunction"}
+    [listing] = [st for st in statements(template, "ChatFunction") if st.get("Sid") == "ListAUsersExports"]
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": "exports/*"}}
 
 
 APP_SECRET, ADMIN_SECRET = {"Ref": "AppDatabaseSecret"}, {"Ref": "DatabaseSecretArn"}
@@ -289,7 +310,8 @@ def test_the_transformed_template_grants_nothing_more(transformed):
         for policy in role.get("Policies", []):
             for statement in policy["PolicyDocument"]["Statement"]:
                 assert all("*" not in a for a in as_list(statement["Action"])), (name, statement)
-                assert "*" not in json.dumps(statement["Resource"]), (name, statement)
+                assert statement["Resource"] == EXPORT_OBJECTS or "*" not in json.dumps(statement["Resource"]), (
+                    name, statement)
     invoke = [(s["Action"], s["Resource"]) for p in roles["SweeperFunctionRole"]["Policies"]
               for s in p["PolicyDocument"]["Statement"] if "lambda:InvokeFunction" in as_list(s["Action"])]
     assert invoke == [("lambda:InvokeFunction", {"Fn::GetAtt": ["ExtractFunction", "Arn"]})]

@@ -23,12 +23,11 @@ from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.logging import correlation_paths
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
-from eros import chat, curation, errors, snapstart, tracing
+from eros import chat, curation, errors, records, snapstart, tracing
 from eros import health as health_check
 from eros.config import settings
 from eros.memory import Category, MemoryLayer, Source, SupersededReason
 from eros.observability import logger, metrics
-from eros.store import account as account_store
 from eros.store import chat as chat_store
 from eros.store import memories as memory_store
 
@@ -397,10 +396,29 @@ class Erased(BaseModel):
     persona_instances: int
     deep_pass: int = Field(description="the user's deep-pass (per-user consolidation) record")
     usage_days: int = Field(description="days of token usage and turn counts")
+    exports: int = Field(description="export files not yet expired")
 
 
 class Erasure(BaseModel):
     erased: Erased
+
+
+class ExportLink(BaseModel):
+    url: str = Field(description="where the export is, a JSON document: sessions with their messages, memories with "
+                                 "their history, usage per day")
+    expires_at: datetime = Field(description="the link (and, within a day, the file) expires")
+    bytes: int
+
+
+@app.get("/v1/export", summary="everything the engine holds about the caller",
+         description="Writes the caller's whole record as one JSON document and answers a link to it (a document "
+                     "can be far larger than an API answer may be). The link expires; the file is deleted within a "
+                     "day, and by DELETE /v1/me.",
+         responses=_documented((200, "the link"), (503, "exports are not configured here")))
+def export_record() -> ExportLink:
+    done = records.export(current_user())
+    metrics.add_metric(name="ExportsWritten", unit="Count", value=1)
+    return ExportLink(url=done.url, expires_at=done.expires_at, bytes=done.bytes)
 
 
 @app.delete("/v1/me", summary="erase everything of the caller",
@@ -409,8 +427,7 @@ class Erasure(BaseModel):
                         "after it. Idempotent: erasing again answers zeros.",
             responses=_documented((200, "what was erased")))
 def erase_me() -> Erasure:
-    user = current_user()
-    erased = account_store.erase(user)
+    erased = records.erase(current_user())
     logger.info("user erased", extra={"erased": erased})  # counts only: never the user id or any content
     metrics.add_metric(name="UsersErased", unit="Count", value=1)
     return Erasure(erased=Erased(**erased))
@@ -443,6 +460,11 @@ def over_limit(error: chat.OverLimit):
                       retryable=True)
     response.headers["Retry-After"] = str(error.retry_after)
     return response
+
+
+@app.exception_handler(records.ExportsNotConfigured)
+def exports_not_configured(error: records.ExportsNotConfigured):
+    return _error(503, str(error), "exports_unavailable")
 
 
 @app.exception_handler(memory_store.NotCurrent)

@@ -46,15 +46,19 @@ def cmd_token(args) -> int:
 def cmd_serve(args) -> int:
     from . import providers
     from .config import settings
-    from .local import make_server, run_local_sweeper
+    from .local import data_dir, make_server, run_local_sweeper
     from .migrate import migrate
 
     url, database = _database()
     migrate(url)
-    cfg = settings()
-    port = args.port or cfg.port
-    server = make_server(cfg, args.host, port, concurrency=args.concurrency)
+    port = args.port or settings().port
     base = f"http://{args.host}:{port}"
+    # Exports (GET /v1/export) go to a folder this server serves, in place of S3 and its presigned URLs.
+    os.environ.setdefault("EXPORT_DIR", str(data_dir() / "exports"))
+    os.environ.setdefault("EXPORT_BASE_URL", f"{base}/local")
+    settings.cache_clear()
+    cfg = settings()
+    server = make_server(cfg, args.host, port, concurrency=args.concurrency)
     described = providers.describe()
     sweeper = run_local_sweeper(cfg) if args.sweep else None  # the local EventBridge schedule
     print(f"""
@@ -91,8 +95,8 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_forget(args) -> int:
-    """What ``DELETE /v1/me`` does, for an operator: erase every row of USER."""
-    from .store.account import erase
+    """What ``DELETE /v1/me`` does, for an operator: erase every row of USER and their export files."""
+    from .records import erase
 
     _database()
     erased = erase(args.user)

@@ -105,6 +105,12 @@ class Settings(BaseModel):
     turns_per_minute: int = Field(0, ge=0)
     daily_token_budget: int = Field(0, ge=0)
 
+    # --- the user's record (eros.records): where an export is written. AWS: the S3 bucket (the template's
+    # ExportBucket); the local stack: a folder it serves under EXPORT_BASE_URL (`eros serve` sets both).
+    export_bucket: str | None = None
+    export_dir: str | None = None
+    export_base_url: str | None = None
+
     # --- recall (eros.recall): one nested model, each knob read from the variable its alias names -----
     recall: RecallParams = RecallParams()
 

@@ -24,6 +24,7 @@ import base64
 import importlib.util
 import itertools
 import json
+import re
 import secrets
 import sys
 import threading
@@ -51,6 +52,9 @@ def data_dir() -> Path:
 
 # Routes without the JWT authorizer; template.yaml marks the same ones `Authorizer: NONE` (a test checks).
 PUBLIC_ROUTES = frozenset({("GET", "/v1/health"), ("GET", "/v1/openapi.json"), ("GET", "/v1/docs")})
+# An export file, as eros.records names it: the local stack's stand-in for the presigned S3 URL (the random
+# name is the capability, as the URL's signature is in AWS).
+_EXPORT_FILE = re.compile(r"^/local/(exports/[0-9a-f]{32}/[0-9]{8}T[0-9]{6}Z-[0-9a-f]{32}\.json)$")
 
 
 # --- embedded Postgres ------------------------------------------------------------------------
@@ -309,6 +313,8 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length else b""
 
     def _handle(self) -> None:
+        if self.command in ("GET", "HEAD") and self.path.startswith("/local/"):
+            return self._send_export()
         try:
             body = self._body()
         except BadRequest as refused:
@@ -335,6 +341,22 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
         for name, values in (result.get("multiValueHeaders") or {}).items():
             headers[name] = ", ".join(values)
         self._send(result["statusCode"], headers, payload)
+
+    def _send_export(self) -> None:
+        """An export file from EXPORT_DIR, streamed (it can be larger than memory should hold)."""
+        match, folder = _EXPORT_FILE.match(urlsplit(self.path).path), settings().export_dir
+        file = Path(folder) / match[1] if match and folder else None
+        if file is None or not file.is_file():
+            return self._send(404, {"content-type": "application/json"}, '{"message":"Not Found"}')
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Disposition", 'attachment; filename="eros-export.json"')
+        self.send_header("Content-Length", str(file.stat().st_size))
+        self.end_headers()
+        if self.command == "GET":
+            with file.open("rb") as data:
+                while chunk := data.read(65536):
+                    self.wfile.write(chunk)
 
     def _send(self, status: int, headers: dict, payload: str | bytes) -> None:
         data = payload.encode() if isinstance(payload, str) else payload

@@ -1,4 +1,10 @@
-"""Everything the engine holds about one user, as one unit: erasure (``DELETE /v1/me``, ``eros forget``).
+"""Everything the engine holds about one user, as one unit: the export (``GET /v1/export``) and erasure
+(``DELETE /v1/me``, ``eros forget``).
+
+``export_document`` yields the user's whole record as JSON text, a page of rows at a time: sessions with
+their messages, every memory with its history fields, usage per day. Pages are keyset reads (no cursor
+held open between them, which RDS Proxy would pin to one connection), so a user with 100,000 messages is
+exported in bounded memory.
 
 ``erase`` runs in one transaction and locks before it deletes, so that no dreaming work in flight can
 write after it:
@@ -17,7 +23,29 @@ instances, the deep-pass row and usage. Erasing a user with nothing stored erase
 
 from __future__ import annotations
 
-from ..db import transaction
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from ..db import connection, transaction
+from .memories import FIELDS as MEMORY_FIELDS
+from .memories import FROM as MEMORY_FROM
+
+PAGE = 1000  # rows per read
+
+_SESSIONS = ("SELECT s.id, i.persona_id, s.created_at, s.last_active_at, s.extracted_at, s.extraction_watermark"
+             " FROM engine.chat_sessions s JOIN engine.persona_instances i ON i.id = s.instance_id"
+             " WHERE s.user_id = %(user)s AND (s.created_at, s.id) > (%(at)s, %(id)s::uuid)"
+             " ORDER BY s.created_at, s.id LIMIT %(page)s")
+_MESSAGES = ("SELECT id, role, content, client_turn_id, sent_at FROM engine.chat_messages"
+             " WHERE session_id = %(session)s AND id > %(after)s ORDER BY id LIMIT %(page)s")
+_MEMORIES = ("SELECT" + MEMORY_FIELDS + MEMORY_FROM +
+             " WHERE m.user_id = %(user)s AND (m.created_at, m.id) > (%(at)s, %(id)s::uuid)"
+             " ORDER BY m.created_at, m.id LIMIT %(page)s")
+_USAGE = ("SELECT day, tokens, chat_tokens, dream_tokens, turns FROM engine.user_usage WHERE user_id = %s"
+          " ORDER BY day")
+_START = (datetime(1, 1, 1, tzinfo=UTC), "00000000-0000-0000-0000-000000000000")
 
 # Children before parents; each statement sees what was committed before it started (READ COMMITTED),
 # so memories a finishing extraction committed while the locks were awaited are in the first DELETE.
@@ -30,6 +58,60 @@ _ERASE = (
     ("deep_pass", "DELETE FROM engine.user_consolidation WHERE user_id = %(user)s"),
     ("usage_days", "DELETE FROM engine.user_usage WHERE user_id = %(user)s"),
 )
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, default=str, ensure_ascii=False, separators=(",", ":"))
+
+
+def _pages(statement: str, values: dict) -> Iterator[dict]:
+    """Every row of a keyset-paged statement over (created_at, id), a page per read."""
+    at, last = _START
+    while True:
+        rows = connection().execute(statement, values | {"at": at, "id": last, "page": PAGE}).fetchall()
+        yield from rows
+        if len(rows) < PAGE:
+            return
+        at, last = rows[-1]["created_at"], rows[-1]["id"]
+
+
+def _messages(session_id: Any) -> Iterator[dict]:
+    after = 0
+    while True:
+        rows = connection().execute(_MESSAGES, {"session": session_id, "after": after, "page": PAGE}).fetchall()
+        yield from rows
+        if len(rows) < PAGE:
+            return
+        after = rows[-1]["id"]
+
+
+def _array(items: Iterator[str]) -> Iterator[str]:
+    yield "["
+    for n, item in enumerate(items):
+        yield ("," if n else "") + item
+    yield "]"
+
+
+def _session(session: dict) -> Iterator[str]:
+    yield _json(session)[:-1] + ',"messages":'
+    yield from _array(_json(m) for m in _messages(session["id"]))
+    yield "}"
+
+
+def export_document(user_id: str, now: datetime) -> Iterator[str]:
+    """The user's whole record as one JSON object, in pieces: ``user_id``, ``exported_at``, ``sessions``
+    (oldest first, each with its ``messages``), ``memories`` (both layers, history included, oldest first,
+    never an embedding) and ``usage`` (per UTC day)."""
+    yield '{"user_id":' + _json(user_id) + ',"exported_at":' + _json(now.isoformat()) + ',"sessions":'
+    yield "["
+    for n, session in enumerate(_pages(_SESSIONS, {"user": user_id})):
+        yield "," if n else ""
+        yield from _session(session)
+    yield '],"memories":'
+    yield from _array(_json(m) for m in _pages(_MEMORIES, {"user": user_id}))
+    yield ',"usage":'
+    yield from _array(_json(u) for u in connection().execute(_USAGE, (user_id,)).fetchall())
+    yield "}"
 
 
 def erase(user_id: str) -> dict[str, int]:

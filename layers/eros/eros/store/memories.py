@@ -28,7 +28,7 @@ MAX_CHAIN_DEPTH = 100
 
 # What every memory in an answer carries. ``supersedes`` is one correlated lookup per row through
 # companion_memories_superseded_by_idx inside the same statement (not one query per row).
-_FIELDS = """
+FIELDS = """
     m.id, CASE WHEN m.instance_id IS NULL THEN 'profile' ELSE 'relationship' END AS layer,
     m.category, m.content, m.importance, i.persona_id, m.created_at, m.source, m.session_id,
     m.from_message_id, m.through_message_id, m.metadata->>'model' AS model, m.last_confirmed_at,
@@ -37,9 +37,9 @@ _FIELDS = """
           WHERE s.superseded_by = m.id AND s.user_id = m.user_id AND s.superseded_reason <> 'outdated'
           ORDER BY s.created_at, s.id) AS supersedes
 """
-_FROM = " FROM engine.companion_memories m LEFT JOIN engine.persona_instances i ON i.id = m.instance_id"
+FROM = " FROM engine.companion_memories m LEFT JOIN engine.persona_instances i ON i.id = m.instance_id"
 
-_LIST = ("SELECT" + _FIELDS + _FROM +
+_LIST = ("SELECT" + FIELDS + FROM +
          " WHERE m.user_id = %(user)s {active}"
          "   AND (%(layer)s::text IS NULL OR (%(layer)s = 'profile') = (m.instance_id IS NULL))"
          "   AND (%(category)s::text IS NULL OR m.category = %(category)s)"
@@ -70,7 +70,7 @@ WITH RECURSIVE earlier(id, depth) AS (
 ), chain AS (
     SELECT id FROM earlier UNION SELECT id FROM later
 )
-SELECT""" + _FIELDS + _FROM + """
+SELECT""" + FIELDS + FROM + """
 WHERE m.id IN (SELECT id FROM chain)
 ORDER BY m.created_at, m.id
 """)
