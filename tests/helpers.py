@@ -37,8 +37,10 @@ def extract(payload: dict[str, Any]) -> Any:
 
 def tick(timeout_secs: float = 240, *, budget: bool = False) -> dict[str, Any]:
     """One scheduled sweep: the sample EventBridge Scheduler event through the sweeper's handler (the
-    tick's budget, in-flight count and provider blocks left out unless ``budget``)."""
+    tick's budget, in-flight count and provider blocks left out unless ``budget``; retention's count always:
+    tests/test_retention.py is about it)."""
     result = invoke("sweeper", event("sweeper_schedule.json"), timeout_secs=timeout_secs)
+    assert result.pop("messages_expired") == 0  # retention is off unless a test sets TRANSCRIPT_RETENTION_DAYS
     if not budget:
         for key in ("budget", "in_flight", "blocked"):
             result.pop(key)

@@ -139,6 +139,11 @@ class Settings(BaseModel):
     dreaming_extract_secs: float = Field(30.0, gt=0)
     extract_function_name: str | None = None
 
+    # Transcript retention: messages older than this many days are deleted once their session has been
+    # extracted through them (eros.dreaming.expire_transcripts, each sweep); memories keep their provenance
+    # ids. 0 = keep messages for ever.
+    transcript_retention_days: int = Field(0, ge=0)
+
     # --- deep pass (eros.deep_pass: per-user consolidation across sessions) --------------------
     deep_pass_quiet_secs: int = Field(3600, ge=0)  # a user's memory unchanged this long before a pass
     deep_pass_claim_stale_secs: int = Field(600, ge=1)  # a claim older than this is taken again

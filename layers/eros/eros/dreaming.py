@@ -54,6 +54,19 @@ class SweepResult:
     budget: int = 0  # jobs this tick could claim: the extract function's capacity less what is in flight
     in_flight: int = 0  # jobs claimed by earlier ticks and not stale yet
     blocked: list[str] | None = None  # providers that refused our credentials (only a probe is claimed)
+    messages_expired: int = 0  # retention (TRANSCRIPT_RETENTION_DAYS): extracted messages deleted this tick
+
+
+RETENTION_PER_TICK = 10000  # messages a sweep deletes at most (a backlog goes over the next ticks)
+
+
+def expire_transcripts(cfg: Settings, moment: datetime) -> int:
+    """Retention, once per sweep: off unless TRANSCRIPT_RETENTION_DAYS is set."""
+    if not cfg.transcript_retention_days:
+        return 0
+    expired = store.expire_messages(moment - timedelta(days=cfg.transcript_retention_days), RETENTION_PER_TICK)
+    metrics.add_metric(name="MessagesExpired", unit="Count", value=expired)
+    return expired
 
 
 def utcnow() -> datetime:
@@ -120,6 +133,7 @@ def sweep(cfg: Settings, invoke: Invoker, *, now: Callable[[], datetime] | None 
                                       limit=budget - result.claimed)
         result.users_claimed, result.deep_pass_invoked = users.claimed, users.invoked
         result.deep_pass_invoke_failures = users.invoke_failures
+    result.messages_expired = expire_transcripts(cfg, moment)
     metrics.add_metric(name="SessionsClaimed", unit="Count", value=result.claimed)
     metrics.add_metric(name="ExtractInvoked", unit="Count", value=result.invoked)
     metrics.add_metric(name="ExtractInvokeFailures", unit="Count", value=result.invoke_failures)

@@ -76,6 +76,32 @@ def claim(idle_before: datetime, stale_before: datetime, limit: int, now: dateti
                                          "limit": limit, "now": now}).fetchall()
 
 
+# Retention (TRANSCRIPT_RETENTION_DAYS): messages sent before the cut-off whose session has been extracted
+# through them (id <= its extraction watermark) are deleted; memories keep their message ids (provenance) and
+# work as before. Message ids follow the order they were sent in, so the old messages are the low end of the
+# primary key: ``first_kept`` is found by walking that end (the messages still there: those of sessions not
+# extracted yet, few), and the batch is read below it in id order (a message stored with an older time
+# than one before it is taken on a later sweep, once the messages before it are gone). A session never
+# extracted keeps its messages: they are what dreaming has not read.
+_EXPIRE = """
+WITH bound AS (
+    SELECT coalesce((SELECT id FROM engine.chat_messages WHERE sent_at >= %(before)s ORDER BY id LIMIT 1),
+                    9223372036854775807) AS first_kept
+), old AS MATERIALIZED (
+    SELECT m.id FROM bound, engine.chat_messages m JOIN engine.chat_sessions s ON s.id = m.session_id
+    WHERE m.id < bound.first_kept AND m.sent_at < %(before)s AND m.id <= s.extraction_watermark
+    ORDER BY m.id
+    LIMIT %(limit)s
+)
+DELETE FROM engine.chat_messages WHERE id IN (SELECT id FROM old)
+"""
+
+
+def expire_messages(sent_before: datetime, limit: int) -> int:
+    """Delete up to ``limit`` extracted messages sent before ``sent_before``; returns how many went."""
+    return connection().execute(_EXPIRE, {"before": sent_before, "limit": limit}).rowcount
+
+
 def in_flight(stale_before: datetime) -> int:
     """Jobs claimed and not stale yet, sessions and deep passes (both run on the extract function)."""
     return one(connection().execute(
