@@ -47,6 +47,14 @@ class Message(TypedDict):
 TurnMessages = dict[str, Message]
 
 
+class OpenedTurn(TypedDict):
+    """A turn as ``store.chat.open_turn`` opened it."""
+    session: SessionWithPersona
+    turn: TurnMessages  # this turn id's messages: the user's just stored, or a retry's earlier attempt
+    admitted: bool  # the spend limits let the turn through (and counted it); always true with no limit on
+    history: list[Message]  # the prompt's history, oldest first, the turn's own messages excluded
+
+
 class RecordedTurn(TypedDict):
     replayed: bool
     user_message_id: NotRequired[int]
