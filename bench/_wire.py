@@ -46,7 +46,7 @@ class _Frontend:
         self._buffer += data
         waits = 0
         while (kind := self._next_message()) is not None:
-            if kind == _SIMPLE_QUERY or kind == _SYNC or (kind == _FLUSH and self._last != _SYNC):
+            if kind in (_SIMPLE_QUERY, _SYNC) or (kind == _FLUSH and self._last != _SYNC):
                 waits += 1
             self._last = kind
         return waits
