@@ -109,6 +109,25 @@ class RankedMemory(TypedDict):
     score: float
 
 
+class RecallCandidate(TypedDict):
+    """A row of a turn's recall (``store.recall.candidates``): as ``RankedMemory`` but without its embedding,
+    with its layer and the near-duplicates placed before it."""
+    layer: str  # MemoryLayer
+    id: UUID
+    content: str
+    category: str | None
+    importance: float | None
+    created_at: datetime
+    distance: float
+    decay: float
+    similarity: float
+    recency_term: float
+    importance_term: float
+    demotion: float
+    score: float
+    near: list[UUID]  # candidates placed before this one (the profile's first) at least dedupe-similar to it
+
+
 class Memory(TypedDict):
     """A memory as its owner sees it (``store.memories``): never its embedding."""
     id: UUID
