@@ -187,7 +187,7 @@ WITH spent AS (
     {usage.spending("chat")}
 ), reply AS (
     INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id, metadata)
-    SELECT %(session)s, 'assistant', %(reply)s, %(turn)s, %(metadata)s FROM (SELECT count(*) FROM spent) first
+    SELECT %(session)s, 'assistant', %(reply)s, %(turn)s, %(metadata)s FROM (SELECT count(*) FROM spent) usage_first
     ON CONFLICT (session_id, client_turn_id, role) DO NOTHING
     RETURNING id
 ), touched AS (
