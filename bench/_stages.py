@@ -17,14 +17,15 @@ class Stages:
     a change of take_turn's collaborators needs no change here.
 
     Every call is timed under its own name (summed per turn); the stage totals count only the outermost
-    timed calls, so nothing is counted twice. Stage of an outermost call: session (get_session,
-    find_turn), persist (claim_turn, the user's message stored before the model; record_turn), prompt
-    (eros.prompt), recall (every other: profile, relationship, history).
+    timed calls, so nothing is counted twice. Stage of an outermost call: open (open_turn: the session, the
+    turn id's earlier messages, the spend limits, the user's message stored before the model, the history;
+    claim_turn and find_turn, which only a race between senders of one turn id calls), persist (record_turn),
+    prompt (eros.prompt), recall (every other: both memory layers).
 
     ``with stages.installed():`` wraps the functions for the block and puts the originals back after it."""
 
-    SESSION = {"get_session", "find_turn"}
-    PERSIST = {"claim_turn", "record_turn"}
+    OPEN = {"open_turn", "claim_turn", "find_turn", "get_session"}
+    PERSIST = {"record_turn"}
     SKIP = ("eros.config", "eros.observability", "eros.providers", "eros.db", "eros.credentials", "eros.migrate")
 
     def __init__(self):
@@ -33,8 +34,8 @@ class Stages:
         self._depth = 0
 
     def stage_of(self, module: str, name: str) -> str:
-        if name in self.SESSION:
-            return "session"
+        if name in self.OPEN:
+            return "open"
         if name in self.PERSIST:
             return "persist"
         if module == "eros.prompt":

@@ -82,13 +82,16 @@ def test_turn_overhead(bench_url, tmp_path):
                                "--database-url", bench_url, "--output", str(out)]) == 0
     report = out.read_text()
     assert report.startswith("# Chat-turn overhead: the memory part of a turn\n")
-    assert re.search(rf"\*\*p95 = {NUMBER} ms — goal ≤ 15 ms: (met|MISSED)\.\*\*", report)
+    assert re.search(rf"\*\*p95 = {NUMBER} ms at [0-9]+ database round trips per turn — goal ≤ 15 ms: "
+                     r"(met|MISSED)\.\*\*", report)
+    trips = {row[0]: row[1] for row in table_rows(report, "| turn | round trips |")}
+    assert len(trips) == 4 and all(re.fullmatch("[0-9]+", n) for n in trips.values()), trips
     whole, cpu = table_rows(report, "| | p50 ms | p95 ms | p99 ms | mean ms | max ms |")
     assert whole[0] == "**whole turn (take_turn), wall clock**" and all(
         re.fullmatch(rf"\*\*{NUMBER}\*\*", c) for c in whole[1:])
     parts = {row[0]: row[1:] for row in table_rows(report, "| part of the turn |")}
-    for stage in ("whole turn (this pass)", "session lookup", "recall (profile + relationship + history)",
-                  "persist (one transaction)"):
+    for stage in ("whole turn (this pass)", "open the turn (session, replay check, spend limits, the message, history)",
+                  "recall (profile + relationship)", "persist (the reply, the session, the utterance)"):
         assert len(parts[stage]) == 5 and all(re.fullmatch(NUMBER, c) for c in parts[stage]), stage
     assert "4 timed after 1 warm-up turns" in report and "<details>" in report  # EXPLAIN ran
     assert report.endswith("\n\n" + _common.NOTES_MARKER + "\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -166,3 +167,38 @@ def test_eros_forget_erases_the_same_way_for_an_operator(online, db, capsys):
     assert f"erased {USER}: " in out and "2 sessions" in out and "1 deep pass" in out
     assert rows_mentioning(db, USER) == {}
     assert cli.main(["forget", USER]) == 0 and "0 sessions" in capsys.readouterr().out
+
+
+def test_an_erasure_and_a_turn_that_has_counted_itself_do_not_deadlock(online, db, database_url):
+    """A turn locks its user's usage row, then needs the session (store.chat.open_turn); an erasure that held
+    the sessions while waiting for the usage row would deadlock with it. Here the "turn" is a connection
+    that takes the same two locks in the same order, around an erasure."""
+    from eros import db as eros_db
+    from eros.db import connect
+    from eros.records import erase as erase_user
+
+    api = Api()
+    sid = a_full_history(db, api, USER)
+    outcome: dict = {}
+
+    def erasing():
+        try:
+            outcome["erased"] = erase_user(USER)
+        except Exception as exc:  # a deadlock would land here
+            outcome["error"] = exc
+        finally:
+            eros_db.reset()
+
+    with connect(database_url) as turn, turn.transaction():
+        turn.execute("SELECT 1 FROM engine.user_usage WHERE user_id = %s FOR UPDATE", (USER,))
+        worker = threading.Thread(target=erasing)
+        worker.start()
+        deadline = time.monotonic() + 20
+        while db.execute("SELECT count(*) AS n FROM engine.chat_sessions WHERE user_id = %s", (USER,)
+                         ).fetchone()["n"]:  # the erasure's own transaction committed without the usage row
+            assert time.monotonic() < deadline, "the erasure waited for the turn's usage row"
+            time.sleep(0.02)
+        assert turn.execute("SELECT id FROM engine.chat_sessions WHERE id = %s FOR KEY SHARE", (sid,)).fetchall() == []
+    worker.join(20)
+    assert "error" not in outcome and outcome["erased"]["usage_days"] == 1
+    assert rows_mentioning(db, USER) == {}

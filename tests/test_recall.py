@@ -512,6 +512,13 @@ def test_normalised_folds_case_punctuation_and_space():
     assert normalised("我搬到东京了！") == normalised("我搬到东京了")
 
 
+def with_near(rows: list[dict], similarity: float) -> list[dict]:
+    """The rows as the recall SQL gives them to hygiene: each with ``near``, the ids of the rows before it
+    (in this order) at least ``similarity`` cosine-similar to it."""
+    return [r | {"near": [b["id"] for b in rows[:i] if cosine(b["embedding"], r["embedding"]) >= similarity]}
+            for i, r in enumerate(rows)]
+
+
 def test_hygiene_drops_repeats_of_history_across_layers_and_near_identical_embeddings():
     rng = random.Random(10)
     base = random_vector(rng)
@@ -527,11 +534,14 @@ def test_hygiene_drops_repeats_of_history_across_layers_and_near_identical_embed
         {"id": 6, "content": "LIVES IN TOKYO", "category": None, "embedding": random_vector(rng)},
         {"id": 7, "content": "something new", "category": None, "embedding": random_vector(rng)},
         {"id": 8, "content": "the message itself", "category": None, "embedding": random_vector(rng)},
+        {"id": 9, "content": "I live in Tokyo now", "category": None, "embedding": near(base, rng, 0.05)},
     ]
     assert cosine(profile[2]["embedding"], base) > 0.95
-    hygiene = Hygiene(["What I said a minute ago!", "the message itself"], similarity=0.95)
-    kept_profile = hygiene.take(profile, 10)
-    kept_rel = hygiene.take(relationship, 10)
+    rows = with_near(profile + relationship, 0.95)
+    assert rows[3]["near"] == [2]  # 4 repeats 2's embedding, but 2 is dropped (its text): 4 is kept
+    hygiene = Hygiene(["What I said a minute ago!", "the message itself"])
+    kept_profile = hygiene.take(rows[:5], 10)
+    kept_rel = hygiene.take(rows[5:], 10)
     assert [m["id"] for m in kept_profile] == [1, 4]
     assert [m["id"] for m in kept_rel] == [7]
 
@@ -542,9 +552,56 @@ def test_hygiene_quota_drops_do_not_shadow_later_rows():
     profile = [{"id": 1, "content": "a", "category": "fact", "embedding": random_vector(rng)},
                {"id": 2, "content": "b", "category": "fact", "embedding": v}]  # over the cap
     relationship = [{"id": 3, "content": "b", "category": None, "embedding": v}]
+    rows = with_near(profile + relationship, 0.95)
     hygiene = Hygiene()
-    assert [m["id"] for m in hygiene.take(profile, 5, cap=1)] == [1]
-    assert [m["id"] for m in hygiene.take(relationship, 5)] == [3]
+    assert [m["id"] for m in hygiene.take(rows[:2], 5, cap=1)] == [1]
+    assert [m["id"] for m in hygiene.take(rows[2:], 5)] == [3]
+
+
+@pytest.mark.parametrize("strategy,params,k,cap", PARAMS)
+def test_both_layers_in_one_statement_are_each_layers_ranking_with_its_near_duplicates(population, strategy,
+                                                                                        params, k, cap):
+    """``candidates`` (what a turn recalls, both layers in one statement) returns each layer's rows exactly as
+    ``ranked`` ranks them, and for each row the rows before it that are at least ``dedupe`` cosine-similar,
+    as Python computes it from the vectors."""
+    q, instance, dedupe = population["query"], population["instance"], 0.6  # fires: rows are ~0.5-0.75 apart
+    params = replace(params, strategy=strategy)
+    both = recall_store.candidates(params, "alice", q, k=k, cap=cap, relationship_k=7, instance_id=instance,
+                                   dedupe=dedupe, now=NOW)
+    ranked = [recall_store.ranked(MemoryLayer.PROFILE, params, "alice", q, k=k, cap=cap, now=NOW),
+              recall_store.ranked(MemoryLayer.RELATIONSHIP, params, "alice", q, k=7, cap=None, instance_id=instance,
+                                  now=NOW)]
+    walk = ranked[0] + ranked[1]
+    assert [(r["layer"], r["id"]) for r in both] == [
+        (layer, r["id"]) for layer, rows in zip(("profile", "relationship"), ranked, strict=True) for r in rows]
+    for got, want in zip(both, walk, strict=True):
+        assert {key: value for key, value in got.items() if key not in ("layer", "near")} == {
+            key: value for key, value in want.items() if key != "embedding"}
+    vectors = [r["embedding"].to_list() for r in walk]
+    fired = 0
+    for i, got in enumerate(both):
+        similar = {b: cosine(vectors[b], vectors[i]) for b in range(i)}
+        clear = {walk[b]["id"] for b, s in similar.items() if abs(s - dedupe) > 1e-5}  # float4 vs float8 sums
+        want = [walk[b]["id"] for b, s in similar.items() if s >= dedupe]
+        assert [n for n in got["near"] if n in clear] == [n for n in want if n in clear]
+        fired += len(want)
+    assert fired > 0
+
+
+def test_recall_drops_a_near_duplicate_across_layers(db):
+    rng = random.Random(13)
+    q = random_vector(rng)
+    fact = insert(db, "alice", "Lives in Tokyo with her cat", near(q, rng, 0.3), importance=0.8)
+    instance = instance_for(db, "alice")
+    said = insert(db, "alice", "I live in Tokyo with my cat", near(fact["embedding"], rng, 0.005), category=None,
+                  instance=instance)
+    other = insert(db, "alice", "something else", near(q, rng, 1.0), category=None, instance=instance)
+    assert cosine(said["embedding"], fact["embedding"]) > 0.97
+    got = recall.recall("alice", instance, q, now=NOW)
+    assert [m["id"] for m in got.profile] == [fact["id"]]
+    assert [m["id"] for m in got.relationship] == [other["id"]]  # the utterance repeats the fact: dropped
+    off = recall.recall("alice", instance, q, now=NOW, params=replace(RecallParams(), dedupe_similarity=2))
+    assert {m["id"] for m in off.relationship} == {said["id"], other["id"]}
 
 
 def test_recall_refills_the_quota_after_dropping_duplicates(db):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
+from typing import NoReturn
 from uuid import UUID
 
 from pydantic import BaseModel, Field
@@ -19,7 +21,7 @@ from .providers.embed import Embeddings
 from .providers.llm import Completion
 from .store import chat as chat_store
 from .store import usage as usage_store
-from .store.rows import SessionWithPersona, TurnMessages
+from .store.rows import Message, SessionWithPersona, TurnMessages
 
 
 class TurnConflict(Exception):
@@ -37,16 +39,9 @@ class OverLimit(Exception):
         self.limit = limit
 
 
-def admit(user_id: str) -> None:
-    """Count this turn against the user's rate and check their daily token budget (raises OverLimit)."""
-    cfg = settings()
-    if not cfg.turns_per_minute and not cfg.daily_token_budget:
-        return
-    now = usage_store.utcnow()
-    refused = usage_store.admit_turn(user_id, now, cfg.turns_per_minute, cfg.daily_token_budget)
-    if refused is None:
-        return
-    code, until = refused
+def _refuse(cfg: Settings, user_id: str, now: datetime) -> NoReturn:
+    """The turn the spend limits did not admit: say which limit and until when (raises OverLimit)."""
+    code, until = usage_store.refusal(user_id, now, cfg.daily_token_budget)
     wait = max(1, math.ceil((until - now).total_seconds()))
     metrics.add_metric(name="TurnsRefused", unit="Count", value=1)
     logger.info("turn refused by a spend limit", extra={"code": code, "retry_after": wait})
@@ -92,28 +87,40 @@ def _replay(turn: TurnMessages, client_turn_id: str) -> TurnResult:
                       model=meta.get("model", ""), replayed=True)
 
 
+def _answered(turn: TurnMessages, content: str) -> bool:
+    """The turn is a retry of an answered one with the same message: its reply is replayed."""
+    return "assistant" in turn and turn["user"]["content"] == content
+
+
 @tracer.capture_method(capture_response=False, capture_error=False)  # a reply is content
 def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str | None) -> TurnResult:
     """One chat turn: the message is stored (claiming its turn id) before any model call; a retry of an
-    answered turn replays its reply; a model failure keeps the message and raises ``TurnFailed``."""
+    answered turn replays its reply; a model failure keeps the message and raises ``TurnFailed``.
+
+    Three database round trips: ``open_turn`` (the session, the turn id's earlier messages, the spend
+    limits, the message, the history), the recall, and ``record_turn``; a replay costs the first alone."""
     cfg = settings()
-    session = chat_store.get_session(user_id, session_id)
-    if session is None:
-        raise NotFound("session not found")
-    if client_turn_id and (cfg.turns_per_minute or cfg.daily_token_budget):
-        done = chat_store.find_turn(session_id, client_turn_id)
-        if "assistant" in done and done["user"]["content"] == content:
-            return _replay(done, client_turn_id)  # a retry of an answered turn costs nothing: never limited
-    admit(user_id)  # before anything is stored or paid for
     turn_id = client_turn_id or str(uuid.uuid4())
-    # The message is stored (and the turn id claimed for it) before any model call: of concurrent senders
-    # of one turn id, exactly one owns it; the others are a conflict or, with the same message, its replay.
-    turn = chat_store.claim_turn(session_id, content, turn_id)
+    now = usage_store.utcnow()
+    # Of concurrent senders of one turn id, exactly one stores its message; the others are a conflict or,
+    # with the same message, its replay.
+    opened = chat_store.open_turn(user_id, session_id, content, turn_id, history=cfg.history_messages, now=now,
+                                  turns_per_minute=cfg.turns_per_minute, daily_budget=cfg.daily_token_budget)
+    if opened is None:
+        raise NotFound("session not found")
+    turn = opened["turn"]
+    if _answered(turn, content):
+        return _replay(turn, turn_id)  # a retry of an answered turn costs nothing: never limited
+    if not opened["admitted"]:
+        _refuse(cfg, user_id, now)  # nothing was stored or paid for
+    if "user" not in turn:  # a concurrent sender's message came first, after open_turn's snapshot
+        turn = chat_store.claim_turn(session_id, content, turn_id)
     if turn["user"]["content"] != content:
         raise TurnConflict("client_turn_id was already used in this session for a different message")
     if "assistant" in turn:
         return _replay(turn, turn_id)
-    answer = _answer(cfg, user_id, session, content, turn_id)
+    session = opened["session"]
+    answer = _answer(cfg, user_id, session, content, turn_id, opened["history"])
     stored = chat_store.record_turn(
         session, user_id, turn["user"]["id"], content, turn_id, answer.completion.text,
         {"recalled": [r.model_dump(mode="json") for r in answer.recalled], "model": answer.completion.model,
@@ -138,13 +145,14 @@ class _Answer:
     recalled: list[RecalledMemory]
 
 
-def _answer(cfg: Settings, user_id: str, session: SessionWithPersona, content: str, turn_id: str) -> _Answer:
-    """Embed the message, recall, build the prompt and call the chat model, within the turn's budget."""
+def _answer(cfg: Settings, user_id: str, session: SessionWithPersona, content: str, turn_id: str,
+            history: list[Message]) -> _Answer:
+    """Embed the message, recall, build the prompt (with ``history``) and call the chat model, within the
+    turn's budget."""
     deadline = Deadline.after(cfg.turn_budget_secs)
     stage = "embed"
     try:
         query = embedder().embed([content], "query", deadline=deadline)
-        history = chat_store.recent_messages(session["id"], cfg.history_messages, exclude_turn=turn_id)
         memories = recall.recall(user_id, session["instance_id"], query.vectors[0], history=history,
                                  message=content)
         messages = prompt.build_messages(session["system_prompt"], memories.profile, memories.relationship,

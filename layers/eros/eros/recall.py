@@ -1,8 +1,8 @@
 """The recall use-case: what the persona is reminded of before it answers.
 
 For one user message: the profile layer (who the user is) and the relationship layer (what
-happened between the user and this persona instance), each ranked in one SQL round trip by the
-configured strategy (``Settings.recall``; the formulas, the safety net's demotion and why each
+happened between the user and this persona instance), both ranked by the configured strategy in one
+SQL statement, one round trip (``Settings.recall``; the formulas, the safety net's demotion and why each
 term exists are documented once, next to the SQL, in ``eros.store.recall``), then cross-layer
 hygiene so that the prompt never carries the same thing twice. The defaults are the winners of
 ``bench/recall_eval.py`` (``bench/results/recall_summary.md``).
@@ -10,7 +10,6 @@ hygiene so that the prompt never carries the same thing twice. The defaults are 
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from uuid import UUID
 from .config import RecallParams, settings
 from .memory import CATEGORIES, MemoryLayer
 from .store import recall as recall_store
-from .store.rows import RankedMemory
+from .store.rows import RecallCandidate
 
 _SPACE = re.compile(r"\s+")
 _PUNCT = re.compile(r"[^\w\s]")
@@ -29,8 +28,8 @@ _PUNCT = re.compile(r"[^\w\s]")
 
 @dataclass
 class Recalled:
-    profile: list[RankedMemory] = field(default_factory=list)
-    relationship: list[RankedMemory] = field(default_factory=list)
+    profile: list[RecallCandidate] = field(default_factory=list)
+    relationship: list[RecallCandidate] = field(default_factory=list)
 
 
 # --- hygiene ------------------------------------------------------------------------------------
@@ -40,40 +39,25 @@ def normalised(text: str) -> str:
     return _SPACE.sub(" ", _PUNCT.sub(" ", text.casefold())).strip()
 
 
-def _with_norm(vector) -> tuple[list[float], float] | None:
-    """The vector as Python floats (math.sumprod is fast on those) and its norm; None when zero."""
-    values = vector.to_list() if hasattr(vector, "to_list") else [float(v) for v in vector]
-    norm = math.sqrt(math.sumprod(values, values))
-    return (values, norm) if norm > 0 else None
-
-
 class Hygiene:
     """Cross-layer hygiene: nothing is said twice in one prompt.
 
     ``take`` walks ranked rows and keeps one unless its normalised text is already in the prompt
-    (``seen_texts``: the history and the message being answered) or was kept before, or its
-    embedding is within ``similarity`` cosine of a row kept before (near-identical text). Only the
-    rows actually kept count as "said": a row dropped by a quota cannot shadow a later one. Take
-    the profile before the relationship layer, so the distilled fact wins over the raw utterance;
-    inside a layer the better-ranked row wins. Rows without an ``embedding`` compare by text only.
+    (``seen_texts``: the history and the message being answered) or was kept before, or it is a
+    near-duplicate of a row kept before: its ``near`` names the rows placed before it whose embedding is
+    within the configured cosine similarity of its own (near-identical text; the recall SQL computes them,
+    ``store.recall.candidates``). Only the rows actually kept count as "said": a row dropped by a quota
+    cannot shadow a later one. Take the profile before the relationship layer, so the distilled fact wins
+    over the raw utterance; inside a layer the better-ranked row wins. Rows without ``near`` compare by text
+    only.
     """
 
-    def __init__(self, seen_texts: Iterable[str] = (), similarity: float = 0.95):
-        self.similarity = similarity
+    def __init__(self, seen_texts: Iterable[str] = ()):
         self._texts = {normalised(t) for t in seen_texts}
-        self._vectors: list[tuple[list[float], float]] = []
+        self._kept: set[Any] = set()
 
-    def _check(self, row: Mapping[str, Any]) -> tuple[bool, str, tuple[list[float], float] | None]:
-        key = normalised(row["content"])
-        if not key or key in self._texts:
-            return True, key, None
-        vector = _with_norm(row["embedding"]) if row.get("embedding") is not None else None
-        if vector is not None:
-            values, norm = vector
-            if any(math.sumprod(values, other) >= self.similarity * norm * other_norm
-                   for other, other_norm in self._vectors if len(other) == len(values)):
-                return True, key, vector
-        return False, key, vector
+    def _repeats(self, row: Mapping[str, Any], key: str) -> bool:
+        return not key or key in self._texts or not self._kept.isdisjoint(row.get("near") or ())
 
     def take[R: Mapping[str, Any]](self, rows: Iterable[R], k: int, cap: int | None = None) -> list[R]:
         """The first ``k`` non-repeating rows in order, at most ``cap`` per category."""
@@ -83,15 +67,12 @@ class Hygiene:
             if len(out) >= k:
                 break
             n = per_category.get(row["category"], 0)
-            if cap and n >= cap:
-                continue
-            repeated, key, vector = self._check(row)
-            if repeated:
+            key = normalised(row["content"])
+            if (cap and n >= cap) or self._repeats(row, key):
                 continue
             per_category[row["category"]] = n + 1
             self._texts.add(key)
-            if vector is not None:
-                self._vectors.append(vector)
+            self._kept.add(row["id"])
             out.append(row)
         return out
 
@@ -114,10 +95,10 @@ def recall(user_id: str, instance_id: UUID | None, query: list[float], *, histor
         k, cap = p.top_k, p.category_cap  # 0: no cap
     rel_k = p.relationship_top_k if instance_id is not None else 0
     # Over-fetch: hygiene may drop a few rows, and the prompt should still get its full quota.
-    # The SQL's cost is the scan of the user's rows, not the length of the answer.
-    profile = recall_store.ranked(MemoryLayer.PROFILE, p, user_id, query, k=2 * k, cap=2 * cap if cap else None,
-                                  now=now)
-    relationship = recall_store.ranked(MemoryLayer.RELATIONSHIP, p, user_id, query, k=2 * rel_k, cap=None,
-                                       instance_id=instance_id, now=now) if rel_k > 0 else []
-    hygiene = Hygiene([m["content"] for m in history] + ([message] if message else []), p.dedupe_similarity)
-    return Recalled(profile=hygiene.take(profile, k, cap), relationship=hygiene.take(relationship, rel_k))
+    # The SQL's cost is the scan of the user's rows, not the length of the answer. Both layers, and the
+    # near-duplicates among them, in one statement.
+    rows = recall_store.candidates(p, user_id, query, k=2 * k, cap=2 * cap if cap else None, relationship_k=2 * rel_k,
+                                   instance_id=instance_id, dedupe=p.dedupe_similarity, now=now)
+    hygiene = Hygiene([m["content"] for m in history] + ([message] if message else []))
+    return Recalled(profile=hygiene.take([r for r in rows if r["layer"] == MemoryLayer.PROFILE], k, cap),
+                    relationship=hygiene.take([r for r in rows if r["layer"] == MemoryLayer.RELATIONSHIP], rel_k))

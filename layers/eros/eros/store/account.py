@@ -16,9 +16,9 @@ write after it:
 * the user's deep-pass row (``user_consolidation``, ``FOR UPDATE``): a deep pass applies its plan only
   while it holds that row with its claim token (``store.deep_pass``), so the same holds for it.
 
-Then everything keyed by the user goes: both memory layers with their superseded history, messages
-(with their sessions, ON DELETE CASCADE), sessions (and with them any dreaming claim on them), persona
-instances, the deep-pass row and usage. Erasing a user with nothing stored erases nothing and succeeds.
+Then everything keyed by the user goes: both memory layers with their superseded history, messages,
+sessions (and with them any dreaming claim on them), persona instances and the deep-pass row; then,
+right after, the usage rows. Erasing a user with nothing stored erases nothing and succeeds.
 """
 
 from __future__ import annotations
@@ -56,8 +56,12 @@ _ERASE = (
     ("sessions", "DELETE FROM engine.chat_sessions WHERE user_id = %(user)s"),
     ("persona_instances", "DELETE FROM engine.persona_instances WHERE user_id = %(user)s"),
     ("deep_pass", "DELETE FROM engine.user_consolidation WHERE user_id = %(user)s"),
-    ("usage_days", "DELETE FROM engine.user_usage WHERE user_id = %(user)s"),
 )
+# Usage goes in a statement of its own, after the transaction: a chat turn locks its user's usage row and
+# then the session (store.chat.open_turn), so an erasure holding the sessions must not wait for that row.
+# Nothing can add to it afterwards: dreaming counts only while its session or deep-pass row exists
+# (store.usage), and a turn's session is gone.
+_ERASE_USAGE = "DELETE FROM engine.user_usage WHERE user_id = %(user)s"
 
 
 def _json(value: Any) -> str:
@@ -119,4 +123,5 @@ def erase(user_id: str) -> dict[str, int]:
     with transaction() as conn:
         conn.execute("SELECT id FROM engine.chat_sessions WHERE user_id = %s ORDER BY id FOR UPDATE", (user_id,))
         conn.execute("SELECT user_id FROM engine.user_consolidation WHERE user_id = %s FOR UPDATE", (user_id,))
-        return {kind: conn.execute(statement, {"user": user_id}).rowcount for kind, statement in _ERASE}
+        erased = {kind: conn.execute(statement, {"user": user_id}).rowcount for kind, statement in _ERASE}
+    return erased | {"usage_days": connection().execute(_ERASE_USAGE, {"user": user_id}).rowcount}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from uuid import UUID
 
 from pgvector import Vector
@@ -9,7 +10,7 @@ from psycopg.types.json import Jsonb
 
 from ..db import connection, one, transaction
 from . import usage
-from .rows import Message, Persona, RecordedTurn, Session, SessionWithPersona, TurnMessages
+from .rows import Message, OpenedTurn, Persona, RecordedTurn, Session, SessionWithPersona, TurnMessages
 
 
 def list_personas() -> list[Persona]:
@@ -38,6 +39,11 @@ def create_session(user_id: str, persona_id: str) -> Session | None:
 _SESSION_COLUMNS = (
     "s.id, s.instance_id, i.persona_id, s.created_at, s.last_active_at, s.extracted_at"
 )
+
+# New messages: the session is active again and, if it was extracted (or given up on), eligible for dreaming
+# again with a fresh attempts budget; extraction resumes after its watermark. (Completed with a WHERE.)
+_TOUCH = ("UPDATE engine.chat_sessions SET last_active_at = now(), extracted_at = NULL,"
+          " extraction_attempts = 0")
 
 
 def list_sessions(user_id: str, limit: int = 100) -> list[Session]:
@@ -70,14 +76,69 @@ def find_turn(session_id: UUID, client_turn_id: str) -> TurnMessages:
     return {row["role"]: row for row in rows}
 
 
-def recent_messages(session_id: UUID, limit: int, exclude_turn: str | None = None) -> list[Message]:
-    """The last ``limit`` messages, oldest first (the prompt's history)."""
-    rows = connection().execute(
-        "SELECT id, role, content FROM engine.chat_messages"
-        " WHERE session_id = %s AND client_turn_id IS DISTINCT FROM %s ORDER BY id DESC LIMIT %s",
-        (session_id, exclude_turn, limit),
-    ).fetchall()
-    return rows[::-1]
+# A turn's first statement (``open_turn``): everything a turn does before its model calls, in one round
+# trip and one implicit transaction. Its parts:
+# * session: the session with its persona, only if it belongs to this user (another user's is not found:
+#   nothing below runs for it, since every part reads `session`);
+# * earlier: the messages already stored under this turn id (a retry's first attempt);
+# * to_admit / admitted (usage.ADMISSION): the turn counted against the spend limits, when they are on and
+#   the turn is not the retry of an answered turn with the same message (a replay is never limited);
+# * claimed: the user's message, stored before any model call, claiming the turn id (the UNIQUE
+#   (session_id, client_turn_id, role) constraint decides between concurrent senders), only when there is
+#   none yet and the turn was admitted; touched: the session's activity, when the message was stored;
+# * the history the prompt carries (the last `history` messages, the turn's own excluded), oldest first.
+# The admission locks the usage row before the session row is touched, as record_turn does: concurrent turns
+# of one user take the two locks in one order. Reads see the statement's snapshot: a concurrent sender that
+# stored its message after it began is neither in `earlier` nor beaten by `claimed` (ON CONFLICT waits for it,
+# then does nothing); the caller then finds it with claim_turn.
+_OPEN_TURN = f"""
+WITH session AS (
+    SELECT {_SESSION_COLUMNS}, p.name AS persona_name, p.system_prompt FROM engine.chat_sessions s
+    JOIN engine.persona_instances i ON i.id = s.instance_id
+    JOIN engine.personas p ON p.id = i.persona_id
+    WHERE s.id = %(session)s AND s.user_id = %(user)s
+), earlier AS (
+    SELECT m.id, m.role, m.content, m.metadata FROM engine.chat_messages m
+    WHERE m.session_id = (SELECT id FROM session) AND m.client_turn_id = %(turn)s
+), to_admit AS (
+    SELECT FROM session
+    WHERE %(limited)s AND NOT EXISTS (SELECT FROM earlier a JOIN earlier u ON u.role = 'user'
+                                      WHERE a.role = 'assistant' AND u.content = %(content)s)
+), {usage.ADMISSION}, claimed AS (
+    INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id)
+    SELECT id, 'user', %(content)s, %(turn)s FROM session
+    WHERE NOT EXISTS (SELECT FROM earlier WHERE role = 'user') AND (NOT %(limited)s OR EXISTS (SELECT FROM admitted))
+    ON CONFLICT (session_id, client_turn_id, role) DO NOTHING
+    RETURNING id
+), touched AS (
+    {_TOUCH} WHERE id = %(session)s AND EXISTS (SELECT FROM claimed)
+)
+SELECT session.*, (SELECT id FROM claimed) AS claimed_id,
+       NOT %(limited)s OR EXISTS (SELECT FROM admitted) AS admitted,
+       (SELECT coalesce(jsonb_object_agg(role, to_jsonb(earlier)), '{{}}') FROM earlier) AS earlier,
+       (SELECT coalesce(jsonb_agg(h ORDER BY h.id), '[]') FROM (
+            SELECT id, role, content FROM engine.chat_messages
+            WHERE session_id = %(session)s AND client_turn_id <> %(turn)s ORDER BY id DESC LIMIT %(history)s) h
+       ) AS history
+FROM session
+"""
+
+
+def open_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str, *, history: int,
+              now: datetime, turns_per_minute: int = 0, daily_budget: int = 0) -> OpenedTurn | None:
+    """Open a turn in one statement (see ``_OPEN_TURN``): the session (None: not this user's, or none), the
+    messages stored under the turn id (the user's message just stored, or a retry's earlier attempt; empty
+    when a concurrent sender's came first: see ``claim_turn``), whether the spend limits admitted the turn
+    (counting it), and the prompt's history."""
+    values = {"user": user_id, "session": session_id, "turn": client_turn_id, "content": content,
+              "history": history} | usage.admission(now, turns_per_minute, daily_budget)
+    row = connection().execute(_OPEN_TURN, values).fetchone()
+    if row is None:
+        return None
+    claimed, admitted, turn, messages = (row.pop(k) for k in ("claimed_id", "admitted", "earlier", "history"))
+    if claimed is not None:
+        turn = {"user": {"id": claimed, "role": "user", "content": content, "metadata": {}}}
+    return {"session": row, "turn": turn, "admitted": admitted, "history": messages}
 
 
 def list_messages(session_id: UUID, limit: int, before: int | None) -> list[Message]:
@@ -90,7 +151,9 @@ def list_messages(session_id: UUID, limit: int, before: int | None) -> list[Mess
 
 
 def claim_turn(session_id: UUID, content: str, client_turn_id: str) -> TurnMessages:
-    """Store the user's message of a turn before any model call, claiming ``client_turn_id`` for it.
+    """Store the user's message of a turn before any model call, claiming ``client_turn_id`` for it: what
+    ``open_turn`` does, for the turn whose ``open_turn`` found a concurrent sender's message in its way but
+    not in its snapshot (the rare race, at a few round trips more; the turn was admitted already).
 
     The message is committed first, so that nothing typed is lost whatever happens to the model call,
     and so that the UNIQUE (session_id, client_turn_id, role) constraint decides which of several
@@ -111,25 +174,50 @@ def claim_turn(session_id: UUID, content: str, client_turn_id: str) -> TurnMessa
     raise RuntimeError(f"could not claim turn {client_turn_id!r}")
 
 
+# A turn's last statement (``record_turn``): its reply and what goes with it, in one round trip and one
+# implicit transaction (a statement's data-modifying CTEs commit or fail together). Its parts:
+# * spent (usage.spending): the tokens of the turn's provider calls, recorded even if a concurrent sender's
+#   reply wins (they were paid for); it runs first (`reply` reads it), so that the usage row is locked before
+#   the session row, in the order open_turn takes them;
+# * reply: the assistant's message, unless a concurrent sender of the same message stored one first;
+# * touched and utterance, only with the reply: the session's activity, and the user's message in the
+#   relationship layer (with the embedding recall already paid for).
+_RECORD_TURN = f"""
+WITH spent AS (
+    {usage.spending("chat")}
+), reply AS (
+    INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id, metadata)
+    SELECT %(session)s, 'assistant', %(reply)s, %(turn)s, %(metadata)s FROM (SELECT count(*) FROM spent) usage_first
+    ON CONFLICT (session_id, client_turn_id, role) DO NOTHING
+    RETURNING id
+), touched AS (
+    {_TOUCH} WHERE id = %(session)s AND EXISTS (SELECT FROM reply)
+), utterance AS (
+    INSERT INTO engine.companion_memories (session_id, user_id, instance_id, content, embedding, source,
+                                           from_message_id, through_message_id, metadata)
+    SELECT %(session)s, %(user)s, %(instance)s, %(content)s, %(embedding)s, 'utterance', %(message)s,
+           %(message)s, %(utterance_metadata)s FROM reply
+)
+SELECT id FROM reply
+"""
+
+
 def record_turn(session: SessionWithPersona, user_id: str, user_message_id: int, content: str, client_turn_id: str,
                 reply: str, reply_metadata: dict, embedding: list[float], embed_model: str, tokens: int = 0
                 ) -> RecordedTurn:
-    """One transaction: the tokens the turn's provider calls cost (paid even if a concurrent sender's
-    reply wins), the reply to the user's message (stored by ``claim_turn``), the session's activity, and
-    the utterance in the relationship layer. Returns both message ids, or ``replayed`` when a concurrent
-    sender of the same message recorded its reply first (keep that one)."""
-    with transaction() as conn:
-        usage.record(user_id, tokens, "chat", usage.utcnow(), conn)
-        assistant = _insert_message(conn, session["id"], "assistant", reply, client_turn_id, reply_metadata)
-        if assistant is None:
-            return {"replayed": True}
-        _touch(conn, session["id"])
-        conn.execute(
-            "INSERT INTO engine.companion_memories (session_id, user_id, instance_id, content, embedding, source,"
-            " from_message_id, through_message_id, metadata) VALUES (%s, %s, %s, %s, %s, 'utterance', %s, %s, %s)",
-            (session["id"], user_id, session["instance_id"], content, Vector(embedding), user_message_id,
-             user_message_id, Jsonb({"message_id": user_message_id, "embed_model": embed_model})),
-        )
+    """One statement (see ``_RECORD_TURN``): the tokens the turn's provider calls cost, the reply to the
+    user's message (stored by ``open_turn``), the session's activity and the utterance in the relationship
+    layer. Returns both message ids, or ``replayed`` when a concurrent sender of the same message recorded
+    its reply first (keep that one)."""
+    assistant = connection().execute(_RECORD_TURN, {
+        "user": user_id, "day": usage.utcnow().astimezone(UTC).date(), "tokens": max(tokens, 0),
+        "session": session["id"], "instance": session["instance_id"], "turn": client_turn_id, "reply": reply,
+        "metadata": Jsonb(reply_metadata), "content": content, "embedding": Vector(embedding),
+        "message": user_message_id, "utterance_metadata": Jsonb({"message_id": user_message_id,
+                                                                 "embed_model": embed_model}),
+    }).fetchone()
+    if assistant is None:
+        return {"replayed": True}
     return {"replayed": False, "user_message_id": user_message_id, "assistant_message_id": assistant["id"]}
 
 
@@ -143,7 +231,4 @@ def _insert_message(conn, session_id, role, content, client_turn_id, metadata) -
 
 
 def _touch(conn, session_id) -> None:
-    """New messages: the session is active again and, if it was extracted (or given up on), eligible for
-    dreaming again with a fresh attempts budget; extraction resumes after its watermark."""
-    conn.execute("UPDATE engine.chat_sessions SET last_active_at = now(), extracted_at = NULL,"
-                 " extraction_attempts = 0 WHERE id = %s", (session_id,))
+    conn.execute(_TOUCH + " WHERE id = %s", (session_id,))

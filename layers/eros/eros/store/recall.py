@@ -1,4 +1,5 @@
-"""Recall ranking SQL: one statement per memory layer, for every strategy.
+"""Recall ranking SQL: one statement per memory layer, for every strategy (``ranked``), and both layers'
+statements in one, with the near-duplicates among their rows, for a chat turn (``candidates``).
 
 All three strategies share one statement shape and differ only in the base score expression:
 
@@ -52,6 +53,7 @@ The knobs and their defaults: ``eros.config.RecallParams``.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from pgvector import Vector
@@ -59,7 +61,7 @@ from pgvector import Vector
 from ..config import RecallParams
 from ..db import connection
 from ..memory import MemoryLayer
-from .rows import RankedMemory
+from .rows import RankedMemory, RecallCandidate
 
 # The score parts, over the columns of the `base` subquery below: (base score, recency term,
 # importance term), with base + w * importance = similarity + recency term + importance term.
@@ -151,36 +153,98 @@ ranked AS (
 SELECT id, content, category, importance, created_at, embedding, distance, decay,
        1 - distance AS similarity, recency_term, importance_term, demotion, score
 FROM capped
-WHERE category_rank <= %(cap)s
+WHERE category_rank <= {cap}
 ORDER BY score DESC, id
-LIMIT %(k)s
+LIMIT {k}
 """
 
+
+def _layer_statement(layer: MemoryLayer, strategy: str, demoting: bool, prefix: str = "") -> str:
+    """One layer's statement; its k and cap parameters are named ``{prefix}k`` and ``{prefix}cap``."""
+    base, recency, importance = _SCORES[strategy]
+    pool, demotion = _DEMOTION if demoting else _NO_DEMOTION
+    return _TEMPLATE.format(layer=_LAYERS[layer], base=base, term=_TERM, recency=recency, importance=importance,
+                            pool=pool, demotion=demotion, k=f"%({prefix}k)s", cap=f"%({prefix}cap)s")
+
+
 # (layer, strategy, demoting) -> statement; the relationship layer is never demoted.
-_STATEMENTS = {(layer, strategy, demoting): _TEMPLATE.format(
-                   layer=where, base=base, term=_TERM, recency=recency, importance=importance,
-                   pool=(_DEMOTION if demoting else _NO_DEMOTION)[0],
-                   demotion=(_DEMOTION if demoting else _NO_DEMOTION)[1])
-               for layer, where in _LAYERS.items() for strategy, (base, recency, importance) in _SCORES.items()
+_STATEMENTS = {(layer, strategy, demoting): _layer_statement(layer, strategy, demoting)
+               for layer in MemoryLayer for strategy in _SCORES
                for demoting in ((False, True) if layer is MemoryLayer.PROFILE else (False,))}
+
+# Both layers in one statement (``candidates``, what a turn recalls), with what hygiene needs to drop a
+# near-duplicate, so that no embedding leaves the database: the two layers' statements above, unchanged
+# (so each layer's rows, order and scores are ``ranked``'s), then every candidate in the order hygiene
+# walks them (`place`: the profile's by score, then the relationship's) with `near`, the candidates placed
+# before it whose embedding is at least `dedupe` cosine-similar to its own. A row is a near-duplicate of
+# what the prompt already carries exactly when one of those was kept (eros.recall.Hygiene). At most
+# (2k + 2 relationship k)^2 / 2 distances, computed in C: ~435 at the defaults, instead of ~270 dot
+# products of 512 floats in Python over 60 KB of shipped vectors.
+_BOTH_TEMPLATE = """
+WITH profile AS MATERIALIZED ({profile}
+), relationship AS MATERIALIZED ({relationship}
+), candidates AS (
+    SELECT 'profile' AS layer, row_number() OVER (ORDER BY score DESC, id) AS place, * FROM profile
+    UNION ALL
+    SELECT 'relationship', (SELECT count(*) FROM profile) + row_number() OVER (ORDER BY score DESC, id), *
+    FROM relationship
+)
+SELECT c.layer, c.id, c.content, c.category, c.importance, c.created_at, c.distance, c.decay, c.similarity,
+       c.recency_term, c.importance_term, c.demotion, c.score,
+       ARRAY(SELECT b.id FROM candidates b
+             WHERE b.place < c.place AND 1 - (b.embedding <=> c.embedding) >= %(dedupe)s::float8
+             ORDER BY b.place) AS near
+FROM candidates c
+ORDER BY c.place
+"""
+_BOTH = {(strategy, demoting): _BOTH_TEMPLATE.format(
+             profile=_layer_statement(MemoryLayer.PROFILE, strategy, demoting, "profile_"),
+             relationship=_layer_statement(MemoryLayer.RELATIONSHIP, strategy, False, "relationship_"))
+         for strategy in _SCORES for demoting in (False, True)}
+
+
+def _values(params: RecallParams, user_id: str, query: list[float], instance_id: UUID | None,
+            now: datetime | None) -> dict[str, Any]:
+    """The parameters every layer's statement shares."""
+    return {"q": Vector(list(query)), "user": user_id, "instance": instance_id, "now": now, "lam": params.lam,
+            "tau": params.tau_days, "floor": params.floor, "ifloor": params.importance_floor,
+            "iw": params.importance_weight, "dsim": params.demote_similarity, "penalty": params.demote_penalty,
+            "pool": params.demote_pool}
+
+
+def _cap(k: int, cap: int | None) -> int:
+    return cap if cap and cap > 0 else k
 
 
 def ranked(layer: MemoryLayer, params: RecallParams, user_id: str, query: list[float], *, k: int,
            cap: int | None, instance_id: UUID | None = None, now: datetime | None = None) -> list[RankedMemory]:
     """The layer's top ``k`` rows by ``params.strategy``'s score, at most ``cap`` per category (None: no cap).
 
-    One round trip. Rows carry their embedding (for near-duplicate checks), distance, decay, the
-    score parts (similarity, recency_term, importance_term, demotion) and score. ``now`` None means
-    the database's statement time. Only the profile layer is demoted, and only when
-    ``params.demoting``.
+    One round trip. Rows carry their embedding, distance, decay, the score parts (similarity,
+    recency_term, importance_term, demotion) and score. ``now`` None means the database's statement
+    time. Only the profile layer is demoted, and only when ``params.demoting``. (A turn recalls through
+    ``candidates``, which runs this same statement for each layer.)
     """
     if k <= 0 or (layer is MemoryLayer.RELATIONSHIP and instance_id is None):
         return []
     demoting = layer is MemoryLayer.PROFILE and params.demoting
-    values = {"q": Vector(list(query)), "user": user_id, "instance": instance_id, "now": now, "lam": params.lam,
-              "tau": params.tau_days, "floor": params.floor, "ifloor": params.importance_floor,
-              "iw": params.importance_weight, "dsim": params.demote_similarity, "penalty": params.demote_penalty,
-              "pool": params.demote_pool, "k": k, "cap": cap if cap and cap > 0 else k}
+    values = _values(params, user_id, query, instance_id, now) | {"k": k, "cap": _cap(k, cap)}
     # Binary results: the embeddings come back as packed floats, not 512 numbers in text to parse.
     with connection().cursor(binary=True) as cur:
         return cur.execute(_STATEMENTS[(layer, params.strategy, demoting)], values).fetchall()
+
+
+def candidates(params: RecallParams, user_id: str, query: list[float], *, k: int, cap: int | None,
+               relationship_k: int, instance_id: UUID | None, dedupe: float,
+               now: datetime | None = None) -> list[RecallCandidate]:
+    """Both layers' rows in one round trip (see ``_BOTH_TEMPLATE``): the profile's top ``k`` (at most ``cap``
+    per category) and then the relationship layer's top ``relationship_k`` of ``instance_id``, each as
+    ``ranked`` ranks them, without their embeddings, each with its ``layer`` and ``near``: the ids of the
+    rows before it that are at least ``dedupe`` cosine-similar to it."""
+    if instance_id is None:
+        relationship_k = 0
+    values = _values(params, user_id, query, instance_id, now) | {
+        "profile_k": max(k, 0), "profile_cap": _cap(k, cap), "relationship_k": max(relationship_k, 0),
+        "relationship_cap": _cap(relationship_k, None), "dedupe": dedupe}
+    with connection().cursor(binary=True) as cur:
+        return cur.execute(_BOTH[(params.strategy, params.demoting)], values).fetchall()

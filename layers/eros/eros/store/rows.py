@@ -47,6 +47,14 @@ class Message(TypedDict):
 TurnMessages = dict[str, Message]
 
 
+class OpenedTurn(TypedDict):
+    """A turn as ``store.chat.open_turn`` opened it."""
+    session: SessionWithPersona
+    turn: TurnMessages  # this turn id's messages: the user's just stored, or a retry's earlier attempt
+    admitted: bool  # the spend limits let the turn through (and counted it); always true with no limit on
+    history: list[Message]  # the prompt's history, oldest first, the turn's own messages excluded
+
+
 class RecordedTurn(TypedDict):
     replayed: bool
     user_message_id: NotRequired[int]
@@ -99,6 +107,25 @@ class RankedMemory(TypedDict):
     importance_term: float
     demotion: float
     score: float
+
+
+class RecallCandidate(TypedDict):
+    """A row of a turn's recall (``store.recall.candidates``): as ``RankedMemory`` but without its embedding,
+    with its layer and the near-duplicates placed before it."""
+    layer: str  # MemoryLayer
+    id: UUID
+    content: str
+    category: str | None
+    importance: float | None
+    created_at: datetime
+    distance: float
+    decay: float
+    similarity: float
+    recency_term: float
+    importance_term: float
+    demotion: float
+    score: float
+    near: list[UUID]  # candidates placed before this one (the profile's first) at least dedupe-similar to it
 
 
 class Memory(TypedDict):

@@ -1,0 +1,124 @@
+"""A chat turn's database round trips (issue 10), counted on the wire by bench/_wire.py's proxy: every turn
+path costs at most its number here, with the spend limits off and on, so that a round trip added back is a
+decision someone makes here, not an accident. Through RDS Proxy each one costs a Lambda far more than on
+this machine's Unix socket."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from fakes import Status
+
+from eros import chat
+from eros.errors import NotFound
+from eros.store import chat as chat_store
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from _wire import RoundTrips  # noqa: E402
+
+TURN = 3  # open_turn (session, earlier messages, spend limits, the message, history), the recall, record_turn
+REPLAY = 1  # open_turn finds the answered turn (so does a conflicting message, and another user's session)
+FAILED = 2  # open_turn and the recall; the chat model fails
+REFUSED = 2  # open_turn, and the usage that says which limit refused the turn
+LIMITS = {"TURNS_PER_MINUTE": 100, "DAILY_TOKEN_BUDGET": 10**9}
+
+
+@pytest.fixture
+def wire(providers, database_url, env):
+    """The package's connection goes through the counting proxy; the fake providers answer the turns."""
+    from eros import db
+
+    with RoundTrips(database_url) as counter:
+        env(DATABASE_URL=counter.url)
+        yield counter
+        db.reset()
+
+
+@pytest.fixture(params=[False, True], ids=["no limits", "spend limits"])
+def limits(request, env):
+    if request.param:
+        env(**LIMITS)
+    return request.param
+
+
+def counted(wire: RoundTrips, *args) -> tuple[chat.TurnResult, int]:
+    """One turn (``take_turn``'s arguments) and the round trips it made."""
+    wire.reset()
+    result = chat.take_turn(*args)
+    return result, wire.count
+
+
+def test_the_counter_counts_what_waits_for_the_server(wire):
+    import psycopg
+
+    with psycopg.connect(wire.url, autocommit=True) as conn:
+        wire.reset()
+        conn.execute("SELECT 1").fetchone()
+        assert wire.count == 1
+        wire.reset()
+        with conn.transaction():
+            conn.execute("SELECT 1")
+        assert wire.count == 3  # BEGIN, the statement, COMMIT
+        wire.reset()
+        with conn.pipeline():
+            cursors = [conn.execute("SELECT %s::int AS n", (n,)) for n in range(3)]
+        assert wire.count == 1 and [c.fetchone() for c in cursors] == [(0,), (1,), (2,)]
+        wire.reset()
+        with conn.pipeline():
+            conn.execute("SELECT 1").fetchone()  # its rows before the sync: a wait of its own
+            conn.execute("SELECT 2")
+        assert wire.count == 2
+
+
+def test_a_turn_and_its_replay(wire, limits, db):
+    session = chat_store.create_session("alice", "luna")["id"]
+    first, trips = counted(wire, "alice", session, "I adopted a cat named Miso", "t-1")
+    assert not first.replayed and 0 < trips <= TURN
+    again, trips = counted(wire, "alice", session, "I adopted a cat named Miso", "t-1")
+    assert again.replayed and again.reply == first.reply and 0 < trips <= REPLAY
+    other, trips = counted(wire, "alice", session, "Miso knocked my plant over", None)
+    assert not other.replayed and 0 < trips <= TURN
+    # What the three turns wrote: two turns (the replay wrote nothing), their utterances, their usage.
+    assert db.execute("SELECT count(*) AS n FROM engine.chat_messages").fetchone()["n"] == 4
+    assert db.execute("SELECT count(*) AS n FROM engine.companion_memories").fetchone()["n"] == 2
+    spent = db.execute("SELECT turns, chat_tokens FROM engine.user_usage WHERE user_id = 'alice'").fetchone()
+    assert spent["chat_tokens"] > 0 and spent["turns"] == (2 if limits else 0)
+
+
+def test_a_retry_of_a_turn_the_model_failed(wire, limits, providers, db):
+    fake_llm, _ = providers
+    session = chat_store.create_session("alice", "luna")["id"]
+    fake_llm.push(Status(503))
+    wire.reset()
+    with pytest.raises(chat.TurnFailed):
+        chat.take_turn("alice", session, "are you there?", "t-1")
+    assert 0 < wire.count <= FAILED
+    retried, trips = counted(wire, "alice", session, "are you there?", "t-1")
+    assert not retried.replayed and 0 < trips <= TURN
+
+
+def test_a_conflict_and_another_users_session_cost_one_round_trip(wire, limits):
+    session = chat_store.create_session("alice", "luna")["id"]
+    chat.take_turn("alice", session, "hello", "t-1")
+    wire.reset()
+    with pytest.raises(chat.TurnConflict):
+        chat.take_turn("alice", session, "something else", "t-1")
+    assert 0 < wire.count <= REPLAY
+    for user, sid in (("bob", session), ("alice", uuid.uuid4())):
+        wire.reset()
+        with pytest.raises(NotFound):
+            chat.take_turn(user, sid, "hello", None)
+        assert 0 < wire.count <= REPLAY
+
+
+def test_a_turn_the_spend_limits_refuse(wire, env):
+    env(TURNS_PER_MINUTE=1, DAILY_TOKEN_BUDGET=10**9)
+    session = chat_store.create_session("alice", "luna")["id"]
+    chat.take_turn("alice", session, "hello", None)
+    wire.reset()
+    with pytest.raises(chat.OverLimit):
+        chat.take_turn("alice", session, "hello again", None)
+    assert 0 < wire.count <= REFUSED
