@@ -33,6 +33,7 @@ import argparse
 import compileall
 import io
 import json
+import os
 import py_compile
 import shutil
 import statistics
@@ -290,9 +291,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
-    if not args.reuse:
-        subprocess.run([str(Path(sys.executable).parent / "sam"), "build", "--cached", "--build-dir",
-                        str(args.build_dir)], cwd=ROOT, check=True)
+    if not args.reuse:  # sam build looks for python3.12 on PATH: the virtualenv's interpreter is one
+        venv_bin = str(Path(sys.executable).parent)
+        subprocess.run([f"{venv_bin}/sam", "build", "--cached", "--build-dir", str(args.build_dir)], cwd=ROOT,
+                       check=True, env=os.environ | {"PATH": f"{venv_bin}:{os.environ.get('PATH', '')}"})
     compiled = has_bytecode(args.build_dir / "ErosLayer")
     with tempfile.TemporaryDirectory(prefix="eros-cold-") as tmp:
         work = Path(tmp)
