@@ -4,6 +4,7 @@ Voyage on loopback counting what is embedded."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -13,6 +14,7 @@ from fakes import Status
 from pgvector import Vector
 from test_memory_history import containers
 
+from eros.memory import MemoryLayer
 from eros.providers.offline import hash_embed
 
 
@@ -182,3 +184,54 @@ def test_two_edits_of_one_version_at_once_make_one_successor(api, providers, db,
         thread.join(30)
     assert sorted(results) == [200, 409]
     assert len(api.call("GET", "/v1/memories")[1]["memories"]) == 1
+
+
+# --- POST /v1/memories/search --------------------------------------------------------------------------------
+
+def test_search_ranks_like_a_turn_and_says_why(api, providers, db):
+    from eros.config import settings
+    from eros.store import recall as recall_store
+
+    fake_llm, fake_voyage = providers
+    for content, category in (("Has a dog named Biscuit", "relation"), ("Works as a nurse", "fact"),
+                              ("Loves hiking", "preference")):
+        assert api.call("POST", "/v1/memories", {"content": content, "category": category})[0] == 201
+    dreamed(db, user="bob", content="Has a dog named Rex")
+    status, body = api.call("POST", "/v1/memories/search", {"query": "dog", "k": 2})
+    assert status == 200 and len(body["results"]) == 2
+    best = body["results"][0]
+    parts = best["parts"]
+    assert best["score"] == pytest.approx(parts["similarity"] + parts["recency"] + parts["importance"]
+                                          - parts["demotion"])
+    assert best["source"] == "user" and "Rex" not in json.dumps(body)  # provenance shown; bob's never
+    # The same order and scores as the statement a turn recalls with, for the same query vector.
+    query = fake_voyage.requests[-1]["json"]
+    assert query["input_type"] == "query" and query["input"] == ["dog"]
+    rows = recall_store.ranked(MemoryLayer.PROFILE, settings().recall, "alice", hash_embed("dog"), k=2, cap=None)
+    assert [(str(r["id"]), r["score"]) for r in rows] == [(r["id"], pytest.approx(r["score"])) for r in body["results"]]
+    scores = [r["score"] for r in body["results"]]
+    assert scores == sorted(scores, reverse=True)
+    # A category filter and a layer: only those.
+    facts = api.call("POST", "/v1/memories/search", {"query": "dog", "category": "fact"})[1]["results"]
+    assert [r["content"] for r in facts] == ["Works as a nurse"]
+
+
+def test_search_of_a_personas_relationship_layer_and_its_bad_inputs(api, providers, db):
+    _, fake_voyage = providers
+    sid = api.session(persona="luna")
+    api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "I walked the dog by the river"})
+    found = api.call("POST", "/v1/memories/search", {"query": "river", "layer": "relationship",
+                                                    "persona_id": "luna"})[1]["results"]
+    assert [r["layer"] for r in found] == ["relationship"] and found[0]["persona_id"] == "luna"
+    assert api.call("POST", "/v1/memories/search", {"query": "river", "persona_id": "kai"})[0] == 404
+    calls = fake_voyage.calls
+    for body in ({}, {"query": ""}, {"query": "x", "k": 0}, {"query": "x", "k": 51}, {"query": "x", "layer": "all"},
+                 {"query": "x", "category": "hobby"}, {"query": "a\u0000b"}, {"query": "x", "user_id": "bob"},
+                 {"query": "x" * 4001}):
+        status, answer = api.call("POST", "/v1/memories/search", body)
+        assert status == 422 and answer["code"] == "invalid_request", (body, answer)
+    assert fake_voyage.calls == calls  # nothing refused was embedded
+    assert api.call("POST", "/v1/memories/search", {"query": "x"}, user=None)[0] == 401
+    fake_voyage.push(Status(503))
+    status, answer = api.call("POST", "/v1/memories/search", {"query": "river"})
+    assert status == 503 and answer["retryable"] is True

@@ -317,6 +317,45 @@ def restore_memory(memory_id: UUID) -> MemoryWithHistory:
     return MemoryWithHistory.model_validate(restored)
 
 
+_MODEL_FAILURES = ((502, "the embedder refused the text (retrying will not help)"),
+                   (503, "the embedder is unavailable (retryable)"), (504, "the embedder timed out (retryable)"))
+
+
+class MemorySearch(Strict):
+    query: Content
+    layer: MemoryLayer | None = Field(None, description="default: both (the relationship layer needs persona_id)")
+    category: Category | None = Field(None, description="profile memories of this category only")
+    persona_id: Annotated[str, StringConstraints(min_length=1, max_length=64), BeforeValidator(_storable)] | None = \
+        Field(None, description="the persona whose relationship memories (what was said to it) are searched too")
+    k: Annotated[int, Field(ge=1, le=50)] = 10
+
+
+class ScoreParts(BaseModel):
+    similarity: float = Field(description="cosine similarity of the memory to the query")
+    recency: float = Field(description="what its age adds (or, composite strategy, takes away)")
+    importance: float = Field(description="what its importance adds")
+    demotion: float = Field(description="taken away when a newer, similar memory of its category outranks it")
+
+
+class SearchResult(Memory):
+    score: float = Field(description="what ranks it: similarity + recency + importance - demotion")
+    parts: ScoreParts
+
+
+class SearchResults(BaseModel):
+    results: list[SearchResult] = Field(description="best first")
+
+
+@app.post("/v1/memories/search", summary="search the caller's memories",
+          description="The ranking a chat turn recalls with, without its per-category quota, and each result's "
+                      "score parts: why it is where it is.",
+          responses=_documented((200, "the results, best first"),
+                                (404, "persona_id names a persona the caller never talked to"), *_MODEL_FAILURES))
+def search_memories(body: MemorySearch) -> SearchResults:
+    return SearchResults.model_validate({"results": curation.search(
+        current_user(), body.query, layer=body.layer, category=body.category, persona_id=body.persona_id, k=body.k)})
+
+
 class NewMemory(Strict):
     content: Content
     category: Category
@@ -334,10 +373,6 @@ class MemoryEdit(Strict):
         if self.content is None and self.category is None and self.importance is None:
             raise ValueError("name at least one of content, category, importance to change")
         return self
-
-
-_MODEL_FAILURES = ((502, "the embedder refused the text (retrying will not help)"),
-                   (503, "the embedder is unavailable (retryable)"), (504, "the embedder timed out (retryable)"))
 
 
 @app.post("/v1/memories", summary="state a memory",

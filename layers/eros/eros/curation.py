@@ -1,4 +1,5 @@
-"""What a user does to their own memory through the API besides reading it: state a memory, or edit one.
+"""What a user does with their own memory through the API besides listing it: search it (with the chat
+turn's ranking, and why each result ranks where it does), state a memory, or edit one.
 
 The text is embedded once, as a document (what dreaming's memories are embedded as), with the same
 embedder and within a turn-sized time budget; a provider failure is ``errors.ModelFailed`` and nothing is
@@ -11,14 +12,39 @@ from uuid import UUID
 
 from .config import settings
 from .errors import ModelFailed, NotFound
+from .memory import MemoryLayer
 from .observability import logger
 from .providers import Deadline, ProviderError, embedder
-from .providers.embed import Embeddings
+from .providers.embed import Embeddings, InputType
 from .store import memories as memory_store
+from .store import recall as recall_store
 from .store import usage as usage_store
 from .store.rows import MemoryWithHistory
 
 USER_IMPORTANCE = 0.8  # a memory the user states is worth more than most a model infers
+
+
+def search(user_id: str, query: str, *, layer: MemoryLayer | None, category: str | None, persona_id: str | None,
+           k: int) -> list[dict[str, Any]]:
+    """The user's ``k`` best memories for ``query`` by the score a chat turn ranks with (its strategy,
+    importance, recency and demotion; no per-category quota: that shapes a prompt, not an answer), best
+    first, each a listed memory plus ``score`` and its parts. The relationship layer is a persona's: it is
+    searched when ``persona_id`` names one of the user's; a category filter is the profile's."""
+    params = settings().recall
+    instance = memory_store.instance_of(user_id, persona_id) if persona_id else None
+    if persona_id and instance is None:
+        raise NotFound(f"no conversation with persona {persona_id!r}")
+    layers = [MemoryLayer.PROFILE] if layer is None or layer is MemoryLayer.PROFILE else []
+    if instance is not None and layer in (None, MemoryLayer.RELATIONSHIP) and category is None:
+        layers.append(MemoryLayer.RELATIONSHIP)
+    vector = _embed(user_id, query, "query").vectors[0]
+    ranked = sorted((row for each in layers for row in recall_store.ranked(
+        each, params, user_id, vector, k=k, cap=None, instance_id=instance, category=category)),
+        key=lambda row: (-row["score"], str(row["id"])))[:k]
+    memories = memory_store.by_ids(user_id, [row["id"] for row in ranked])
+    return [memories[row["id"]] | {"score": row["score"], "parts": {
+        "similarity": row["similarity"], "recency": row["recency_term"], "importance": row["importance_term"],
+        "demotion": row["demotion"]}} for row in ranked if row["id"] in memories]
 
 
 def remember(user_id: str, content: str, category: str, importance: float | None) -> MemoryWithHistory:
@@ -46,9 +72,9 @@ def edit(user_id: str, memory_id: UUID, changes: dict[str, Any]) -> MemoryWithHi
     return edited
 
 
-def _embed(user_id: str, content: str) -> Embeddings:
+def _embed(user_id: str, content: str, input_type: InputType = "document") -> Embeddings:
     try:
-        vectors = embedder().embed([content], "document", deadline=Deadline.after(settings().turn_budget_secs))
+        vectors = embedder().embed([content], input_type, deadline=Deadline.after(settings().turn_budget_secs))
     except ProviderError as exc:
         failed = ModelFailed(exc)
         logger.warning("a memory's embedding failed", extra={"error_type": type(exc).__name__, "code": failed.code})

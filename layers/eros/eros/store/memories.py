@@ -115,6 +115,20 @@ def list_memories(user_id: str, layer: str | None, category: str | None, limit: 
     ).fetchall()
 
 
+def by_ids(user_id: str, ids: list[UUID]) -> dict[UUID, Memory]:
+    """The user's memories of ``ids`` (another user's are not there), as listed, by id."""
+    rows = connection().execute("SELECT" + FIELDS + FROM + " WHERE m.user_id = %s AND m.id = ANY(%s)",
+                                (user_id, ids)).fetchall()
+    return {row["id"]: row for row in rows}
+
+
+def instance_of(user_id: str, persona_id: str) -> UUID | None:
+    """The user's instance of a persona (the key of its relationship layer), if they have one."""
+    row = connection().execute("SELECT id FROM engine.persona_instances WHERE user_id = %s AND persona_id = %s",
+                               (user_id, persona_id)).fetchone()
+    return row["id"] if row else None
+
+
 def position_of(user_id: str, memory_id: UUID) -> tuple[datetime, UUID] | None:
     """The listing position (created_at, id) of one of the user's memories; None if there is no such row
     (a cursor given as a bare id, as older clients do, can only be resolved while its row exists)."""

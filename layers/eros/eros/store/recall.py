@@ -89,7 +89,8 @@ _SCORES: dict[str, tuple[str, str, str]] = {  # strategy -> parts
 # recalled (the profile index covers active rows only); and a row created after "now" did not
 # exist yet at that date.
 _LAYERS: dict[MemoryLayer, str] = {
-    MemoryLayer.PROFILE: "user_id = %(user)s AND instance_id IS NULL AND category IS NOT NULL",
+    MemoryLayer.PROFILE: "user_id = %(user)s AND instance_id IS NULL AND category IS NOT NULL"
+                         " AND (%(category)s::text IS NULL OR category = %(category)s)",  # a search's filter
     MemoryLayer.RELATIONSHIP: "user_id = %(user)s AND instance_id = %(instance)s",
 }
 
@@ -204,9 +205,10 @@ _BOTH = {(strategy, demoting): _BOTH_TEMPLATE.format(
 
 
 def _values(params: RecallParams, user_id: str, query: list[float], instance_id: UUID | None,
-            now: datetime | None) -> dict[str, Any]:
+            now: datetime | None, category: str | None = None) -> dict[str, Any]:
     """The parameters every layer's statement shares."""
-    return {"q": Vector(list(query)), "user": user_id, "instance": instance_id, "now": now, "lam": params.lam,
+    return {"q": Vector(list(query)), "user": user_id, "instance": instance_id, "now": now, "category": category,
+            "lam": params.lam,
             "tau": params.tau_days, "floor": params.floor, "ifloor": params.importance_floor,
             "iw": params.importance_weight, "dsim": params.demote_similarity, "penalty": params.demote_penalty,
             "pool": params.demote_pool}
@@ -217,18 +219,20 @@ def _cap(k: int, cap: int | None) -> int:
 
 
 def ranked(layer: MemoryLayer, params: RecallParams, user_id: str, query: list[float], *, k: int,
-           cap: int | None, instance_id: UUID | None = None, now: datetime | None = None) -> list[RankedMemory]:
+           cap: int | None, instance_id: UUID | None = None, now: datetime | None = None,
+           category: str | None = None) -> list[RankedMemory]:
     """The layer's top ``k`` rows by ``params.strategy``'s score, at most ``cap`` per category (None: no cap).
 
     One round trip. Rows carry their embedding, distance, decay, the score parts (similarity,
     recency_term, importance_term, demotion) and score. ``now`` None means the database's statement
-    time. Only the profile layer is demoted, and only when ``params.demoting``. (A turn recalls through
-    ``candidates``, which runs this same statement for each layer.)
+    time. Only the profile layer is demoted, and only when ``params.demoting``; ``category`` keeps the
+    profile's rows of one category (a search's filter). (A turn recalls through ``candidates``, which runs
+    this same statement for each layer.)
     """
     if k <= 0 or (layer is MemoryLayer.RELATIONSHIP and instance_id is None):
         return []
     demoting = layer is MemoryLayer.PROFILE and params.demoting
-    values = _values(params, user_id, query, instance_id, now) | {"k": k, "cap": _cap(k, cap)}
+    values = _values(params, user_id, query, instance_id, now, category) | {"k": k, "cap": _cap(k, cap)}
     # Binary results: the embeddings come back as packed floats, not 512 numbers in text to parse.
     with connection().cursor(binary=True) as cur:
         return cur.execute(_STATEMENTS[(layer, params.strategy, demoting)], values).fetchall()
