@@ -5,14 +5,12 @@ Voyage on loopback counting what is embedded."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 
 import pytest
 from apiclient import Api
 from fakes import Status
 from pgvector import Vector
-from test_memory_history import containers
+from test_memory_history import containers, queued_on_a_held_row
 
 from eros.memory import MemoryLayer
 from eros.providers.offline import hash_embed
@@ -158,30 +156,11 @@ def test_what_cannot_be_edited_is_refused_and_changes_nothing(api, providers, db
 
 
 def test_two_edits_of_one_version_at_once_make_one_successor(api, providers, db, database_url):
-    from eros import db as eros_db
-    from eros.db import connect
-
     old = dreamed(db)
     results: list[int] = []
-
-    def edit(container: Api, content: str):
-        try:
-            results.append(container.call("PATCH", f"/v1/memories/{old}", {"content": content})[0])
-        finally:
-            eros_db.reset()
-
-    with connect(database_url) as holder, holder.transaction():
-        holder.execute("SELECT 1 FROM engine.companion_memories WHERE id = %s FOR UPDATE", (old,))
-        threads = [threading.Thread(target=edit, args=(c, f"Lives in city {i}")) for i, c in enumerate(containers(2))]
-        for thread in threads:
-            thread.start()
-        deadline = time.monotonic() + 20
-        while db.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                         " AND datname = current_database()").fetchone()["n"] < 2:
-            assert time.monotonic() < deadline, "the two edits never queued on the row"
-            time.sleep(0.05)
-    for thread in threads:
-        thread.join(30)
+    queued_on_a_held_row(db, database_url, old, [
+        lambda c=c, i=i: results.append(c.call("PATCH", f"/v1/memories/{old}", {"content": f"Lives in city {i}"})[0])
+        for i, c in enumerate(containers(2))], "the two edits")
     assert sorted(results) == [200, 409]
     assert len(api.call("GET", "/v1/memories")[1]["memories"]) == 1
 

@@ -357,35 +357,42 @@ def containers(n: int) -> list[Api]:
     return apis
 
 
-def test_concurrent_restores_of_one_memory_one_wins(api, db, database_url, world):
+def queued_on_a_held_row(db, database_url: str, row_id, requests: list, what: str) -> None:
+    """Run ``requests`` (callables), each in a thread of its own, while another connection holds the memory
+    row ``row_id`` FOR UPDATE; let the row go only once every one of them waits on a lock, then wait for them
+    all. The waits are polled from ``db``: inside the holder's transaction pg_stat_activity is a snapshot
+    frozen at its first read."""
     from eros import db as eros_db
     from eros.db import connect
 
-    results: list[int] = []
-
-    def restore(container: Api):
+    def run(request):
         try:
-            results.append(container.call("POST", f"/v1/memories/{world.b}/restore")[0])
+            request()
         finally:
             eros_db.reset()  # this thread's connection
 
-    # Hold the row so that both requests are inside their transaction, waiting (for the row or for the
-    # user's restore lock), before either reads it: without the locks and the re-check, both would find
-    # it superseded and both "restore".
-    # The waits are polled from another connection: inside the holder's transaction pg_stat_activity is
-    # a snapshot frozen at its first read.
     with connect(database_url) as holder, holder.transaction():
-        holder.execute("SELECT 1 FROM engine.companion_memories WHERE id = %s FOR UPDATE", (world.b,))
-        threads = [threading.Thread(target=restore, args=(c,)) for c in containers(2)]
+        holder.execute("SELECT 1 FROM engine.companion_memories WHERE id = %s FOR UPDATE", (row_id,))
+        threads = [threading.Thread(target=run, args=(request,)) for request in requests]
         for thread in threads:
             thread.start()
         deadline = time.monotonic() + 20
         while db.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                         " AND datname = current_database()").fetchone()["n"] < 2:
-            assert time.monotonic() < deadline, "the two restores never queued on the row"
+                         " AND datname = current_database()").fetchone()["n"] < len(requests):
+            assert time.monotonic() < deadline, f"{what} never queued"
             time.sleep(0.05)
     for thread in threads:
         thread.join(30)
+
+
+def test_concurrent_restores_of_one_memory_one_wins(api, db, database_url, world):
+    results: list[int] = []
+    # Hold the row so that both requests are inside their transaction, waiting (for the row or for the
+    # user's restore lock), before either reads it: without the locks and the re-check, both would find
+    # it superseded and both "restore".
+    queued_on_a_held_row(db, database_url, world.b, [
+        lambda c=c: results.append(c.call("POST", f"/v1/memories/{world.b}/restore")[0]) for c in containers(2)],
+        "the two restores")
     assert sorted(results) == [200, 409]
     assert active_ids(api) == {world.b, world.e, world.f, world.rel}
     c = api.call("GET", f"/v1/memories/{world.c}")[1]
@@ -395,30 +402,14 @@ def test_concurrent_restores_of_one_memory_one_wins(api, db, database_url, world
 def test_concurrent_restores_of_two_versions_leave_one_active(api, db, database_url, world):
     # A -> B -> C; "restore A" and "restore B" at once. Each alone would retire C; together, each must see
     # the other's outcome, or both A and B end up active.
-    from eros import db as eros_db
-    from eros.db import connect
-
     results: dict[str, int] = {}
 
     def restore(container: Api, memory_id: str):
-        try:
-            results[memory_id] = container.call("POST", f"/v1/memories/{memory_id}/restore")[0]
-        finally:
-            eros_db.reset()
+        results[memory_id] = container.call("POST", f"/v1/memories/{memory_id}/restore")[0]
 
-    with connect(database_url) as holder, holder.transaction():
-        holder.execute("SELECT 1 FROM engine.companion_memories WHERE id = %s FOR UPDATE", (world.c,))
-        threads = [threading.Thread(target=restore, args=(container, memory_id))
-                   for container, memory_id in zip(containers(2), (world.a, world.b), strict=True)]
-        for thread in threads:
-            thread.start()
-        deadline = time.monotonic() + 20
-        while db.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                         " AND datname = current_database()").fetchone()["n"] < 2:
-            assert time.monotonic() < deadline, "the two restores never queued"
-            time.sleep(0.05)
-    for thread in threads:
-        thread.join(30)
+    queued_on_a_held_row(db, database_url, world.c, [
+        lambda c=c, m=m: restore(c, m) for c, m in zip(containers(2), (world.a, world.b), strict=True)],
+        "the two restores")
     assert results == {world.a: 200, world.b: 200}
     active = active_ids(api) & {world.a, world.b, world.c}
     assert len(active) == 1 and active <= {world.a, world.b}, active
