@@ -57,7 +57,7 @@ def remember(user_id: str, content: str, category: str, importance: float | None
 def edit(user_id: str, memory_id: UUID, changes: dict[str, Any]) -> MemoryWithHistory:
     """A new version of a current profile memory that supersedes it (reason 'edited', history kept); the
     text is embedded again only when it changed."""
-    current = memory_store.get_memory(user_id, memory_id)
+    current = memory_store.by_ids(user_id, [memory_id]).get(memory_id)  # the row alone, not its history
     if current is None:
         raise NotFound("memory not found")
     if current["layer"] != "profile" or current["superseded_at"] is not None:  # before paying for an embedding

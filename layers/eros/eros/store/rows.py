@@ -92,14 +92,13 @@ class KnownMemory(TypedDict):
     distance: float
 
 
-class RankedMemory(TypedDict):
-    """A recalled row (``store.recall.ranked``) with its score and the parts that make it up."""
+class _Scored(TypedDict):
+    """What a ranked row carries: the memory, its distance and decay, the score parts and the score."""
     id: UUID
     content: str
     category: str | None
     importance: float | None
     created_at: datetime
-    embedding: Any  # pgvector's Vector
     distance: float
     decay: float
     similarity: float
@@ -109,22 +108,15 @@ class RankedMemory(TypedDict):
     score: float
 
 
-class RecallCandidate(TypedDict):
+class RankedMemory(_Scored):
+    """A recalled row (``store.recall.ranked``) with its score and the parts that make it up."""
+    embedding: Any  # pgvector's Vector
+
+
+class RecallCandidate(_Scored):
     """A row of a turn's recall (``store.recall.candidates``): as ``RankedMemory`` but without its embedding,
     with its layer and the near-duplicates placed before it."""
     layer: str  # MemoryLayer
-    id: UUID
-    content: str
-    category: str | None
-    importance: float | None
-    created_at: datetime
-    distance: float
-    decay: float
-    similarity: float
-    recency_term: float
-    importance_term: float
-    demotion: float
-    score: float
     near: list[UUID]  # candidates placed before this one (the profile's first) at least dedupe-similar to it
 
 
