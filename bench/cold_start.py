@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -138,9 +139,9 @@ print("RESULT " + json.dumps(result))
 
 def run_child(task: Path, paths: list[str], env: dict[str, str], *, invoke: bool = False) -> dict:
     code = CHILD.format(paths=paths, invoke=invoke, event=str(ROOT / "events" / "chat_turn.json"))
-    started = _now()
+    started = time.perf_counter()
     done = subprocess.run([sys.executable, "-S", "-c", code], cwd=task, env=env, capture_output=True, text=True)
-    wall = _now() - started
+    wall = time.perf_counter() - started
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
         raise RuntimeError(f"the cold process failed in {task.name}:\n{done.stderr[-3000:]}")
@@ -150,16 +151,10 @@ def run_child(task: Path, paths: list[str], env: dict[str, str], *, invoke: bool
 def bare_start(runs: int) -> float:
     times = []
     for _ in range(runs):
-        started = _now()
+        started = time.perf_counter()
         subprocess.run([sys.executable, "-S", "-c", "pass"], env={"PATH": "/usr/bin:/bin"}, check=True)
-        times.append(_now() - started)
+        times.append(time.perf_counter() - started)
     return statistics.median(times)
-
-
-def _now() -> float:
-    import time
-
-    return time.perf_counter()
 
 
 def measure_imports(root: Path, runtime: Path, runs: int, bare: float, only: list[str]) -> dict[str, dict[str, float]]:
