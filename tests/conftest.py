@@ -143,7 +143,7 @@ def reset_process_state() -> None:
 # takes exclusive locks and rewrites files), and one statement batch is one round trip.
 CLEAN_SCHEMA = ";".join(f"DELETE FROM engine.{table}" for table in (
     "companion_memories", "chat_messages", "chat_sessions", "user_consolidation", "persona_instances",
-    "provider_blocks", "user_usage"))
+    "provider_blocks", "user_usage", "user_model_usage"))
 
 
 @pytest.fixture(scope="session")

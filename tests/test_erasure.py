@@ -62,7 +62,7 @@ def rows_mentioning(db, *needles: str) -> dict[str, int]:
         "SELECT table_name FROM information_schema.tables WHERE table_schema = 'engine'"
         " AND table_type = 'BASE TABLE' ORDER BY table_name").fetchall()]
     assert {"chat_messages", "chat_sessions", "companion_memories", "persona_instances", "user_consolidation",
-            "user_usage"} <= set(tables)
+            "user_usage", "user_model_usage"} <= set(tables)
     found = {}
     for table in tables:
         clauses = " OR ".join("r::text LIKE %s" for _ in needles)
@@ -82,8 +82,9 @@ def test_erasure_leaves_nothing_of_the_user_in_any_table_and_keeps_everyone_else
     a_full_history(db, api, USER)
     a_full_history(db, api, OTHER)
     before = rows_mentioning(db, USER)
+    # (messages carry the text, not the user id)
     assert {"chat_messages", "chat_sessions", "companion_memories", "persona_instances", "user_consolidation",
-            "user_usage"} <= set(before) | {"chat_messages"}  # messages carry the text, not the user id
+            "user_usage", "user_model_usage"} <= set(before) | {"chat_messages"}
     assert rows_mentioning(db, f"{SAID} of {USER}")["chat_messages"] >= 2
     others = rows_mentioning(db, OTHER)
 
@@ -93,6 +94,7 @@ def test_erasure_leaves_nothing_of_the_user_in_any_table_and_keeps_everyone_else
     assert erased["sessions"] == 2 and erased["messages"] == 6 and erased["persona_instances"] == 2
     assert erased["memories"] == 2 + 1 + 3  # two dreamed, one superseded version, three relationship utterances
     assert erased["deep_pass"] == 1 and erased["usage_days"] == 1
+    assert erased["usage_by_model"] >= 3  # chat and extraction, each with the LLM and the embedder
 
     assert rows_mentioning(db, USER, f"{SAID} of {USER}") == {}  # the id and what they said: nowhere
     assert rows_mentioning(db, OTHER) == others  # nobody else lost anything

@@ -60,6 +60,9 @@ def test_an_export_to_the_local_folder_is_the_whole_record_and_nobody_elses(db, 
     assert (lisbon["superseded_by"], lisbon["superseded_reason"]) == (mine["memory"], "changed")
     assert all("embedding" not in m for m in document["memories"])
     assert document["usage"][0]["tokens"] >= 42
+    # Each of the two turns: one reply and one query embedding, by purpose and model (the offline stand-ins).
+    assert {(u["purpose"], u["model"], u["calls"]) for u in document["usage_by_model"]} == {
+        ("chat", "offline/echo", 2), ("chat", "offline/lexical-hash-512", 2)}
     assert "bob" not in json.dumps(document)
     assert local_file(folder, link["url"]).stat().st_size == link["bytes"]
 

@@ -212,7 +212,7 @@ def test_a_user_over_budget_has_the_deep_pass_deferred_then_run_and_recorded_aft
     clock.moment = datetime.now(UTC)
     midnight = usage_store.next_day(clock.moment)
     env(DAILY_TOKEN_BUDGET=10)
-    usage_store.record("alice", 10, "chat", clock.moment)  # the day's budget is spent
+    usage_store.record("alice", usage_store.Call("chat", "m", 10), clock.moment)  # the day's budget is spent
     copies(db, "alice", "Lives in Shanghai", 3)
     due(db, "alice")
 

@@ -11,7 +11,7 @@ import binascii
 import json
 import re
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import date, datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
@@ -23,7 +23,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.logging import correlation_paths
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
-from eros import chat, curation, errors, records, snapstart, tracing
+from eros import chat, curation, errors, records, snapstart, tracing, usage
 from eros import health as health_check
 from eros.config import settings
 from eros.memory import Category, MemoryLayer, Source, SupersededReason
@@ -431,6 +431,7 @@ class Erased(BaseModel):
     persona_instances: int
     deep_pass: int = Field(description="the user's deep-pass (per-user consolidation) record")
     usage_days: int = Field(description="days of token usage and turn counts")
+    usage_by_model: int = Field(description="rows of usage per day, purpose and model")
     exports: int = Field(description="export files not yet expired")
 
 
@@ -468,6 +469,64 @@ def erase_me() -> Erasure:
     return Erasure(erased=Erased(**erased))
 
 
+class CallsUsage(BaseModel):
+    purpose: Literal["chat", "extraction", "deep_pass", "curation"] = Field(
+        description="chat: turns (reply and query embedding); extraction and deep_pass: dreaming; curation: the "
+                    "memory API's embeddings")
+    model: str
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    estimated_cost: float | None = Field(description="USD at the configured list prices; null: the model has no price")
+
+
+class DayUsage(BaseModel):
+    day: date = Field(description="a UTC day")
+    tokens: int = Field(description="what the daily token budget counted")
+    estimated_cost: float
+    calls: list[CallsUsage]
+
+
+class PurposeUsage(BaseModel):
+    purpose: str
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    estimated_cost: float
+
+
+class UsageTotals(BaseModel):
+    tokens: int
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    estimated_cost: float
+
+
+class UsageReport(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+    first: date = Field(alias="from")
+    last: date = Field(alias="to")
+    currency: str
+    daily_token_budget: int | None = Field(description="tokens a day the caller may spend (null: no budget)")
+    days: list[DayUsage] = Field(description="days with any usage, oldest first")
+    purposes: list[PurposeUsage] = Field(description="the range per purpose")
+    totals: UsageTotals
+    unpriced_models: list[str] = Field(description="models with no configured price: their cost is not in a total")
+
+
+@app.get("/v1/usage", summary="the caller's usage and its estimated cost",
+         description="Tokens and provider calls per UTC day, purpose and model, with a cost estimated at the "
+                     f"configured list prices. Without dates: the last {usage.DEFAULT_DAYS} days; at most "
+                     f"{usage.MAX_DAYS} days at a time.",
+         responses=_documented((200, "the report")))
+def usage_report(first: Annotated[date | None, Query(alias="from", description="first UTC day (YYYY-MM-DD)")] = None,
+                 last: Annotated[date | None, Query(alias="to", description="last UTC day, included")] = None
+                 ) -> UsageReport:
+    first, last = usage.days_of(first, last)
+    return UsageReport.model_validate(usage.report(current_user(), first, last))
+
+
 @app.exception_handler(RequestValidationError)
 def invalid_request(error: RequestValidationError):
     problems = [{"field": ".".join(str(p) for p in e.get("loc", ())), "problem": e.get("msg", "invalid"),
@@ -476,6 +535,12 @@ def invalid_request(error: RequestValidationError):
     summary = "; ".join(f"{p['field']}: {p['problem']}" for p in problems)
     malformed = any(e.get("type") == "json_invalid" for e in error.errors())
     return _error(400 if malformed else 422, f"invalid request: {summary}", errors=problems)
+
+
+@app.exception_handler(usage.BadRange)
+def bad_range(error: usage.BadRange):
+    problem = {"field": f"query.{error.field}", "problem": error.problem}
+    return _error(422, f"invalid request: {error}", errors=[problem])
 
 
 @app.exception_handler(errors.NotFound)

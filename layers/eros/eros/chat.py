@@ -126,7 +126,7 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
         {"recalled": [r.model_dump(mode="json") for r in answer.recalled], "model": answer.completion.model,
          "usage": answer.completion.usage, "offline": answer.completion.offline},
         answer.query.vectors[0], answer.query.model,
-        tokens=usage_store.tokens_of(answer.completion.usage) + usage_store.tokens_of(answer.query.usage),
+        [usage_store.Call.of("chat", answer.completion), usage_store.Call.of("chat", answer.query)],
     )
     if stored["replayed"]:  # a concurrent duplicate of this turn finished first
         return _replay(chat_store.find_turn(session_id, turn_id), turn_id)

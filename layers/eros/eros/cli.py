@@ -1,4 +1,4 @@
-"""The ``eros`` command: serve (the local stack), migrate, token, chat, sweep."""
+"""The ``eros`` command: serve (the local stack), migrate, token, chat, sweep, forget, usage."""
 
 from __future__ import annotations
 
@@ -104,6 +104,76 @@ def cmd_forget(args) -> int:
     return 0
 
 
+def cmd_usage(args) -> int:
+    """An operator's usage report: every user's tokens, calls and estimated cost in a range of UTC days
+    (costliest first), or one user's per day, purpose and model (what ``GET /v1/usage`` answers)."""
+    import json
+
+    from . import usage
+
+    _database()
+    try:
+        first, last = usage.days_of(args.first, args.last)
+    except usage.BadRange as exc:
+        print(f"eros usage: --{exc}", file=sys.stderr)
+        return 2
+    report = usage.report(args.user, first, last) if args.user else usage.by_user(first, last)
+    if args.json:
+        print(json.dumps(report, default=str, indent=2))
+    else:
+        print("\n".join(_user_usage(report) if args.user else _users_usage(report, args.limit)))
+    return 0
+
+
+def _money(value: float) -> str:
+    return f"{value:,.4f}"
+
+
+def _users_usage(report: dict, limit: int) -> list[str]:
+    from .store.usage import PURPOSES
+
+    lines = [f"usage {report['from']} .. {report['to']} (UTC days), estimated {report['currency']} at list prices",
+             f"{'user':<32} {'calls':>8} {'tokens':>12} " + " ".join(f"{p:>11}" for p in PURPOSES) + f" {'cost':>10}"]
+    users = report["users"]
+    for u in users[:limit]:
+        lines.append(f"{u['user_id'][:32]:<32} {u['calls']:>8,} {u['tokens']:>12,} "
+                     + " ".join(f"{u['purposes'][p]:>11,}" for p in PURPOSES) + f" {_money(u['estimated_cost']):>10}")
+    if len(users) > limit:
+        lines.append(f"... and {len(users) - limit} more users (--limit)")
+    lines.append(f"{len(users)} users, {sum(u['tokens'] for u in users):,} tokens, "
+                 f"{_money(sum(u['estimated_cost'] for u in users))} {report['currency']}")
+    return lines + _unpriced(report)
+
+
+def _user_usage(report: dict) -> list[str]:
+    lines = [f"usage {report['from']} .. {report['to']} (UTC days), estimated {report['currency']} at list prices",
+             f"{'day':<10} {'purpose':<10} {'model':<36} {'calls':>6} {'input':>10} {'output':>10} {'cost':>10}"]
+    for day in report["days"]:
+        for c in day["calls"]:
+            estimate = "unpriced" if c["estimated_cost"] is None else _money(c["estimated_cost"])
+            lines.append(f"{day['day']!s:<10} {c['purpose']:<10} {c['model'][:36]:<36} {c['calls']:>6,} "
+                         f"{c['input_tokens']:>10,} {c['output_tokens']:>10,} {estimate:>10}")
+    totals = report["totals"]
+    lines.append(f"total: {totals['calls']:,} calls, {totals['tokens']:,} tokens, "
+                 f"{_money(totals['estimated_cost'])} {report['currency']}")
+    return lines + _unpriced(report)
+
+
+def _unpriced(report: dict) -> list[str]:
+    if not report["unpriced_models"]:
+        return []
+    return [f"not in the cost (no price; set MODEL_PRICES): {', '.join(report['unpriced_models'])}"]
+
+
+def _day(value: str):
+    from datetime import date
+
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date (YYYY-MM-DD): {value!r}") from None
+
+
 def cmd_chat(args) -> int:
     import httpx
 
@@ -162,6 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("forget", help="erase everything stored about USER (what DELETE /v1/me does)")
     p.add_argument("user")
     p.set_defaults(func=cmd_forget)
+
+    p = sub.add_parser("usage", help="tokens, provider calls and estimated cost per user (or one user's per day)")
+    p.add_argument("--from", dest="first", type=_day, help="first UTC day (YYYY-MM-DD); default 30 days ago")
+    p.add_argument("--to", dest="last", type=_day, help="last UTC day, included; default today")
+    p.add_argument("--user", help="one user's report per day, purpose and model")
+    p.add_argument("--limit", type=int, default=50, help="users listed (default 50)")
+    p.add_argument("--json", action="store_true", help="the report as JSON")
+    p.set_defaults(func=cmd_usage)
 
     p = sub.add_parser("sweep", help="run one dreaming sweep now (claims idle sessions and extracts them)")
     p.set_defaults(func=cmd_sweep)

@@ -8,12 +8,13 @@ runs, as Lambda's is in AWS). Secrets are not in the environment in AWS: there t
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 EMBED_DIM = 512
 
@@ -60,6 +61,25 @@ class RecallParams(BaseModel):
         return self.demote_similarity <= 1 and self.demote_penalty > 0
 
 
+class ModelPrice(BaseModel):
+    """What a model costs, in US dollars per million tokens (an embedder's tokens are all input)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: float = Field(ge=0, le=10000)
+    output: float = Field(0.0, ge=0, le=10000)
+
+
+# The providers' list prices for the default models (USD per million tokens, as published in late 2025:
+# OpenRouter's page for Claude Haiku 4.5, Voyage's pricing page). MODEL_PRICES adds models or overrides
+# these; usage reports turn tokens into an *estimated* cost with them (discounts, caching and currency
+# are not modelled). Check them against your provider's current prices before relying on a figure.
+DEFAULT_PRICES = {
+    "anthropic/claude-haiku-4.5": ModelPrice(input=1.0, output=5.0),
+    "voyage-3.5-lite": ModelPrice(input=0.02),
+}
+
+
 class Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -104,6 +124,9 @@ class Settings(BaseModel):
     # DailyTokenBudget parameters).
     turns_per_minute: int = Field(0, ge=0)
     daily_token_budget: int = Field(0, ge=0)
+    # MODEL_PRICES: a JSON object {"<model>": {"input": <USD per 1M tokens>, "output": ...}}, added to
+    # DEFAULT_PRICES (eros.usage turns usage into estimated cost with ``prices``).
+    model_prices: dict[str, ModelPrice] = Field(default_factory=dict)
 
     # --- the user's record (eros.records): where an export is written. AWS: the S3 bucket (the template's
     # ExportBucket); the local stack: a folder it serves under EXPORT_BASE_URL (`eros serve` sets both).
@@ -160,6 +183,21 @@ class Settings(BaseModel):
     eros_data_dir: str | None = None  # the embedded Postgres and the local signing key; default .data/
     local_jwt_secret: SecretStr | None = None  # the local tokens' HS256 key; default one generated into .data/
     port: int = Field(3000, ge=1, le=65535)  # the local API's port
+
+    @field_validator("model_prices", mode="before")
+    @classmethod
+    def _prices_from_json(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except ValueError as exc:
+                raise ValueError(f"MODEL_PRICES is not JSON: {exc}") from None
+        return value
+
+    @property
+    def prices(self) -> dict[str, ModelPrice]:
+        """The price table: DEFAULT_PRICES with MODEL_PRICES over them."""
+        return DEFAULT_PRICES | self.model_prices
 
     @property
     def llm_url(self) -> str:

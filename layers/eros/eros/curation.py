@@ -79,5 +79,5 @@ def _embed(user_id: str, content: str, input_type: InputType = "document") -> Em
         failed = ModelFailed(exc)
         logger.warning("a memory's embedding failed", extra={"error_type": type(exc).__name__, "code": failed.code})
         raise failed from None
-    usage_store.record(user_id, usage_store.tokens_of(vectors.usage), "chat", usage_store.utcnow())
+    usage_store.record(user_id, usage_store.Call.of("curation", vectors), usage_store.utcnow())
     return vectors

@@ -279,7 +279,7 @@ def _run(cfg: Settings, user_id: str, claim_token: datetime, lease: datetime | N
         {"role": "user", "content": render(chosen)},
     ], max_tokens=1200, temperature=0.0, deadline=Deadline.after(time_budget_secs), json_mode=True)
     dreaming_store.unblock("llm")
-    usage_store.record(user_id, usage_store.tokens_of(completion.usage), "dream", usage_store.utcnow(),
+    usage_store.record(user_id, usage_store.Call.of("deep_pass", completion), usage_store.utcnow(),
                        held_by=("deep_pass", user_id))
     result.llm_calls = 1
     try:

@@ -324,7 +324,7 @@ def _candidates(cfg: Settings, earlier: list[Message], parts: list[list[Message]
             {"role": "user", "content": extraction.render_transcript(earlier, part, shown)},
         ], max_tokens=1200, temperature=0.0, deadline=deadline, json_mode=True)
         progress["calls"] += 1
-        usage_store.record(progress["user_id"], usage_store.tokens_of(completion.usage), "dream", usage_store.utcnow(),
+        usage_store.record(progress["user_id"], usage_store.Call.of("extraction", completion), usage_store.utcnow(),
                            held_by=("session", progress["session_id"]))
         model = completion.model
         try:
@@ -341,7 +341,7 @@ def _rows(decided: extraction.Plan, model: str, deadline: Deadline, first: int, 
     if not decided.new:
         return []
     vectors = embedder().embed([c.content for c, _ in decided.new], "document", deadline=deadline)
-    usage_store.record(session["user_id"], usage_store.tokens_of(vectors.usage), "dream", usage_store.utcnow(),
+    usage_store.record(session["user_id"], usage_store.Call.of("extraction", vectors), usage_store.utcnow(),
                        held_by=("session", session["id"]))
     return [{"id": uuid4(), "content": c.content, "category": c.category, "importance": c.importance,
              "embedding": v, "supersedes": supersedes, "from_message_id": first, "through_message_id": last,

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from ..db import connection, transaction
+from ..db import connection, one, transaction
 from .memories import FIELDS as MEMORY_FIELDS
 from .memories import FROM as MEMORY_FROM
 
@@ -45,6 +45,8 @@ _MEMORIES = ("SELECT" + MEMORY_FIELDS + MEMORY_FROM +
              " ORDER BY m.created_at, m.id LIMIT %(page)s")
 _USAGE = ("SELECT day, tokens, chat_tokens, dream_tokens, turns FROM engine.user_usage WHERE user_id = %s"
           " ORDER BY day")
+_USAGE_BY_MODEL = ("SELECT day, purpose, model, calls, input_tokens, output_tokens FROM engine.user_model_usage"
+                   " WHERE user_id = %s ORDER BY day, purpose, model")
 _START = (datetime(1, 1, 1, tzinfo=UTC), "00000000-0000-0000-0000-000000000000")
 
 # Children before parents; each statement sees what was committed before it started (READ COMMITTED),
@@ -57,11 +59,15 @@ _ERASE = (
     ("persona_instances", "DELETE FROM engine.persona_instances WHERE user_id = %(user)s"),
     ("deep_pass", "DELETE FROM engine.user_consolidation WHERE user_id = %(user)s"),
 )
-# Usage goes in a statement of its own, after the transaction: a chat turn locks its user's usage row and
-# then the session (store.chat.open_turn), so an erasure holding the sessions must not wait for that row.
-# Nothing can add to it afterwards: dreaming counts only while its session or deep-pass row exists
-# (store.usage), and a turn's session is gone.
-_ERASE_USAGE = "DELETE FROM engine.user_usage WHERE user_id = %(user)s"
+# Usage goes in a statement of its own, after the transaction: a chat turn locks its user's usage rows and
+# then the session (store.chat.open_turn, record_turn), so an erasure holding the sessions must not wait
+# for them. The day rows go before the itemised ones, in the order a turn locks them (store.usage). Nothing
+# can add to them afterwards: dreaming counts only while its session or deep-pass row exists (store.usage),
+# and a turn's session is gone (its last statement fails on the missing session, usage and all).
+_ERASE_USAGE = ("WITH days AS (DELETE FROM engine.user_usage WHERE user_id = %(user)s RETURNING 1),"
+                " itemised AS (DELETE FROM engine.user_model_usage WHERE user_id = %(user)s"
+                " AND (SELECT count(*) FROM days) >= 0 RETURNING 1)"
+                " SELECT (SELECT count(*) FROM days) AS days, (SELECT count(*) FROM itemised) AS itemised")
 
 
 def _json(value: Any) -> str:
@@ -105,7 +111,7 @@ def _session(session: dict) -> Iterator[str]:
 def export_document(user_id: str, now: datetime) -> Iterator[str]:
     """The user's whole record as one JSON object, in pieces: ``user_id``, ``exported_at``, ``sessions``
     (oldest first, each with its ``messages``), ``memories`` (both layers, history included, oldest first,
-    never an embedding) and ``usage`` (per UTC day)."""
+    never an embedding), ``usage`` (per UTC day) and ``usage_by_model`` (per day, purpose and model)."""
     yield '{"user_id":' + _json(user_id) + ',"exported_at":' + _json(now.isoformat()) + ',"sessions":'
     yield "["
     for n, session in enumerate(_pages(_SESSIONS, {"user": user_id})):
@@ -115,6 +121,8 @@ def export_document(user_id: str, now: datetime) -> Iterator[str]:
     yield from _array(_json(m) for m in _pages(_MEMORIES, {"user": user_id}))
     yield ',"usage":'
     yield from _array(_json(u) for u in connection().execute(_USAGE, (user_id,)).fetchall())
+    yield ',"usage_by_model":'
+    yield from _array(_json(u) for u in connection().execute(_USAGE_BY_MODEL, (user_id,)).fetchall())
     yield "}"
 
 
@@ -124,4 +132,5 @@ def erase(user_id: str) -> dict[str, int]:
         conn.execute("SELECT id FROM engine.chat_sessions WHERE user_id = %s ORDER BY id FOR UPDATE", (user_id,))
         conn.execute("SELECT user_id FROM engine.user_consolidation WHERE user_id = %s FOR UPDATE", (user_id,))
         erased = {kind: conn.execute(statement, {"user": user_id}).rowcount for kind, statement in _ERASE}
-    return erased | {"usage_days": connection().execute(_ERASE_USAGE, {"user": user_id}).rowcount}
+    usage = one(connection().execute(_ERASE_USAGE, {"user": user_id}))
+    return erased | {"usage_days": usage["days"], "usage_by_model": usage["itemised"]}

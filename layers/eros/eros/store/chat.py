@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from collections.abc import Sequence
+from datetime import datetime
 from uuid import UUID
 
 from pgvector import Vector
@@ -176,18 +177,16 @@ def claim_turn(session_id: UUID, content: str, client_turn_id: str) -> TurnMessa
 
 # A turn's last statement (``record_turn``): its reply and what goes with it, in one round trip and one
 # implicit transaction (a statement's data-modifying CTEs commit or fail together). Its parts:
-# * spent (usage.spending): the tokens of the turn's provider calls, recorded even if a concurrent sender's
-#   reply wins (they were paid for); it runs first (`reply` reads it), so that the usage row is locked before
-#   the session row, in the order open_turn takes them;
+# * spent, itemised (usage.spending): the turn's provider calls, recorded even if a concurrent sender's
+#   reply wins (they were paid for); they run first (`reply` reads them), so that the usage rows are locked
+#   before the session row, in the order open_turn takes them;
 # * reply: the assistant's message, unless a concurrent sender of the same message stored one first;
 # * touched and utterance, only with the reply: the session's activity, and the user's message in the
 #   relationship layer (with the embedding recall already paid for).
 _RECORD_TURN = f"""
-WITH spent AS (
-    {usage.spending("chat")}
-), reply AS (
+WITH {usage.spending()}, reply AS (
     INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id, metadata)
-    SELECT %(session)s, 'assistant', %(reply)s, %(turn)s, %(metadata)s FROM (SELECT count(*) FROM spent) usage_first
+    SELECT %(session)s, 'assistant', %(reply)s, %(turn)s, %(metadata)s FROM (SELECT count(*) FROM itemised) usage_first
     ON CONFLICT (session_id, client_turn_id, role) DO NOTHING
     RETURNING id
 ), touched AS (
@@ -203,14 +202,13 @@ SELECT id FROM reply
 
 
 def record_turn(session: SessionWithPersona, user_id: str, user_message_id: int, content: str, client_turn_id: str,
-                reply: str, reply_metadata: dict, embedding: list[float], embed_model: str, tokens: int = 0
-                ) -> RecordedTurn:
-    """One statement (see ``_RECORD_TURN``): the tokens the turn's provider calls cost, the reply to the
+                reply: str, reply_metadata: dict, embedding: list[float], embed_model: str,
+                spent: Sequence[usage.Call] = ()) -> RecordedTurn:
+    """One statement (see ``_RECORD_TURN``): the ``spent`` provider calls of the turn, the reply to the
     user's message (stored by ``open_turn``), the session's activity and the utterance in the relationship
     layer. Returns both message ids, or ``replayed`` when a concurrent sender of the same message recorded
     its reply first (keep that one)."""
-    assistant = connection().execute(_RECORD_TURN, {
-        "user": user_id, "day": usage.utcnow().astimezone(UTC).date(), "tokens": max(tokens, 0),
+    assistant = connection().execute(_RECORD_TURN, usage.calls(user_id, usage.utcnow(), spent) | {
         "session": session["id"], "instance": session["instance_id"], "turn": client_turn_id, "reply": reply,
         "metadata": Jsonb(reply_metadata), "content": content, "embedding": Vector(embedding),
         "message": user_message_id, "utterance_metadata": Jsonb({"message_id": user_message_id,

@@ -7,7 +7,7 @@ query results. A use-case reads ``session["instance_id"]`` knowing the key exist
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, NotRequired, TypedDict
 from uuid import UUID
 
@@ -161,3 +161,25 @@ class ClaimedUser(TypedDict):
     retrying_since: datetime | None
     error: str | None
     lease: datetime | None  # started_at
+
+
+class UsageCount(TypedDict):
+    """The tokens the budget counted (migration 0007) in a user's range of days (``store.usage.tokens_by_user``)."""
+    tokens: int
+
+
+class UsageDay(UsageCount):
+    """A user's day of spend (``store.usage.days``)."""
+    day: date
+
+
+class UsageCalls(TypedDict):
+    """Provider calls of one purpose and model (``store.usage.calls_by_day``, ``calls_by_user``): a user's
+    day (``day``) or, for an operator, a user's whole range (``user_id``)."""
+    day: NotRequired[date]
+    user_id: NotRequired[str]
+    purpose: str
+    model: str
+    calls: int
+    input_tokens: int
+    output_tokens: int

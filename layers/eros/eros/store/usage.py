@@ -7,9 +7,13 @@ overshoot a limit. A chat turn runs the admission and the spending as parts of i
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from typing import Literal, Protocol
 
 from ..db import connection
+from .rows import UsageCalls, UsageCount, UsageDay
 
 
 def utcnow() -> datetime:
@@ -23,15 +27,46 @@ def next_day(moment: datetime) -> datetime:
     return datetime(day.year, day.month, day.day, tzinfo=UTC)
 
 
-def tokens_of(usage: dict | None) -> int:
-    """Tokens a provider reported: total_tokens, else prompt + completion (0 when it said nothing)."""
-    if not isinstance(usage, dict):
-        return 0
-    total = usage.get("total_tokens")
-    if isinstance(total, int) and not isinstance(total, bool):
-        return max(total, 0)
-    parts = [usage.get(k) for k in ("prompt_tokens", "completion_tokens")]
-    return sum(max(v, 0) for v in parts if isinstance(v, int) and not isinstance(v, bool))
+# Why a provider call was made (migration 0009): a turn's reply and query embedding are "chat"; the
+# memory API's embeddings "curation"; dreaming's calls "extraction" or "deep_pass". The last two are what
+# user_usage counts as dream_tokens, the first two as chat_tokens.
+Purpose = Literal["chat", "extraction", "deep_pass", "curation"]
+PURPOSES: tuple[Purpose, ...] = ("chat", "extraction", "deep_pass", "curation")
+_DREAMING = ("extraction", "deep_pass")
+
+
+class ProviderAnswer(Protocol):
+    """What a provider call returns and its usage is read from (a Completion, Embeddings)."""
+
+    model: str
+    usage: dict
+
+
+@dataclass(frozen=True)
+class Call:
+    """One provider call's usage: its purpose, the model that answered and the tokens it reported."""
+
+    purpose: Purpose
+    model: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    @classmethod
+    def of(cls, purpose: Purpose, answer: ProviderAnswer) -> Call:
+        """The usage the provider reported: prompt and completion tokens (OpenAI's shape); a total beyond
+        them (an embedding reports only ``total_tokens``) counts as input. Missing or malformed: 0."""
+        usage = answer.usage if isinstance(answer.usage, dict) else {}
+        prompt, completion, total = (_count(usage, k) for k in ("prompt_tokens", "completion_tokens", "total_tokens"))
+        return cls(purpose, str(answer.model), max(prompt, total - completion), completion)
+
+
+def _count(usage: dict, key: str) -> int:
+    value = usage.get(key)
+    return max(value, 0) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 # The admission of one turn, a data-modifying CTE of the statement that opens it (``store.chat.open_turn``),
@@ -72,41 +107,63 @@ def refusal(user_id: str, now: datetime, daily_budget: int) -> tuple[str, dateti
     return "rate_limited", _window(now) + timedelta(minutes=1)
 
 
-# Dreaming's tokens are counted only while what the work is for still exists: the session (extraction)
+# Dreaming's calls are counted only while what the work is for still exists: the session (extraction)
 # or the user's deep-pass row. The row is locked (FOR KEY SHARE) by the same statement, so a concurrent
 # erasure (store.account, which locks and deletes them) either finishes first, and nothing is counted, or
 # waits for the count and deletes it with the rest: an erased user gets no usage row from work in flight.
 _HELD_BY = {
-    "session": ("engine.chat_sessions h", "h.id = %(held)s"),
-    "deep_pass": ("engine.user_consolidation h", "h.user_id = %(held)s"),
+    "session": "SELECT 1 FROM engine.chat_sessions h WHERE h.id = %(held)s FOR KEY SHARE",
+    "deep_pass": "SELECT 1 FROM engine.user_consolidation h WHERE h.user_id = %(held)s FOR KEY SHARE",
 }
 
 
-def spending(kind: str, held_by: str | None = None) -> str:
-    """The statement that adds ``%(tokens)s`` (none when 0) to the user's day: ``record``'s, and a CTE of the
-    statement that records a chat turn (``store.chat.record_turn``). Parameters: user, day, tokens (and held,
-    with ``held_by``: "session" or "deep_pass", counted only while that row exists)."""
-    column = {"chat": "chat_tokens", "dream": "dream_tokens"}[kind]
-    source, where = "", " WHERE %(tokens)s::bigint > 0"
-    if held_by is not None:
-        table, match = _HELD_BY[held_by]
-        source, where = f" FROM {table}", f"{where} AND {match} FOR KEY SHARE OF h"
-    return (f"INSERT INTO engine.user_usage AS u (user_id, day, tokens, {column})"
-            f" SELECT %(user)s, %(day)s, %(tokens)s::bigint, %(tokens)s::bigint{source}{where}"
-            f" ON CONFLICT (user_id, day) DO UPDATE SET tokens = u.tokens + EXCLUDED.tokens,"
-            f" {column} = u.{column} + EXCLUDED.{column} RETURNING 1")
+def spending(held_by: str | None = None) -> str:
+    """The CTEs that count provider calls: ``record``'s statement, and part of the statement that records a
+    chat turn (``store.chat.record_turn``). ``spent`` adds the calls' tokens to the user's day (the row the
+    budget reads; nothing when they reported none), then ``itemised`` adds each call to its purpose and
+    model's row (migration 0009); a statement reads ``itemised`` to run both, in that order (the order a
+    turn locks usage rows in). Parameters: ``calls()``'s (and held, with ``held_by``: "session" or
+    "deep_pass", counted only while that row exists)."""
+    held = f" WHERE EXISTS ({_HELD_BY[held_by]})" if held_by is not None else ""
+    dreaming = ", ".join(f"'{p}'" for p in _DREAMING)
+    return f"""spent_calls AS (
+    SELECT c.purpose, c.model, c.input_tokens, c.output_tokens
+    FROM unnest(%(purposes)s::text[], %(models)s::text[], %(inputs)s::bigint[], %(outputs)s::bigint[])
+         AS c(purpose, model, input_tokens, output_tokens){held}
+), spent AS (
+    INSERT INTO engine.user_usage AS u (user_id, day, tokens, chat_tokens, dream_tokens)
+    SELECT %(user)s, %(day)s, t.tokens, t.tokens - t.dream, t.dream FROM (
+        SELECT coalesce(sum(input_tokens + output_tokens), 0) AS tokens,
+               coalesce(sum(input_tokens + output_tokens) FILTER (WHERE purpose IN ({dreaming})), 0) AS dream
+        FROM spent_calls) t
+    WHERE t.tokens > 0
+    ON CONFLICT (user_id, day) DO UPDATE SET tokens = u.tokens + EXCLUDED.tokens,
+        chat_tokens = u.chat_tokens + EXCLUDED.chat_tokens, dream_tokens = u.dream_tokens + EXCLUDED.dream_tokens
+    RETURNING 1
+), itemised AS (
+    INSERT INTO engine.user_model_usage AS m (user_id, day, purpose, model, calls, input_tokens, output_tokens)
+    SELECT %(user)s, %(day)s, purpose, model, count(*), sum(input_tokens), sum(output_tokens)
+    FROM spent_calls, (SELECT count(*) FROM spent) usage_first GROUP BY purpose, model
+    ON CONFLICT (user_id, day, purpose, model) DO UPDATE SET calls = m.calls + EXCLUDED.calls,
+        input_tokens = m.input_tokens + EXCLUDED.input_tokens, output_tokens = m.output_tokens + EXCLUDED.output_tokens
+    RETURNING 1
+)"""
 
 
-def record(user_id: str, tokens: int, kind: str, now: datetime, *,
-           held_by: tuple[str, object] | None = None) -> None:
-    """Add a provider call's tokens to the user's day (``kind``: "chat" or "dream"); ``held_by``:
+def calls(user_id: str, now: datetime, spent: Sequence[Call]) -> dict:
+    """The parameters of ``spending`` for ``spent`` calls of ``user_id`` at ``now``."""
+    return {"user": user_id, "day": now.astimezone(UTC).date(), "purposes": [c.purpose for c in spent],
+            "models": [c.model for c in spent], "inputs": [c.input_tokens for c in spent],
+            "outputs": [c.output_tokens for c in spent]}
+
+
+def record(user_id: str, call: Call, now: datetime, *, held_by: tuple[str, object] | None = None) -> None:
+    """Count one provider call of the user's (its tokens, by purpose and model); ``held_by``:
     ("session", id) or ("deep_pass", user id), counted only while that row exists."""
-    if tokens <= 0:
-        return
-    values = {"user": user_id, "day": now.astimezone(UTC).date(), "tokens": tokens}
+    values = calls(user_id, now, [call])
     if held_by is not None:
         values["held"] = held_by[1]
-    connection().execute(spending(kind, held_by[0] if held_by else None), values)
+    connection().execute(f"WITH {spending(held_by[0] if held_by else None)} SELECT count(*) FROM itemised", values)
 
 
 def usage(user_id: str, now: datetime) -> dict:
@@ -120,3 +177,34 @@ def usage(user_id: str, now: datetime) -> dict:
 
 def over_budget(user_id: str, now: datetime, daily_budget: int) -> bool:
     return bool(daily_budget) and usage(user_id, now)["tokens"] >= daily_budget
+
+
+# --- reports (eros.usage): a range of UTC days, both ends included -----------------------------------
+def days(user_id: str, first: date, last: date) -> list[UsageDay]:
+    """The user's days with any spend in the range, oldest first."""
+    return connection().execute(
+        "SELECT day, tokens FROM engine.user_usage WHERE user_id = %s AND day BETWEEN %s AND %s"
+        " ORDER BY day", (user_id, first, last)).fetchall()
+
+
+def calls_by_day(user_id: str, first: date, last: date) -> list[UsageCalls]:
+    """The user's provider calls in the range per day, purpose and model."""
+    return connection().execute(
+        "SELECT day, purpose, model, calls, input_tokens, output_tokens FROM engine.user_model_usage"
+        " WHERE user_id = %s AND day BETWEEN %s AND %s ORDER BY day, purpose, model", (user_id, first, last)).fetchall()
+
+
+def calls_by_user(first: date, last: date) -> list[UsageCalls]:
+    """Every user's provider calls in the range, summed per purpose and model (an operator's report)."""
+    return connection().execute(
+        "SELECT user_id, purpose, model, sum(calls)::bigint AS calls, sum(input_tokens)::bigint AS input_tokens,"
+        " sum(output_tokens)::bigint AS output_tokens FROM engine.user_model_usage WHERE day BETWEEN %s AND %s"
+        " GROUP BY user_id, purpose, model ORDER BY user_id, purpose, model", (first, last)).fetchall()
+
+
+def tokens_by_user(first: date, last: date) -> dict[str, UsageCount]:
+    """Every user's tokens in the range, as the budget counted them."""
+    rows = connection().execute(
+        "SELECT user_id, sum(tokens)::bigint AS tokens"
+        " FROM engine.user_usage WHERE day BETWEEN %s AND %s GROUP BY user_id", (first, last)).fetchall()
+    return {row.pop("user_id"): row for row in rows}

@@ -1,0 +1,114 @@
+"""What a user's provider calls cost: the report of ``GET /v1/usage`` (the caller's) and ``eros usage``
+(every user's, for an operator).
+
+Every provider call is counted when it is made, by purpose and model (``eros.store.usage``, migrations
+0007 and 0009). A report prices the tokens when it is asked for, with the settings' price table
+(``Settings.prices``: DEFAULT_PRICES and MODEL_PRICES): an *estimate* at list prices. A model with no
+price counts nothing towards a cost and is named in ``unpriced_models``; the offline stand-ins cost 0.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from datetime import UTC, date, timedelta
+from typing import Any
+
+from .config import ModelPrice, settings
+from .store import usage as usage_store
+from .store.rows import UsageCalls, UsageCount
+
+DEFAULT_DAYS = 30  # a report without dates: the last 30 UTC days, today included
+MAX_DAYS = 366
+CURRENCY = "USD"
+_NONE: UsageCount = {"tokens": 0}
+
+
+class BadRange(ValueError):
+    """The days asked for are not a range a report covers; ``field`` is the parameter at fault."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field, self.problem = field, problem
+
+
+def days_of(first: date | None, last: date | None) -> tuple[date, date]:
+    """The range a report covers: ``last`` defaults to today (UTC), ``first`` to DEFAULT_DAYS before it."""
+    last = last or usage_store.utcnow().astimezone(UTC).date()
+    first = first or last - timedelta(days=DEFAULT_DAYS - 1)
+    if first > last:
+        raise BadRange("from", f"{first} is after to ({last})")
+    if (last - first).days + 1 > MAX_DAYS:
+        raise BadRange("from", f"a report covers at most {MAX_DAYS} days; ask for a shorter range")
+    return first, last
+
+
+def cost(prices: Mapping[str, ModelPrice], model: str, input_tokens: int, output_tokens: int) -> float | None:
+    """The estimated cost in USD of these tokens on ``model``, or None when it has no price."""
+    if model.startswith("offline/"):
+        return 0.0
+    price = prices.get(model)
+    if price is None:
+        return None
+    return round((input_tokens * price.input + output_tokens * price.output) / 1_000_000, 6)
+
+
+def _priced(rows: Iterable[UsageCalls], prices: Mapping[str, ModelPrice], unpriced: set[str]) -> list[dict]:
+    out = []
+    for row in rows:
+        estimate = cost(prices, row["model"], row["input_tokens"], row["output_tokens"])
+        if estimate is None:
+            unpriced.add(row["model"])
+        out.append({**row, "estimated_cost": estimate})
+    return out
+
+
+def _sum(rows: Iterable[Mapping[str, Any]], *fields: str) -> dict[str, Any]:
+    rows = list(rows)
+    summed: dict[str, Any] = {f: sum(r[f] for r in rows) for f in fields}
+    summed["estimated_cost"] = round(sum(r["estimated_cost"] or 0.0 for r in rows), 6)
+    return summed
+
+
+def report(user_id: str, first: date, last: date) -> dict[str, Any]:
+    """The user's usage from ``first`` to ``last`` (UTC days, both included): per day (the budget's tokens,
+    and each purpose and model's calls and tokens), per purpose over the range, and totals."""
+    cfg = settings()
+    unpriced: set[str] = set()
+    calls = _priced(usage_store.calls_by_day(user_id, first, last), cfg.prices, unpriced)
+    per_day: dict[date, list[dict]] = defaultdict(list)
+    for row in calls:
+        per_day[row.pop("day")].append(row)
+    counted: dict[date, UsageCount] = {d["day"]: d for d in usage_store.days(user_id, first, last)}
+    days = [{"day": day, "tokens": counted.get(day, _NONE)["tokens"],
+             "estimated_cost": _sum(per_day[day])["estimated_cost"], "calls": per_day[day]}
+            for day in sorted(set(counted) | set(per_day))]
+    purposes = [{"purpose": purpose, **_sum((r for r in calls if r["purpose"] == purpose),
+                                            "calls", "input_tokens", "output_tokens")}
+                for purpose in usage_store.PURPOSES if any(r["purpose"] == purpose for r in calls)]
+    return {"from": first, "to": last, "currency": CURRENCY, "daily_token_budget": cfg.daily_token_budget or None,
+            "days": days, "purposes": purposes,
+            "totals": {**_sum(calls, "calls", "input_tokens", "output_tokens"),
+                       "tokens": sum(d["tokens"] for d in days)},
+            "unpriced_models": sorted(unpriced)}
+
+
+def by_user(first: date, last: date) -> dict[str, Any]:
+    """Every user's usage in the range (an operator's report): per user their tokens, calls, tokens per
+    purpose and estimated cost, costliest first."""
+    cfg = settings()
+    unpriced: set[str] = set()
+    calls = _priced(usage_store.calls_by_user(first, last), cfg.prices, unpriced)
+    counted = usage_store.tokens_by_user(first, last)
+    per_user: dict[str, list[dict]] = defaultdict(list)
+    for row in calls:
+        per_user[row.pop("user_id")].append(row)
+    users = []
+    for user in set(counted) | set(per_user):
+        rows = per_user[user]
+        users.append({"user_id": user, "tokens": counted.get(user, _NONE)["tokens"],
+                      **_sum(rows, "calls", "input_tokens", "output_tokens"),
+                      "purposes": {p: sum(r["input_tokens"] + r["output_tokens"] for r in rows if r["purpose"] == p)
+                                   for p in usage_store.PURPOSES}})
+    users.sort(key=lambda u: (-u["estimated_cost"], -u["tokens"], u["user_id"]))
+    return {"from": first, "to": last, "currency": CURRENCY, "users": users, "unpriced_models": sorted(unpriced)}
