@@ -125,6 +125,31 @@ def test_an_edit_is_a_new_version_that_supersedes_the_old_and_keeps_its_provenan
     assert [m["content"] for m in api.call("GET", "/v1/memories")[1]["memories"]] == ["Lives in Shanghai"]
 
 
+def test_an_edit_that_changes_the_fact_outdates_what_was_said_of_the_old_one(api, providers, db):
+    old = dreamed(db, content="Lives in Shangai")
+    place = db.execute("SELECT m.session_id, s.instance_id FROM engine.companion_memories m JOIN engine.chat_sessions s"
+                       " ON s.id = m.session_id WHERE m.id = %s", (old,)).fetchone()
+    said = db.execute(
+        "INSERT INTO engine.companion_memories (user_id, session_id, instance_id, content, embedding, source,"
+        " from_message_id, through_message_id) VALUES ('alice', %s, %s, 'I live in Shanghai', %s, 'utterance', 12, 12)"
+        " RETURNING id", (place["session_id"], place["instance_id"], Vector(hash_embed("I live in Shanghai")))
+    ).fetchone()["id"]
+
+    def outdated() -> bool:
+        row = db.execute("SELECT superseded_reason FROM engine.companion_memories WHERE id = %s", (said,)).fetchone()
+        return row["superseded_reason"] == "outdated"
+
+    current = api.call("PATCH", f"/v1/memories/{old}", {"category": "event"})[1]["id"]  # the same fact
+    assert not outdated()
+    current = api.call("PATCH", f"/v1/memories/{current}", {"content": "Lives in Shanghai"})[1]["id"]  # a spelling fix
+    assert not outdated()
+    api.call("PATCH", f"/v1/memories/{current}", {"content": "Lives in Berlin"})  # another fact
+    assert outdated()
+    recalled = api.call("POST", "/v1/memories/search", {"query": "I live in Shanghai", "layer": "relationship",
+                                                        "persona_id": "luna"})[1]["results"]
+    assert str(said) not in [r["id"] for r in recalled]
+
+
 def test_what_cannot_be_edited_is_refused_and_changes_nothing(api, providers, db):
     _, fake_voyage = providers
     old = dreamed(db)

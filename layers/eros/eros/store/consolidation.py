@@ -113,11 +113,17 @@ def supersede(conn: Connection, user_id: str, successor: UUID | None, old_ids: I
     ).fetchall()
     done = [r["id"] for r in rows]
     if done and reason in _OUTDATES:
-        conn.execute(_OUTDATE_UTTERANCES, {"ids": done, "user": user_id})
+        outdate_utterances(conn, user_id, done)
     if done and reason == "duplicate" and successor is not None:
         conn.execute(_HAND_OVER_RANGES, {"gone": done, "successor": successor, "user": user_id,
                                          "cap": MAX_CONFIRMED_IN})
     return done
+
+
+def outdate_utterances(conn: Connection, user_id: str, superseded: list[UUID]) -> None:
+    """Supersede ('outdated') the relationship utterances that stated the ``superseded`` facts and are
+    nearer to one of them than to any active profile row: what was said of a fact no longer true."""
+    conn.execute(_OUTDATE_UTTERANCES, {"ids": superseded, "user": user_id})
 
 
 def confirm(conn: Connection, user_id: str, memory_id: UUID, importance: float | None = None,

@@ -213,9 +213,11 @@ def edit_memory(user_id: str, memory_id: UUID, changes: dict, embedding: list[fl
     """A new version of one of the user's current profile memories, superseding it (reason 'edited'):
     ``changes`` of content, category, importance; ``embedding`` when the content changed (else the old
     one is kept). It keeps the provenance of the version it replaces (session, message range) and says it
-    was written by the user. The old row is locked, so two edits of one version make one successor (the
-    second finds it superseded). Returns the new version with its history; None: no such memory of this
-    user; raises ``NotCurrent`` for history or a relationship row."""
+    was written by the user. A changed text outdates the relationship utterances that stated the old one
+    (as a changed fact does in consolidation; a spelling fix leaves them, being nearer to the new text).
+    The old row is locked, so two edits of one version make one successor (the second finds it
+    superseded). Returns the new version with its history; None: no such memory of this user; raises
+    ``NotCurrent`` for history or a relationship row."""
     with transaction() as conn:
         old = conn.execute(
             "SELECT instance_id, superseded_at FROM engine.companion_memories WHERE id = %s AND user_id = %s"
@@ -240,6 +242,8 @@ def edit_memory(user_id: str, memory_id: UUID, changes: dict, embedding: list[fl
              "embedding": Vector(embedding) if embedding is not None else None},
         ))["id"]
         consolidation.supersede(conn, user_id, new_id, [memory_id], "edited")
+        if embedding is not None:  # the text changed: what was said of the old text, and is nearer to it
+            consolidation.outdate_utterances(conn, user_id, [memory_id])  # than to the new, goes with it
         consolidation.mark_changed(conn, user_id)
         return _with_history(conn, user_id, new_id)
 
