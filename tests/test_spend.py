@@ -116,6 +116,9 @@ def test_concurrent_turns_of_one_user_cannot_exceed_the_rate(online, db, env):
     assert sorted(outcomes) == ["ok"] * 5 + ["rate_limited"] * 11, outcomes
     assert usage_row(db, "alice", NOON.date())["turns"] == 5
     assert db.execute("SELECT count(*) AS n FROM engine.chat_messages WHERE role = 'assistant'").fetchone()["n"] == 5
+    # Each answered turn's two calls are itemised exactly once, however the 16 statements interleaved.
+    itemised = db.execute("SELECT model, calls FROM engine.user_model_usage WHERE user_id = 'alice'").fetchall()
+    assert {r["model"]: r["calls"] for r in itemised} == {"offline/echo": 5, "offline/lexical-hash-512": 5}
 
 
 # --- the daily token budget ------------------------------------------------------------------------
