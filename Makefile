@@ -12,7 +12,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # again (the tests' subprocesses and workers, the local stack). __pycache__ is git-ignored.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: run test lint venv sam-check bench lock clean
+.PHONY: run test lint venv browser sam-check bench lock clean
 
 # Exact versions everywhere: requirements-dev.lock is what the virtualenv (tests, `make run`, the tools) gets;
 # layers/eros/requirements.lock is what the Lambda layer ships -- the same versions, for Lambda's platform,
@@ -31,7 +31,7 @@ venv: $(VENV)/.installed
 run: venv
 	$(VENV)/bin/eros serve
 
-test: venv
+test: venv browser
 	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest -q -n 2
 	$(MAKE) --no-print-directory sam-check
@@ -41,6 +41,15 @@ test: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+
+# The console's browser tests (tests/test_console_browser.py) drive the OS's Chromium through Playwright; a
+# browser that Playwright downloads would not run here (nothing outside the package registries is reachable).
+browser:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Chromium for the browser tests (apt-get install chromium)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "the browser tests need Chromium: sudo apt-get install -y chromium"; exit 1; fi; }
 
 sam-check: venv
 	$(VENV)/bin/sam validate --lint

@@ -23,7 +23,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.logging import correlation_paths
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
-from eros import chat, curation, errors, records, snapstart, tracing, usage
+from eros import chat, curation, errors, recall, records, snapstart, tracing, usage
 from eros import health as health_check
 from eros.config import settings
 from eros.memory import Category, MemoryLayer, Source, SupersededReason
@@ -238,9 +238,34 @@ def create_session(body: NewSession):
     return Response(201, content_types.APPLICATION_JSON, session)
 
 
-@app.get("/v1/sessions")
-def sessions():
-    return {"sessions": chat_store.list_sessions(current_user())}
+class DreamingState(BaseModel):
+    state: Literal["active", "waiting", "claimed", "retrying", "extracted", "failed"] = Field(
+        description="active: not quiet long enough yet; waiting: for the next sweep; claimed: being extracted; "
+                    "retrying: after a failure, at due_at; extracted: its memories are written; failed: given up "
+                    "(error says why; a new message makes it eligible again)")
+    error: str | None = Field(description="the last failed attempt's error")
+    attempts: int
+    due_at: datetime | None = Field(description="when it is quiet enough to be dreamt about, or retried")
+
+
+class SessionView(BaseModel):
+    id: UUID
+    persona_id: str
+    created_at: datetime
+    last_active_at: datetime
+    extracted_at: datetime | None
+    dreaming: DreamingState
+
+
+class SessionList(BaseModel):
+    sessions: list[SessionView] = Field(description="newest first")
+
+
+@app.get("/v1/sessions", summary="the caller's sessions and where each is in dreaming",
+         responses=_documented((200, "the sessions")))
+def sessions() -> SessionList:
+    rows = chat_store.list_sessions(current_user(), settings().dreaming_idle_secs)
+    return SessionList.model_validate({"sessions": rows})
 
 
 @app.post("/v1/sessions/<session_id>/turns", summary="one chat turn",
@@ -257,12 +282,29 @@ def take_turn(session_id: UUID, body: NewTurn) -> chat.TurnResult:
     return chat.take_turn(current_user(), session_id, body.content, body.client_turn_id)
 
 
-@app.get("/v1/sessions/<session_id>/messages")
+class MessageView(BaseModel):
+    id: int
+    role: Literal["user", "assistant"]
+    content: str
+    client_turn_id: str | None
+    sent_at: datetime
+    recalled: list[chat.RecalledMemory] | None = Field(
+        description="a reply's: the memories its prompt carried, with their scores (their text is the memories' "
+                    "own: look them up by id); null for the user's messages")
+
+
+class MessagePage(BaseModel):
+    messages: list[MessageView] = Field(description="newest first")
+    next_before: int | None = Field(description="pass as `before` for the next (older) page; null on the last")
+
+
+@app.get("/v1/sessions/<session_id>/messages", summary="a page of a session's messages",
+         responses=_documented((200, "the page"), (404, "no such session of this user")))
 def messages(session_id: UUID, limit: Annotated[int, Query(ge=1, le=200)] = 50,
-             before: Annotated[int | None, Query(ge=1, le=MAX_BIGINT)] = None):
+             before: Annotated[int | None, Query(ge=1, le=MAX_BIGINT)] = None) -> MessagePage:
     _session_of(current_user(), session_id)
     page = chat_store.list_messages(session_id, limit, before)
-    return {"messages": page, "next_before": page[-1]["id"] if len(page) == limit else None}
+    return MessagePage.model_validate({"messages": page, "next_before": page[-1]["id"] if len(page) == limit else None})
 
 
 @app.get("/v1/memories")
@@ -330,16 +372,9 @@ class MemorySearch(Strict):
     k: Annotated[int, Field(ge=1, le=50)] = 10
 
 
-class ScoreParts(BaseModel):
-    similarity: float = Field(description="cosine similarity of the memory to the query")
-    recency: float = Field(description="what its age adds (or, composite strategy, takes away)")
-    importance: float = Field(description="what its importance adds")
-    demotion: float = Field(description="taken away when a newer, similar memory of its category outranks it")
-
-
 class SearchResult(Memory):
     score: float = Field(description="what ranks it: similarity + recency + importance - demotion")
-    parts: ScoreParts
+    parts: recall.ScoreParts
 
 
 class SearchResults(BaseModel):

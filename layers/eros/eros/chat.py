@@ -19,6 +19,7 @@ from .observability import logger, metrics, tracer
 from .providers import Deadline, ProviderError, chat_client, embedder
 from .providers.embed import Embeddings
 from .providers.llm import Completion
+from .recall import ScoreParts
 from .store import chat as chat_store
 from .store import usage as usage_store
 from .store.rows import Message, SessionWithPersona, TurnMessages
@@ -62,10 +63,14 @@ class TurnFailed(ModelFailed):
 
 
 class RecalledMemory(BaseModel):
-    """A memory the reply's prompt carried."""
+    """A memory the reply's prompt carried, with the score that put it there. Its text is in the turn's
+    answer only: the stored turn keeps ids and numbers, so a memory the user deletes leaves no copy."""
     id: UUID
     layer: MemoryLayer
     category: str | None = Field(description="the profile category; null for a relationship utterance")
+    content: str | None = Field(None, description="the memory's text (null when the turn is replayed)")
+    score: float | None = Field(None, description="what ranked it: similarity + recency + importance - demotion")
+    parts: ScoreParts | None = None
 
 
 class TurnResult(BaseModel):
@@ -123,7 +128,8 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
     answer = _answer(cfg, user_id, session, content, turn_id, opened["history"])
     stored = chat_store.record_turn(
         session, user_id, turn["user"]["id"], content, turn_id, answer.completion.text,
-        {"recalled": [r.model_dump(mode="json") for r in answer.recalled], "model": answer.completion.model,
+        {"recalled": [r.model_dump(mode="json", exclude={"content"}) for r in answer.recalled],
+         "model": answer.completion.model,
          "usage": answer.completion.usage, "offline": answer.completion.offline},
         answer.query.vectors[0], answer.query.model,
         [usage_store.Call.of("chat", answer.completion), usage_store.Call.of("chat", answer.query)],
@@ -168,7 +174,8 @@ def _answer(cfg: Settings, user_id: str, session: SessionWithPersona, content: s
             "session_id": str(session["id"]), "stage": stage, "error_type": type(exc).__name__,
             "provider_status": provider_status(exc), "code": failed.code, "retryable": failed.retryable})
         raise failed from None
-    recalled = [RecalledMemory(id=m["id"], layer=layer, category=m["category"])
+    recalled = [RecalledMemory(id=m["id"], layer=layer, category=m["category"], content=m["content"],
+                               score=m["score"], parts=ScoreParts.of(m))
                 for layer, rows in ((MemoryLayer.PROFILE, memories.profile),
                                     (MemoryLayer.RELATIONSHIP, memories.relationship)) for m in rows]
     return _Answer(query, completion, recalled)

@@ -16,6 +16,7 @@ from .memory import MemoryLayer
 from .observability import logger
 from .providers import Deadline, ProviderError, embedder
 from .providers.embed import Embeddings, InputType
+from .recall import ScoreParts
 from .store import memories as memory_store
 from .store import recall as recall_store
 from .store import usage as usage_store
@@ -42,9 +43,8 @@ def search(user_id: str, query: str, *, layer: MemoryLayer | None, category: str
         each, params, user_id, vector, k=k, cap=None, instance_id=instance, category=category)),
         key=lambda row: (-row["score"], str(row["id"])))[:k]
     memories = memory_store.by_ids(user_id, [row["id"] for row in ranked])
-    return [memories[row["id"]] | {"score": row["score"], "parts": {
-        "similarity": row["similarity"], "recency": row["recency_term"], "importance": row["importance_term"],
-        "demotion": row["demotion"]}} for row in ranked if row["id"] in memories]
+    return [memories[row["id"]] | {"score": row["score"], "parts": ScoreParts.of(row)}
+            for row in ranked if row["id"] in memories]
 
 
 def remember(user_id: str, content: str, category: str, importance: float | None) -> MemoryWithHistory:

@@ -51,6 +51,25 @@ def data_dir() -> Path:
 
 
 # Routes without the JWT authorizer; template.yaml marks the same ones `Authorizer: NONE` (a test checks).
+# The memory console (console/): static files the local stack serves under /console/; the same files work
+# against a deployed API (docs/CONSOLE.md). No third-party request: everything comes from this origin.
+CONSOLE = ROOT / "console"
+_CONSOLE_FILE = re.compile(r"^[a-z0-9-]+\.(html|js|css|svg)$")
+_CONSOLE_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+                  ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
+CONSOLE_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                  "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+def _bad_local_user(user: object) -> str | None:
+    """Why ``user`` cannot be a local user id (a token's subject), or None."""
+    if not isinstance(user, str) or not user.strip():
+        return "send a JSON object with the user id to sign in as, e.g. {\"user\": \"alice\"}"
+    if len(user) > 128 or user != user.strip() or any(not c.isprintable() for c in user):
+        return "at most 128 printable characters, no leading or trailing spaces"
+    return None
+
+
 PUBLIC_ROUTES = frozenset({("GET", "/v1/health"), ("GET", "/v1/openapi.json"), ("GET", "/v1/docs")})
 # An export file, as eros.records names it: the local stack's stand-in for the presigned S3 URL (the random
 # name is the capability, as the URL's signature is in AWS).
@@ -283,6 +302,7 @@ class LocalHTTPServer(ThreadingHTTPServer):
         self.settings = settings
         self.key = local_jwt_key()
         self.chat = Function("chat", concurrency=concurrency, timeout_secs=29)  # template.yaml: Timeout 29
+        self.sweeping = threading.Lock()
 
     def server_close(self) -> None:
         super().server_close()
@@ -313,7 +333,12 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length else b""
 
     def _handle(self) -> None:
-        if self.command in ("GET", "HEAD") and self.path.startswith("/local/"):
+        path = urlsplit(self.path).path
+        if self.command in ("GET", "HEAD") and (path == "/console" or path.startswith("/console/")):
+            return self._send_console(path)
+        if self.command in ("GET", "HEAD") and path == "/local/stack":
+            return self._json(200, {"local": True, "dreaming_idle_secs": self.server.settings.dreaming_idle_secs})
+        if self.command in ("GET", "HEAD") and path.startswith("/local/"):
             return self._send_export()
         try:
             body = self._body()
@@ -321,9 +346,13 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
             self.close_connection = True  # what follows on this connection cannot be framed
             return self._send(refused.status, {"content-type": "application/json"},
                               json.dumps({"statusCode": refused.status, "message": str(refused)}))
+        if self.command == "POST" and path == "/local/token":
+            return self._local_token(body)
         claims = verify_token(self.headers.get("authorization"), self.server.settings, self.server.key)
-        if claims is None and (self.command, urlsplit(self.path).path) not in PUBLIC_ROUTES:
+        if claims is None and (self.command, path) not in PUBLIC_ROUTES:
             return self._send(401, {"content-type": "application/json"}, '{"message":"Unauthorized"}')
+        if self.command == "POST" and path == "/local/sweep":
+            return self._local_sweep(body)
         headers = {k: v for k, v in self.headers.items() if k.lower() != "transfer-encoding"}
         if "transfer-encoding" in self.headers:
             headers["content-length"] = str(len(body))
@@ -341,6 +370,48 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
         for name, values in (result.get("multiValueHeaders") or {}).items():
             headers[name] = ", ".join(values)
         self._send(result["statusCode"], headers, payload)
+
+    # --- the local stack's own routes: the console, its sign-in and its "sweep now" (never deployed) ----------
+    def _json(self, status: int, value: object) -> None:
+        self._send(status, {"content-type": "application/json"}, json.dumps(value, default=str))
+
+    def _local_token(self, body: bytes) -> None:
+        """``POST /local/token {"user"}``: a local token for any user (what the console signs in with)."""
+        try:
+            user = json.loads(body or b"null").get("user")
+        except (ValueError, AttributeError):
+            user = None
+        problem = _bad_local_user(user)
+        if problem:
+            return self._json(422, {"statusCode": 422, "code": "invalid_request", "message": f"user: {problem}"})
+        ttl = 86400
+        self._json(200, {"user": user, "token": issue_token(user, self.server.settings, self.server.key, ttl),
+                         "expires_in": ttl})
+
+    def _local_sweep(self, body: bytes) -> None:
+        """``POST /local/sweep {"idle_now"?}``: one dreaming sweep now, answered when its jobs are done."""
+        try:
+            options = json.loads(body) if body else {}
+            idle_now = options.get("idle_now", False)
+        except (ValueError, AttributeError):
+            idle_now = None
+        if not isinstance(idle_now, bool):
+            return self._json(422, {"statusCode": 422, "code": "invalid_request",
+                                    "message": "send a JSON object, with idle_now true or false"})
+        with self.server.sweeping:  # one sweep at a time, as one schedule would
+            self._json(200, sweep_locally(idle_now=idle_now))
+
+    def _send_console(self, path: str) -> None:
+        """The console's files (``console/``), with a policy that lets the page reach only this origin."""
+        if path in ("/console", "/console/"):
+            path = "/console/index.html"
+        name = path.removeprefix("/console/")
+        file = CONSOLE / name
+        if not _CONSOLE_FILE.match(name) or not file.is_file():
+            return self._send(404, {"content-type": "application/json"}, '{"message":"Not Found"}')
+        self._send(200, {"content-type": _CONSOLE_TYPES[file.suffix], "cache-control": "no-cache",
+                         "x-content-type-options": "nosniff", "content-security-policy": CONSOLE_POLICY,
+                         "referrer-policy": "no-referrer"}, file.read_bytes())
 
     def _send_export(self) -> None:
         """An export file from EXPORT_DIR, streamed (it can be larger than memory should hold)."""
@@ -409,11 +480,26 @@ class InProcessInvoker:
     a container of its own, ``workers`` at once (Lambda's concurrency). A failed invocation is logged:
     Lambda would retry it; locally the claim goes stale and a later sweep takes the session again."""
 
-    def __init__(self, workers: int = 4):
+    def __init__(self, workers: int = 4, *, keep_outcomes: bool = False):
         self.extract = Function("extract", concurrency=workers, timeout_secs=120)  # template.yaml: Timeout 120
+        self._jobs: list[tuple[dict, Future]] | None = [] if keep_outcomes else None
 
     def __call__(self, payload: dict) -> None:
-        self.extract.submit(dict(payload)).add_done_callback(self._report)
+        done = self.extract.submit(dict(payload))
+        done.add_done_callback(self._report)
+        if self._jobs is not None:
+            self._jobs.append((payload, done))
+
+    def outcomes(self) -> list[dict]:
+        """What each job did (``keep_outcomes``; after ``wait``): the extract function's answer, or the
+        exception it raised as ``outcome: crashed``."""
+        outcomes = []
+        for payload, done in self._jobs or []:
+            job = {"kind": payload.get("kind", "session"), "user_id": payload.get("user_id"),
+                   "session_id": payload.get("session_id")}
+            error = done.exception()
+            outcomes.append(job | ({"outcome": "crashed", "error": repr(error)[:300]} if error else done.result()))
+        return outcomes
 
     @staticmethod
     def _report(done: Future) -> None:
@@ -426,21 +512,29 @@ class InProcessInvoker:
         self.extract.close(wait=True)
 
 
-def sweeper(invoker: InProcessInvoker) -> Function:
-    """The sweeper function in a container whose fan-out is ``invoker`` instead of the Lambda client."""
-    return Function("sweeper", concurrency=1, timeout_secs=240,  # template.yaml: Timeout 240
-                    prepare=lambda module: setattr(module, "invoker", lambda: invoker))
+def sweeper(invoker: InProcessInvoker, cfg: Settings | None = None) -> Function:
+    """The sweeper function in a container whose fan-out is ``invoker`` instead of the Lambda client (and,
+    with ``cfg``, whose settings are those)."""
+    def prepare(module: ModuleType) -> None:
+        module.invoker = lambda: invoker  # type: ignore[attr-defined]
+        if cfg is not None:
+            module.settings = lambda: cfg  # type: ignore[attr-defined]
+
+    return Function("sweeper", concurrency=1, timeout_secs=240, prepare=prepare)  # template.yaml: Timeout 240
 
 
-def sweep_locally(workers: int = 4) -> dict:
-    """`eros sweep`: one invocation of the sweeper function now, waiting for the extractions it started."""
-    invoker = InProcessInvoker(workers)
-    function = sweeper(invoker)
+def sweep_locally(workers: int = 4, *, idle_now: bool = False) -> dict:
+    """`eros sweep` and the console's "sweep now": one invocation of the sweeper function now, waiting for
+    the jobs it started; its answer with ``jobs``, what each did. ``idle_now``: every session with new
+    messages counts as idle (DREAMING_IDLE_SECS 0 for this sweep), everyone's, not only the caller's."""
+    invoker = InProcessInvoker(workers, keep_outcomes=True)
+    function = sweeper(invoker, settings().model_copy(update={"dreaming_idle_secs": 0}) if idle_now else None)
     try:
-        return function.invoke(scheduled_event())
+        result = function.invoke(scheduled_event())
     finally:
         function.close()
         invoker.wait()
+    return result | {"jobs": invoker.outcomes()}
 
 
 def run_local_sweeper(cfg: Settings, workers: int = 4) -> threading.Thread:

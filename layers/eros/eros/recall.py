@@ -17,13 +17,28 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from pydantic import BaseModel, Field
+
 from .config import RecallParams, settings
 from .memory import CATEGORIES, MemoryLayer
 from .store import recall as recall_store
-from .store.rows import RecallCandidate
+from .store.rows import RecallCandidate, Scored
 
 _SPACE = re.compile(r"\s+")
 _PUNCT = re.compile(r"[^\w\s]")
+
+
+class ScoreParts(BaseModel):
+    """Why a ranked memory is where it is: its score is similarity + recency + importance - demotion."""
+    similarity: float = Field(description="cosine similarity of the memory to the query")
+    recency: float = Field(description="what its age adds (or, composite strategy, takes away)")
+    importance: float = Field(description="what its importance adds")
+    demotion: float = Field(description="taken away when a newer, similar memory of its category outranks it")
+
+    @classmethod
+    def of(cls, row: Scored) -> ScoreParts:
+        return cls(similarity=row["similarity"], recency=row["recency_term"], importance=row["importance_term"],
+                   demotion=row["demotion"])
 
 
 @dataclass

@@ -11,7 +11,16 @@ from psycopg.types.json import Jsonb
 
 from ..db import connection, one, transaction
 from . import usage
-from .rows import Message, OpenedTurn, Persona, RecordedTurn, Session, SessionWithPersona, TurnMessages
+from .rows import (
+    Message,
+    OpenedTurn,
+    Persona,
+    RecordedTurn,
+    Session,
+    SessionWithDreaming,
+    SessionWithPersona,
+    TurnMessages,
+)
 
 
 def list_personas() -> list[Persona]:
@@ -47,13 +56,33 @@ _TOUCH = ("UPDATE engine.chat_sessions SET last_active_at = now(), extracted_at 
           " extraction_attempts = 0")
 
 
-def list_sessions(user_id: str, limit: int = 100) -> list[Session]:
-    return connection().execute(
-        f"SELECT {_SESSION_COLUMNS} FROM engine.chat_sessions s"
-        " JOIN engine.persona_instances i ON i.id = s.instance_id"
-        " WHERE s.user_id = %s ORDER BY s.created_at DESC LIMIT %s",
-        (user_id, limit),
+# Where a session is in dreaming, from its bookkeeping columns (migrations 0002, 0005, 0008), first match:
+# failed (given up; its error says why), extracted (through its last message), claimed (a sweep took it),
+# retrying (a failure's backoff), active (not quiet for DREAMING_IDLE_SECS yet), else waiting for a sweep.
+_DREAMING_STATE = """CASE WHEN s.extraction_gave_up IS NOT NULL THEN 'failed'
+    WHEN s.extracted_at IS NOT NULL THEN 'extracted'
+    WHEN s.extraction_claimed_at IS NOT NULL THEN 'claimed'
+    WHEN s.extraction_next_attempt_at > now() THEN 'retrying'
+    WHEN s.last_active_at > now() - make_interval(secs => %(idle)s) THEN 'active'
+    ELSE 'waiting' END"""
+
+
+def list_sessions(user_id: str, idle_secs: int, limit: int = 100) -> list[SessionWithDreaming]:
+    """The user's sessions, newest first, each with where it is in dreaming (``_DREAMING_STATE``), the
+    error of its last failed attempt, its attempts, and when it is due: quiet enough (active) or retried."""
+    rows = connection().execute(
+        f"SELECT {_SESSION_COLUMNS}, {_DREAMING_STATE} AS state, s.extraction_error AS error,"
+        " s.extraction_attempts AS attempts,"
+        " CASE WHEN s.extraction_next_attempt_at > now() THEN s.extraction_next_attempt_at"
+        "      ELSE s.last_active_at + make_interval(secs => %(idle)s) END AS due_at"
+        " FROM engine.chat_sessions s JOIN engine.persona_instances i ON i.id = s.instance_id"
+        " WHERE s.user_id = %(user)s ORDER BY s.created_at DESC LIMIT %(limit)s",
+        {"user": user_id, "idle": idle_secs, "limit": limit},
     ).fetchall()
+    return [{"id": r["id"], "instance_id": r["instance_id"], "persona_id": r["persona_id"],
+             "created_at": r["created_at"], "last_active_at": r["last_active_at"], "extracted_at": r["extracted_at"],
+             "dreaming": {"state": r["state"], "error": r["error"], "attempts": r["attempts"], "due_at": r["due_at"]}}
+            for r in rows]
 
 
 def get_session(user_id: str, session_id: UUID) -> SessionWithPersona | None:
@@ -143,9 +172,12 @@ def open_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str,
 
 
 def list_messages(session_id: UUID, limit: int, before: int | None) -> list[Message]:
-    """A page of history, newest first; ``before`` is the id of the oldest message of the previous page."""
+    """A page of history, newest first; ``before`` is the id of the oldest message of the previous page. A
+    reply carries what its prompt recalled (ids, layers, categories and scores, as the turn stored them)."""
     return connection().execute(
-        "SELECT id, role, content, client_turn_id, sent_at FROM engine.chat_messages"
+        "SELECT id, role, content, client_turn_id, sent_at,"
+        " CASE WHEN role = 'assistant' THEN coalesce(metadata->'recalled', '[]'::jsonb) END AS recalled"
+        " FROM engine.chat_messages"
         " WHERE session_id = %s AND (%s::bigint IS NULL OR id < %s) ORDER BY id DESC LIMIT %s",
         (session_id, before, before, limit),
     ).fetchall()

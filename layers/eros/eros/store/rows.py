@@ -28,6 +28,18 @@ class Session(TypedDict):
     extracted_at: NotRequired[datetime | None]
 
 
+class Dreaming(TypedDict):
+    """Where a session is in dreaming (``store.chat.list_sessions``)."""
+    state: str  # active | waiting | claimed | retrying | extracted | failed
+    error: str | None
+    attempts: int
+    due_at: datetime | None
+
+
+class SessionWithDreaming(Session):
+    dreaming: Dreaming
+
+
 class SessionWithPersona(Session):
     """A session with its persona's prompt (``store.chat.get_session``): what a chat turn needs."""
     persona_name: str
@@ -41,6 +53,7 @@ class Message(TypedDict):
     client_turn_id: NotRequired[str]
     sent_at: NotRequired[datetime]
     metadata: NotRequired[dict[str, Any]]
+    recalled: NotRequired[list[dict[str, Any]] | None]  # a listed reply's: what its prompt recalled
 
 
 # The messages already stored for one client_turn_id, by role ("user", and "assistant" once answered).
@@ -92,7 +105,7 @@ class KnownMemory(TypedDict):
     distance: float
 
 
-class _Scored(TypedDict):
+class Scored(TypedDict):
     """What a ranked row carries: the memory, its distance and decay, the score parts and the score."""
     id: UUID
     content: str
@@ -108,12 +121,12 @@ class _Scored(TypedDict):
     score: float
 
 
-class RankedMemory(_Scored):
+class RankedMemory(Scored):
     """A recalled row (``store.recall.ranked``) with its score and the parts that make it up."""
     embedding: Any  # pgvector's Vector
 
 
-class RecallCandidate(_Scored):
+class RecallCandidate(Scored):
     """A row of a turn's recall (``store.recall.candidates``): as ``RankedMemory`` but without its embedding,
     with its layer and the near-duplicates placed before it."""
     layer: str  # MemoryLayer

@@ -1,0 +1,442 @@
+// The memory console: chat with a persona, see what each reply recalled and why, watch the user's memories
+// form and change, and follow each session through dreaming. Plain DOM, no build step, no third-party
+// request: it talks to the API it was served with (the local stack) or the one named by ?api=.
+// Every text from the API is put in the page with textContent, never parsed as HTML.
+
+const CATEGORIES = ["fact", "preference", "event", "emotion", "relation"];
+const POLL_MS = 3000;
+const params = new URLSearchParams(location.search);
+const API = (params.get("api") || "").replace(/\/+$/, "");
+
+const state = {
+  local: false, token: null, user: null, personas: [], sessions: [], session: null,
+  memories: new Map(), listed: "", live: new Map(), timer: null,
+};
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value === true ? "" : value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function say(text, isError = false) {
+  const status = $("status");
+  status.textContent = text;
+  status.classList.toggle("error", isError);
+}
+
+class ApiError extends Error {
+  constructor(status, body) {
+    super(body && body.message ? body.message : `HTTP ${status}`);
+    this.status = status;
+    this.body = body;
+  }
+}
+
+async function call(method, path, body) {
+  const headers = { Accept: "application/json" };
+  if (state.token) headers.Authorization = `Bearer ${state.token}`;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const response = await fetch(`${path.startsWith("/local/") ? "" : API}${path}`,
+    { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  const text = await response.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch { data = { message: text }; }
+  if (!response.ok) throw new ApiError(response.status, data);
+  return data;
+}
+
+// --- time and numbers ----------------------------------------------------------------------------------------
+function ago(iso) {
+  if (!iso) return "never";
+  const seconds = Math.round((Date.now() - Date.parse(iso)) / 1000);
+  const future = seconds < 0;
+  const s = Math.abs(seconds);
+  const text = s < 60 ? `${s} s` : s < 3600 ? `${Math.round(s / 60)} min` : s < 86400 ? `${Math.round(s / 3600)} h`
+    : `${Math.round(s / 86400)} d`;
+  return future ? `in ${text}` : `${text} ago`;
+}
+
+const num = (value, digits = 3) => (value === null || value === undefined ? "–" : Number(value).toFixed(digits));
+const short = (id) => String(id).slice(0, 8);
+
+// --- signing in ------------------------------------------------------------------------------------------------
+function subjectOf(token) {
+  try {
+    const payload = token.split(".")[1].replace(/-/g, "+").replace(/_/g, "/");
+    return JSON.parse(atob(payload)).sub || "(token)";
+  } catch { return "(token)"; }
+}
+
+async function signIn(event) {
+  event.preventDefault();
+  try {
+    if (state.local) {
+      const answer = await call("POST", "/local/token", { user: $("user").value });
+      state.token = answer.token;
+      state.user = answer.user;
+    } else {
+      state.token = $("token").value.trim();
+      state.user = subjectOf(state.token);
+    }
+    sessionStorage.setItem("eros-console", JSON.stringify({ token: state.token, user: state.user }));
+    await start();
+  } catch (error) {
+    state.token = null;
+    say(`Sign-in failed: ${error.message}`, true);
+  }
+}
+
+function signOut() {
+  sessionStorage.removeItem("eros-console");
+  clearInterval(state.timer);
+  Object.assign(state, { token: null, user: null, session: null, sessions: [], listed: "" });
+  state.memories.clear();
+  state.live.clear();
+  $("app").hidden = true;
+  $("whoami").hidden = true;
+  $("signin").hidden = false;
+  $("messages").replaceChildren();
+  composing(false);
+  $("memory-groups").replaceChildren();
+  $("dream-sessions").replaceChildren();
+  say("Signed out.");
+}
+
+async function start() {
+  const personas = await call("GET", "/v1/personas");
+  state.personas = personas.personas;
+  $("persona").replaceChildren(...state.personas.map((p) => el("option", { value: p.id }, `${p.name} (${p.id})`)));
+  $("me").textContent = state.user;
+  $("signin").hidden = true;
+  $("whoami").hidden = false;
+  $("app").hidden = false;
+  $("sweep").hidden = !state.local;
+  await refresh();
+  if (state.sessions.length) await openSession(state.sessions[0].id);
+  else composing(false);
+  clearInterval(state.timer);
+  state.timer = setInterval(() => { if (!document.hidden) refresh().catch(() => {}); }, POLL_MS);
+  say(`Signed in as ${state.user}.`);
+}
+
+// --- chat ---------------------------------------------------------------------------------------------------------
+function personaOf(session) {
+  const persona = state.personas.find((p) => p.id === session.persona_id);
+  return persona ? persona.name : session.persona_id;
+}
+
+function currentPersona() {
+  const session = state.sessions.find((s) => s.id === state.session);
+  return session ? personaOf(session) : "persona";
+}
+
+function renderSessionPicker() {
+  const picker = $("session");
+  picker.replaceChildren(...state.sessions.map((s) =>
+    el("option", { value: s.id, selected: s.id === state.session }, `${personaOf(s)} · ${short(s.id)} · ${ago(s.created_at)}`)));
+}
+
+async function newSession(event) {
+  event.preventDefault();
+  try {
+    const session = await call("POST", "/v1/sessions", { persona_id: $("persona").value });
+    await refreshSessions();
+    await openSession(session.id);
+    $("message").focus();
+  } catch (error) { say(error.message, true); }
+}
+
+function composing(enabled) {
+  for (const control of [$("message"), $("send").querySelector("button")]) control.disabled = !enabled;
+}
+
+async function openSession(id) {
+  composing(false);  // until the session's history is on the page (a message sent meanwhile would be wiped)
+  state.session = id;
+  renderSessionPicker();
+  const page = await call("GET", `/v1/sessions/${id}/messages?limit=200`);
+  if (state.session !== id) return;  // another session was picked meanwhile
+  $("messages").replaceChildren(...page.messages.slice().reverse().map(renderMessage));
+  scrollMessages();
+  composing(true);
+}
+
+function scrollMessages() {
+  const list = $("messages");
+  list.scrollTop = list.scrollHeight;
+}
+
+function renderMessage(message) {
+  const recalled = state.live.get(message.id) || message.recalled;
+  return el("li", { class: `message ${message.role}`, "data-id": message.id },
+    el("span", { class: "who" }, message.role === "user" ? state.user : currentPersona()),
+    el("p", {}, message.content),
+    message.role === "assistant" ? renderRecalled(recalled || []) : null);
+}
+
+function renderRecalled(recalled) {
+  if (!recalled.length) return el("p", { class: "recalled-none" }, "Recalled nothing.");
+  const groups = new Map();
+  for (const item of recalled) {
+    const key = item.layer === "profile" ? `profile · ${item.category}` : "relationship";
+    if (!groups.has(key)) groups.set(key, []);
+    groups.get(key).push(item);
+  }
+  return el("details", { class: "recalled" },
+    el("summary", {}, `Recalled ${recalled.length} memor${recalled.length === 1 ? "y" : "ies"}`),
+    ...[...groups].map(([key, items]) => el("div", { class: "recalled-group" },
+      el("h4", {}, key),
+      el("ul", {}, items.map((item) => {
+        const known = state.memories.get(item.id);
+        const text = item.content || (known ? known.content : "(not in the memory panel: deleted or history)");
+        const p = item.parts || {};
+        return el("li", { class: "recalled-item", "data-id": item.id },
+          el("span", { class: "recalled-text" }, text),
+          el("span", { class: "score" }, `score ${num(item.score)} = similarity ${num(p.similarity)}`
+            + ` + recency ${num(p.recency)} + importance ${num(p.importance)} − demotion ${num(p.demotion)}`));
+      })))));
+}
+
+async function send(event) {
+  event.preventDefault();
+  const box = $("message");
+  const content = box.value.trim();
+  if (!content || !state.session) return;
+  composing(false);
+  const pending = el("li", { class: "message user pending" }, el("span", { class: "who" }, state.user),
+    el("p", {}, content));
+  $("messages").append(pending);
+  scrollMessages();
+  try {
+    const turn = await call("POST", `/v1/sessions/${state.session}/turns`, { content });
+    box.value = "";
+    state.live.set(turn.assistant_message_id, turn.recalled);
+    pending.replaceWith(renderMessage({ id: turn.user_message_id, role: "user", content }));
+    $("messages").append(renderMessage({ id: turn.assistant_message_id, role: "assistant", content: turn.reply,
+      recalled: turn.recalled }));
+    scrollMessages();
+    await refresh();
+  } catch (error) {
+    pending.classList.add("failed");
+    say(`The turn failed: ${error.message}${error.body && error.body.retryable ? " (try again)" : ""}`, true);
+  } finally {
+    composing(true);
+    box.focus();
+  }
+}
+
+// --- memories ----------------------------------------------------------------------------------------------------
+// A poll does not redraw the panel while the person is in the middle of something there (an edit, a history,
+// a delete awaiting its confirmation); an action of theirs (``force``) always does.
+async function refreshMemories(force = false) {
+  const history = $("show-history").checked ? "&include=superseded" : "";
+  const page = await call("GET", `/v1/memories?limit=500${history}`);
+  const listed = JSON.stringify(page.memories);
+  state.memories = new Map(page.memories.map((m) => [m.id, m]));
+  const editing = document.querySelector("#memory-groups form, #memory-groups .history, #memory-groups [data-armed]");
+  if (!force && (listed === state.listed || editing)) return;
+  state.listed = listed;
+  renderMemories(page.memories);
+}
+
+function renderMemories(memories) {
+  const groups = new Map();
+  for (const category of CATEGORIES) groups.set(`profile · ${category}`, []);
+  for (const memory of memories) {
+    const key = memory.layer === "profile" ? `profile · ${memory.category}` : `relationship · ${memory.persona_id}`;
+    if (!groups.has(key)) groups.set(key, []);
+    groups.get(key).push(memory);
+  }
+  const shown = [...groups].filter(([, items]) => items.length);
+  $("memory-groups").replaceChildren(...(shown.length ? shown.map(([key, items]) => el("section",
+    { class: "memory-group", "aria-label": key }, el("h3", {}, `${key} (${items.length})`),
+    el("ul", {}, items.map(renderMemory)))) : [el("p", { class: "note" }, "No memories yet. Chat, then sweep.")]));
+}
+
+function provenance(memory) {
+  const parts = [`${memory.source}`];
+  if (memory.session_id) parts.push(`session ${short(memory.session_id)}`);
+  if (memory.from_message_id) {
+    parts.push(memory.from_message_id === memory.through_message_id ? `message ${memory.from_message_id}`
+      : `messages ${memory.from_message_id}–${memory.through_message_id}`);
+  }
+  if (memory.model) parts.push(`by ${memory.model}`);
+  return parts.join(" · ");
+}
+
+function renderMemory(memory) {
+  const superseded = Boolean(memory.superseded_at);
+  const item = el("li", { class: `memory${superseded ? " superseded" : ""}`, "data-id": memory.id },
+    el("p", { class: "memory-text" }, memory.content),
+    el("p", { class: "meta" },
+      `importance ${num(memory.importance, 2)} · written ${ago(memory.created_at)} · `
+      + (memory.last_confirmed_at ? `last confirmed ${ago(memory.last_confirmed_at)}` : "not repeated yet")
+      + ` · mentioned ${memory.mention_count}×`),
+    el("p", { class: "meta" }, provenance(memory)),
+    superseded ? el("p", { class: "meta badge" },
+      `superseded (${memory.superseded_reason}) ${ago(memory.superseded_at)}`) : null);
+  const actions = el("div", { class: "actions" });
+  actions.append(el("button", { type: "button", onclick: () => toggleHistory(item, memory) }, "History"));
+  if (superseded) {
+    actions.append(el("button", { type: "button", onclick: () => act("POST", `/v1/memories/${memory.id}/restore`,
+      undefined, "Restored.") }, "Restore"));
+  } else if (memory.layer === "profile") {
+    actions.append(el("button", { type: "button", onclick: () => editForm(item, memory) }, "Edit"));
+  }
+  const remove = el("button", { type: "button", class: "danger" }, "Delete");
+  remove.addEventListener("click", () => {
+    if (remove.dataset.armed) return act("DELETE", `/v1/memories/${memory.id}`, undefined, "Deleted.");
+    remove.dataset.armed = "1";
+    remove.textContent = "Confirm delete";
+    remove.focus();
+  });
+  actions.append(remove);
+  item.append(actions);
+  return item;
+}
+
+async function act(method, path, body, done) {
+  try {
+    await call(method, path, body);
+    say(done);
+    await Promise.all([refreshMemories(true), refreshSessions()]);
+  } catch (error) { say(error.message, true); }
+}
+
+async function toggleHistory(item, memory) {
+  const open = item.querySelector(".history");
+  if (open) { open.remove(); return refreshMemories(true); }
+  try {
+    const chain = await call("GET", `/v1/memories/${memory.id}`);
+    item.append(el("ol", { class: "history", "aria-label": "History, oldest first" },
+      chain.history.map((version) => el("li", { class: version.id === memory.id ? "this" : "" },
+        el("span", {}, version.content), " ",
+        el("span", { class: "meta" }, version.superseded_at
+          ? `→ ${version.superseded_reason} ${ago(version.superseded_at)}` : "current")))));
+  } catch (error) { say(error.message, true); }
+}
+
+function editForm(item, memory) {
+  if (item.querySelector("form")) return;
+  const content = el("textarea", { rows: 2, maxlength: 4000, required: true, "aria-label": "Content" });
+  content.value = memory.content;
+  const category = el("select", { "aria-label": "Category" },
+    CATEGORIES.map((c) => el("option", { value: c, selected: c === memory.category }, c)));
+  const importance = el("input", { type: "number", min: 0, max: 1, step: 0.05, "aria-label": "Importance",
+    value: memory.importance ?? "" });
+  const form = el("form", { class: "stack edit" }, content, category, importance,
+    el("div", { class: "actions" }, el("button", { type: "submit" }, "Save"),
+      el("button", { type: "button", onclick: () => { form.remove(); refreshMemories(true); } },
+        "Cancel")));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const changes = {};
+    if (content.value.trim() !== memory.content) changes.content = content.value.trim();
+    if (category.value !== memory.category) changes.category = category.value;
+    if (importance.value !== "" && Number(importance.value) !== memory.importance) {
+      changes.importance = Number(importance.value);
+    }
+    if (!Object.keys(changes).length) { form.remove(); return refreshMemories(true); }
+    form.remove();
+    return act("PATCH", `/v1/memories/${memory.id}`, changes, "Saved: a new version supersedes the old one.");
+  });
+  item.append(form);
+  content.focus();
+}
+
+async function addMemory(event) {
+  event.preventDefault();
+  const content = $("new-content").value.trim();
+  if (!content) return;
+  await act("POST", "/v1/memories", { content, category: $("new-category").value }, "Memory added.");
+  $("new-content").value = "";
+}
+
+// --- dreaming ----------------------------------------------------------------------------------------------------
+const STATES = {
+  active: "chatting: dreamt about once quiet", waiting: "quiet: the next sweep takes it",
+  claimed: "being extracted", retrying: "failed, will retry", extracted: "extracted", failed: "given up",
+};
+
+async function refreshSessions() {
+  const body = await call("GET", "/v1/sessions");
+  state.sessions = body.sessions;
+  renderSessionPicker();
+  $("dream-sessions").replaceChildren(...state.sessions.map((s) => {
+    const d = s.dreaming;
+    return el("li", { class: `dream ${d.state}`, "data-id": s.id },
+      el("span", { class: `badge state-${d.state}` }, d.state),
+      ` ${personaOf(s)} · ${short(s.id)} · last message ${ago(s.last_active_at)} · ${STATES[d.state]}`,
+      (d.state === "active" || d.state === "retrying") && d.due_at ? ` (${ago(d.due_at)})` : "",
+      d.attempts ? ` · attempts ${d.attempts}` : "",
+      d.error ? el("span", { class: "error-text" }, ` · ${d.error}`) : null);
+  }));
+}
+
+async function sweepNow() {
+  const button = $("sweep");
+  button.disabled = true;
+  $("sweep-result").textContent = "Sweeping…";
+  try {
+    const result = await call("POST", "/local/sweep", { idle_now: true });
+    const jobs = result.jobs.map((job) => job.kind === "session"
+      ? `session ${short(job.session_id)}: ${job.outcome}${job.memories ? ` (${job.memories} new)` : ""}`
+      : `deep pass: ${job.outcome}`);
+    $("sweep-result").textContent = `Claimed ${result.claimed} session(s)${jobs.length ? ": " : "."}${jobs.join("; ")}`;
+    await Promise.all([refreshMemories(true), refreshSessions()]);
+  } catch (error) {
+    $("sweep-result").textContent = `Sweep failed: ${error.message}`;
+  } finally { button.disabled = false; }
+}
+
+async function refresh() {
+  await Promise.all([refreshMemories(), refreshSessions()]);
+}
+
+// --- start ---------------------------------------------------------------------------------------------------------
+async function boot() {
+  $("new-category").replaceChildren(...CATEGORIES.map((c) => el("option", { value: c }, c)));
+  $("signin").addEventListener("submit", signIn);
+  $("signout").addEventListener("click", signOut);
+  $("new-session").addEventListener("submit", newSession);
+  $("session").addEventListener("change", (event) => openSession(event.target.value).catch((e) => say(e.message, true)));
+  $("send").addEventListener("submit", send);
+  $("message").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); $("send").requestSubmit(); }
+  });
+  $("show-history").addEventListener("change", () => refreshMemories(true));
+  $("refresh").addEventListener("click", () => Promise.all([refreshMemories(true), refreshSessions()]));
+  $("add-memory").addEventListener("submit", addMemory);
+  $("sweep").addEventListener("click", sweepNow);
+  try {
+    const stack = await call("GET", "/local/stack");
+    state.local = Boolean(stack && stack.local) && !API;
+    if (state.local) $("idle-note").textContent = `Sessions are dreamt about after ${stack.dreaming_idle_secs} s `
+      + "of quiet; “Sweep now” takes every session with new messages at once.";
+  } catch { state.local = false; }
+  $("user-field").hidden = !state.local;
+  $("user").required = state.local;
+  $("token-field").hidden = state.local;
+  $("token").required = !state.local;
+  const saved = JSON.parse(sessionStorage.getItem("eros-console") || "null");
+  if (saved && saved.token) {
+    Object.assign(state, saved);
+    try { await start(); return; } catch { signOut(); }
+  }
+  say(state.local ? "Local stack: sign in as any user." : `Paste a bearer token for ${API || location.origin}.`);
+  (state.local ? $("user") : $("token")).focus();
+}
+
+boot();
