@@ -2,6 +2,8 @@
 # Both set themselves up on a fresh machine: a Python 3.12 virtualenv in .venv with the project installed.
 
 SHELL := /bin/bash
+# A recipe step fails when any command of a pipeline does (the install step filters pip's output).
+.SHELLFLAGS := -eo pipefail -c
 VENV := .venv
 PY := $(VENV)/bin/python
 # The first Python 3.12 that actually runs: python3.12 on PATH (a pyenv shim may not), else pyenv's newest 3.12.
@@ -12,7 +14,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # again (the tests' subprocesses and workers, the local stack). __pycache__ is git-ignored.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: run test lint venv browser sam-check bench lock clean
+.PHONY: run stop test lint venv browser sam-check bench lock clean
 
 # Exact versions everywhere: requirements-dev.lock is what the virtualenv (tests, `make run`, the tools) gets;
 # layers/eros/requirements.lock is what the Lambda layer ships -- the same versions, for Lambda's platform,
@@ -20,16 +22,24 @@ unexport PYTHONDONTWRITEBYTECODE
 # layers/eros/requirements.txt ask for; tests/test_packaging.py checks that they agree and match the virtualenv.
 $(VENV)/.installed: pyproject.toml requirements-dev.lock layers/eros/requirements.txt requirements-dev.txt
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 is required (python3.12 on PATH, or pyenv install 3.12)"; exit 1; }
-	$(PYTHON312) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements-dev.lock
-	$(PY) -m pip install --quiet --no-deps -e .
-	touch $@
+	@echo "setting up $(VENV) with $(PYTHON312) (the first time: about a minute and a half)"
+	@$(PYTHON312) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip
+	@echo "installing the locked packages (requirements-dev.lock)"
+	@$(PY) -m pip install --progress-bar off -r requirements-dev.lock 2>&1 \
+		| awk '/^Collecting/ { if (++n % 25 == 0) { print "  " n " packages fetched"; fflush() } } \
+		       /^(ERROR|error)/ { print } /^Successfully installed/ { print "  " n " packages installed" }'
+	@$(PY) -m pip install --quiet --no-deps -e .
+	@touch $@
 
 venv: $(VENV)/.installed
 
+# Ctrl-C stops the stack and the embedded Postgres it started; `make stop` does the same from elsewhere.
 run: venv
-	$(VENV)/bin/eros serve
+	@$(VENV)/bin/eros serve
+
+stop:
+	@if [ -x $(VENV)/bin/eros ]; then $(VENV)/bin/eros stop; else echo "nothing was running"; fi
 
 test: venv browser
 	$(MAKE) --no-print-directory lint
@@ -70,5 +80,5 @@ lock: venv
 		--generate-hashes $(addprefix --no-emit-package ,$(RUNTIME_PROVIDED)) --constraint requirements-dev.lock \
 		--output-file layers/eros/requirements.lock layers/eros/requirements.txt
 
-clean:
-	rm -rf $(VENV) .aws-sam .data
+clean: stop
+	rm -rf $(VENV) .aws-sam .data .artifacts

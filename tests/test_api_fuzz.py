@@ -34,8 +34,7 @@ from eros.providers.offline import hash_embed
 pytestmark = pytest.mark.e2e
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))
-DOCUMENT = json.loads(load_function("chat").app.get_openapi_json_schema(title="eros companion memory API",
-                                                                         version="1.0.0"))
+DOCUMENT = json.loads(load_function("chat").openapi_document())
 SCHEMA = schemathesis.openapi.from_dict(DOCUMENT)
 OPERATIONS = {f"{op.method.upper()} {op.path}": op
               for op in (r.ok() for r in SCHEMA.get_all_operations() if isinstance(r, Ok))}

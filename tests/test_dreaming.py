@@ -392,5 +392,5 @@ def test_eros_sweep_command_runs_one_sweep_now(db, capsys):
     api.call("POST", f"/v1/sessions/{api.session()}/turns", {"content": "I play the cello every evening"})
     go_idle(db)
     assert cli.main(["sweep"]) == 0
-    assert "'claimed': 1" in capsys.readouterr().out
+    assert "claimed 1 session(s)" in capsys.readouterr().out
     assert [r["category"] for r in profile_rows(db)] == ["fact"]

@@ -395,8 +395,12 @@ def test_every_environment_variable_is_read_by_the_code(template):
     unknown = {n for n in names if n not in fields and not n.startswith("POWERTOOLS_")}
     assert not unknown, f"set in template.yaml but read by nothing: {sorted(unknown)}"
     assert {"DATABASE_SECRET_ARN", "DATABASE_HOST", "PROVIDER_SECRET_ARN", "EXTRACT_FUNCTION_NAME"} <= names
-    # Secrets come from Secrets Manager in AWS, never from plain variables.
-    assert not names & {"DATABASE_URL", "OPENROUTER_API_KEY", "VOYAGE_API_KEY"}
+    # Secrets come from Secrets Manager in AWS, never from plain variables. DATABASE_URL is declared, empty,
+    # only so that `sam local invoke --env-vars` can set it (SAM overrides declared variables alone).
+    assert not names & {"OPENROUTER_API_KEY", "VOYAGE_API_KEY"}
+    assert template["Globals"]["Function"]["Environment"]["Variables"]["DATABASE_URL"] == ""
+    assert all("DATABASE_URL" not in props(template, name).get("Environment", {}).get("Variables", {})
+               for name in FUNCTIONS)
 
 
 def test_parameter_backed_variables_parse_as_settings(template):

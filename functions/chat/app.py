@@ -181,8 +181,11 @@ def _error(status: int, message: str, code: str | None = None, **extra) -> Respo
                     body=_error_body(status, message, code, **extra))
 
 
-def _documented(ok: tuple[int, str], *errors: tuple[int, str]) -> dict:
-    """OpenAPI responses of a route: its success and the errors it answers besides 422."""
+def _documented(ok: tuple[int, str], *errors: tuple[int, str], public: bool = False) -> dict:
+    """OpenAPI responses of a route: its success and the errors it answers besides 422 (and 401, unless the
+    route is ``public``)."""
+    if not public:
+        errors = ((401, "no valid bearer token"), *errors)
     error = {"application/json": {"schema": {"type": "object", "required": ["statusCode", "code", "message"],
                                               "properties": {"statusCode": {"type": "integer"},
                                                              "code": {"type": "string"},
@@ -195,18 +198,63 @@ def _documented(ok: tuple[int, str], *errors: tuple[int, str]) -> dict:
 _NOT_YOURS = (404, "no such memory of this user (another user's id answers the same)")
 
 
-@app.get("/v1/health")
-def health():
+class HealthReport(BaseModel):
+    status: Literal["ok", "degraded"]
+    database: Literal["ok", "unreachable"]
+    providers: dict[str, str] = Field(description="what the chat model and the embedder are (real or offline)")
+    dreaming: dict[str, Any] = Field(description="ok, or held while a provider refuses our credentials (and why)")
+
+
+class Check(BaseModel):
+    status: Literal["ok", "failed"]
+    detail: str
+    ms: float
+
+
+class DeepHealth(BaseModel):
+    status: Literal["ok", "failed"]
+    checks: dict[str, Check] = Field(description="database, schema, llm, embedder")
+
+
+_PUBLIC: list[dict[str, list[str]]] = [{}]  # OpenAPI: this route needs no token
+
+
+@app.get("/v1/health", summary="is the service up", security=_PUBLIC,
+         responses=_documented((200, "healthy"), (503, "degraded: the report says what"), public=True))
+def health() -> Response[HealthReport]:
     report = health_check.report()
-    return Response(200 if report["status"] == "ok" else 503, content_types.APPLICATION_JSON, json.dumps(report))
+    return Response(200 if report["status"] == "ok" else 503, content_types.APPLICATION_JSON,
+                    HealthReport.model_validate(report))
 
 
-@app.get("/v1/openapi.json")
+@app.get("/v1/health/deep", summary="check the database, the schema and each provider",
+         description="Times a query, compares the applied migrations with the ones this build ships and makes one "
+                     "tiny call to the chat model and the embedder. Needs a token (it spends a few tokens).",
+         responses=_documented((200, "every check passed"), (503, "a check failed: its detail says why")))
+def deep_health() -> Response[DeepHealth]:
+    current_user()
+    report = health_check.deep_report()
+    return Response(200 if report["status"] == "ok" else 503, content_types.APPLICATION_JSON,
+                    DeepHealth.model_validate(report))
+
+
+def openapi_document() -> str:
+    """The API's OpenAPI document: every route's parameters, bodies and answers, and the bearer scheme
+    every route but the public ones requires (the JWT the authorizer verifies). Powertools' OpenAPI models
+    are imported here, on the first request for the document: they cost every cold start ~100 ms."""
+    from aws_lambda_powertools.event_handler.openapi.models import HTTPBearer
+
+    bearer = HTTPBearer(bearerFormat="JWT", description="a token of the configured issuer; its `sub` is the user")
+    return app.get_openapi_json_schema(title=TITLE, version="1.0.0", security_schemes={"bearer": bearer},
+                                       security=[{"bearer": []}])
+
+
+@app.get("/v1/openapi.json", summary="this document", security=_PUBLIC, compress=True)
 def openapi():
-    return Response(200, content_types.APPLICATION_JSON, app.get_openapi_json_schema(title=TITLE, version="1.0.0"))
+    return Response(200, content_types.APPLICATION_JSON, openapi_document())
 
 
-@app.get("/v1/docs", include_in_schema=False)
+@app.get("/v1/docs", include_in_schema=False, compress=True)
 def docs():
     """The Swagger UI over /v1/openapi.json's document, its script and styles inline (no request to a CDN).
     Built on the first visit: Powertools' ``enable_swagger`` imports its OpenAPI models at start-up, ~100 ms
@@ -218,24 +266,42 @@ def docs():
     if app.current_event.get_query_string_value("format") == "json":  # the page's own link to its document
         return openapi()
     assets = files("aws_lambda_powertools.event_handler.openapi.swagger_ui")
-    spec = app.get_openapi_json_schema(title=TITLE, version="1.0.0").replace("</", "<\\/")  # stays in its <script>
+    spec = openapi_document().replace("</", "<\\/")  # stays in its <script>
     page = generate_swagger_html(spec, assets.joinpath("swagger-ui-bundle.min.js").read_text("utf-8"),
                                  assets.joinpath("swagger-ui.min.css").read_text("utf-8"), "", None)
     return Response(200, content_types.TEXT_HTML, page)
 
 
-@app.get("/v1/personas")
-def personas():
+class PersonaView(BaseModel):
+    id: str
+    name: str
+    description: str
+
+
+class PersonaList(BaseModel):
+    personas: list[PersonaView]
+
+
+@app.get("/v1/personas", summary="the personas to chat with", responses=_documented((200, "the personas")))
+def personas() -> PersonaList:
     current_user()
-    return {"personas": chat_store.list_personas()}
+    return PersonaList.model_validate({"personas": chat_store.list_personas()})
 
 
-@app.post("/v1/sessions")
-def create_session(body: NewSession):
+class CreatedSession(BaseModel):
+    id: UUID
+    persona_id: str
+    created_at: datetime
+    last_active_at: datetime
+
+
+@app.post("/v1/sessions", summary="start a session with a persona",
+          responses=_documented((201, "the session"), (404, "no such persona")))
+def create_session(body: NewSession) -> Response[CreatedSession]:
     session = chat_store.create_session(current_user(), body.persona_id)
     if session is None:
         raise errors.NotFound(f"persona {body.persona_id!r} not found")
-    return Response(201, content_types.APPLICATION_JSON, session)
+    return Response(201, content_types.APPLICATION_JSON, CreatedSession.model_validate(session))
 
 
 class DreamingState(BaseModel):
@@ -307,7 +373,8 @@ def messages(session_id: UUID, limit: Annotated[int, Query(ge=1, le=200)] = 50,
     return MessagePage.model_validate({"messages": page, "next_before": page[-1]["id"] if len(page) == limit else None})
 
 
-@app.get("/v1/memories")
+@app.get("/v1/memories", summary="the caller's memories, newest first",
+         responses=_documented((200, "a page of memories")))
 def memories(layer: Annotated[MemoryLayer | None, Query()] = None,
              category: Annotated[Category | None, Query()] = None,
              limit: Annotated[int, Query(ge=1, le=500)] = 100,

@@ -1,4 +1,5 @@
-"""The ``eros`` command: serve (the local stack), migrate, token, chat, sweep, forget, usage."""
+"""The ``eros`` command: serve (the local stack) and stop it, migrate, token, chat, sweep, invoke, doctor,
+forget, usage. Every failure is one line on stderr (EROS_DEBUG=1 shows the traceback)."""
 
 from __future__ import annotations
 
@@ -7,20 +8,33 @@ import os
 import sys
 
 
-def _database() -> tuple[str, str]:
-    """(the database URL, what to call it): DATABASE_URL if set, else the embedded Postgres in .data/pg,
-    started on demand. The URL is then put in the environment, where the functions this process runs
-    read their settings (the local stack is their Lambda environment)."""
+class CliError(Exception):
+    """A failure the person can fix: its message says how."""
+
+
+def _database() -> tuple[str, str, bool]:
+    """(the database URL, what to call it, whether this call started it): DATABASE_URL if set, else the
+    embedded Postgres in .data/pg, started on demand. The URL is then put in the environment, where the
+    functions this process runs read their settings (the local stack is their Lambda environment)."""
     from .config import settings
-    from .local import data_dir, embedded_postgres
+    from .local import data_dir, embedded_postgres, postgres_running
 
     configured = settings().database_url
     if configured is not None:
-        return configured.get_secret_value(), "DATABASE_URL"
+        return configured.get_secret_value(), "DATABASE_URL", False
+    was_running = postgres_running()
     url = embedded_postgres()
     os.environ["DATABASE_URL"] = url
     settings.cache_clear()
-    return url, f"embedded Postgres 16 + pgvector in {data_dir() / 'pg'}"
+    return url, f"embedded Postgres 16 + pgvector in {data_dir() / 'pg'}", not was_running
+
+
+def _answer_only():
+    """While a command runs the functions' code: what they print (their metrics, as Lambda's log lines) goes
+    to stderr, so that stdout carries the command's answer alone (``--json`` can be piped)."""
+    from contextlib import redirect_stdout
+
+    return redirect_stdout(sys.stderr)
 
 
 def cmd_migrate(args) -> int:
@@ -44,13 +58,13 @@ def cmd_token(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    import errno
+
     from . import providers
     from .config import settings
-    from .local import data_dir, make_server, run_local_sweeper
+    from .local import data_dir, make_server, stop_embedded_postgres
     from .migrate import migrate
 
-    url, database = _database()
-    migrate(url)
     port = args.port or settings().port
     base = f"http://{args.host}:{port}"
     # Exports (GET /v1/export) go to a folder this server serves, in place of S3 and its presigned URLs.
@@ -58,8 +72,28 @@ def cmd_serve(args) -> int:
     os.environ.setdefault("EXPORT_BASE_URL", f"{base}/local")
     settings.cache_clear()
     cfg = settings()
-    server = make_server(cfg, args.host, port, concurrency=args.concurrency)
-    described = providers.describe()
+    try:
+        server = make_server(cfg, args.host, port, concurrency=args.concurrency)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        raise CliError(f"port {port} is in use (another `make run`?): stop it with `make stop`, or run on another "
+                       f"port: PORT={port + 1} make run") from None
+    url, database, started = _database()
+    try:
+        migrate(url)
+        _serve(args, settings(), server, base, database, providers.describe())
+    finally:
+        server.server_close()
+        if started:  # Ctrl-C stops what `make run` started; a Postgres that was already running stays
+            stop_embedded_postgres()
+            print("stopped the embedded Postgres", flush=True)
+    return 0
+
+
+def _serve(args, cfg, server, base: str, database: str, described: dict) -> None:
+    from .local import run_local_sweeper, serving
+
     sweeper = run_local_sweeper(cfg) if args.sweep else None  # the local EventBridge schedule
     print(f"""
 eros local stack
@@ -68,30 +102,110 @@ eros local stack
   embedder : {described['embedder']}
   dreaming : {f"every {cfg.dreaming_tick_secs}s, sessions idle for {cfg.dreaming_idle_secs}s" if sweeper else "off"}
   API      : {base}
+  console  : {base}/console/
 
-Try it:
+Open the console in a browser, or try it from a shell:
   TOKEN=$(.venv/bin/eros token alice)
   curl -s -X POST {base}/v1/sessions -H "Authorization: Bearer $TOKEN" -d '{{"persona_id":"luna"}}'
   curl -s -X POST {base}/v1/sessions/SESSION_ID/turns -H "Authorization: Bearer $TOKEN" \\
        -d '{{"content":"I moved to Tokyo last week"}}'
   .venv/bin/eros chat alice          # or chat in the terminal
+  .venv/bin/eros sweep --now         # dream now, without waiting for {cfg.dreaming_idle_secs}s of quiet
+Ctrl-C (or `make stop`) stops it.
 """, flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    with serving():
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+
+
+def cmd_stop(args) -> int:
+    """``make stop``: the running ``eros serve`` and the embedded Postgres."""
+    from .local import stop_local_stack
+
+    stopped = stop_local_stack()
+    print(f"stopped {' and '.join(stopped)}" if stopped else "nothing was running")
     return 0
 
 
 def cmd_sweep(args) -> int:
+    """One dreaming sweep now, waiting for its jobs: what each did, or why there was nothing to do."""
+    import json
+
+    from .config import settings
     from .local import sweep_locally
 
     _database()
-    result = sweep_locally()
-    print(result)
+    with _answer_only():
+        result = sweep_locally(idle_now=args.now)
+    if args.json:
+        print(json.dumps(result, default=str, indent=2))
+    else:
+        print("\n".join(swept(result, settings().dreaming_idle_secs, args.now)))
     return 0
+
+
+def swept(result: dict, idle_secs: int, now: bool) -> list[str]:
+    """A sweep's answer for a person: a line for the sweep, one per job, and a hint when nothing was idle."""
+    lines = [f"claimed {result['claimed']} session(s) and {result['users_claimed']} user(s) for a deep pass"]
+    for job in result["jobs"]:
+        if job["kind"] == "session":
+            done = ", ".join(f"{job[k]} {k}" for k in ("memories", "superseded", "confirmed") if job.get(k))
+            what = f"session {job['session_id']} of {job['user_id']}"
+        else:
+            done = ", ".join(f"{job[k]} {k}" for k in ("merged", "superseded") if job.get(k))
+            what = f"deep pass of {job['user_id']}"
+        why = job.get("error") or (f"fault: {job['fault']}" if job.get("fault") else "")
+        lines.append(f"  {what}: {job['outcome']}" + (f" ({done})" if done else "") + (f" - {why}" if why else ""))
+    if result.get("blocked"):
+        lines.append(f"dreaming is held: {', '.join(result['blocked'])} refused our credentials (see /v1/health)")
+    if not result["claimed"] and not now:
+        lines.append(f"nothing was idle: a session is dreamt about {idle_secs} s after its last message "
+                     f"(DREAMING_IDLE_SECS); `eros sweep --now` takes every session with new messages at once")
+    return lines
+
+
+def cmd_invoke(args) -> int:
+    """One function's real handler on an event file, in this process, with the local database; prints
+    its answer. For an extract event that Lambda gave up on, the dead-letter record (its requestPayload)
+    or the bare event both work."""
+    import json
+    from pathlib import Path
+
+    from .local import LambdaContext, invoke_locally
+
+    path = Path(args.event)
+    try:
+        event = json.loads(path.read_text())
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise CliError(f"{path} is not JSON: {exc}") from None
+    if isinstance(event, dict) and isinstance(event.get("requestPayload"), dict):  # a Lambda destination record
+        event = event["requestPayload"]
+    _database()
+    with _answer_only():
+        answer = invoke_locally(args.function, event, LambdaContext(args.function))
+    print(json.dumps(answer, default=str, indent=2))
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    """What ``GET /v1/health?deep=1`` checks, from here: the database, the schema and each provider."""
+    import json
+
+    from .health import deep_report
+
+    _database()
+    with _answer_only():
+        report = deep_report()
+    if args.json:
+        print(json.dumps(report, default=str, indent=2))
+    else:
+        for name, check in report["checks"].items():
+            print(f"{'ok ' if check['status'] == 'ok' else 'BAD'} {name:<9} {check['detail']}")
+    return 0 if report["status"] == "ok" else 1
 
 
 def cmd_forget(args) -> int:
@@ -115,8 +229,7 @@ def cmd_usage(args) -> int:
     try:
         first, last = usage.days_of(args.first, args.last)
     except usage.BadRange as exc:
-        print(f"eros usage: --{exc}", file=sys.stderr)
-        return 2
+        raise CliError(f"--{exc}") from None
     report = usage.report(args.user, first, last) if args.user else usage.by_user(first, last)
     if args.json:
         print(json.dumps(report, default=str, indent=2))
@@ -180,14 +293,18 @@ def cmd_chat(args) -> int:
     from .config import settings
     from .local import issue_token, local_jwt_key
 
+    url = args.url or f"http://127.0.0.1:{settings().port}"
     token = issue_token(args.user, settings(), local_jwt_key())
-    client = httpx.Client(base_url=args.url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
     try:
         personas = client.get("/v1/personas").raise_for_status().json()["personas"]
     except httpx.HTTPError as exc:
-        print(f"cannot reach the local stack at {args.url} ({exc}); start it with `make run`", file=sys.stderr)
-        return 1
-    persona = args.persona or personas[0]["id"]
+        raise CliError(f"cannot reach the local stack at {url} ({type(exc).__name__}): start it with `make run`, "
+                       f"or point at the one running (--url, or the PORT it runs on)") from None
+    known = [p["id"] for p in personas]
+    if args.persona and args.persona not in known:
+        raise CliError(f"no persona {args.persona!r}: choose one of {', '.join(known)}")
+    persona = args.persona or known[0]
     session = client.post("/v1/sessions", json={"persona_id": persona}).raise_for_status().json()
     print(f"session {session['id']} with {persona} — type a message, Ctrl-D to quit")
     for line in sys.stdin:
@@ -226,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("chat", help="chat in the terminal against the running local stack")
     p.add_argument("user", nargs="?", default="local-user")
     p.add_argument("--persona")
-    p.add_argument("--url", default="http://127.0.0.1:3000")
+    p.add_argument("--url", help="the local stack's address; default http://127.0.0.1:PORT (3000)")
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("forget", help="erase everything stored about USER (what DELETE /v1/me does)")
@@ -242,10 +359,46 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_usage)
 
     p = sub.add_parser("sweep", help="run one dreaming sweep now (claims idle sessions and extracts them)")
+    p.add_argument("--now", action="store_true", help="every session with new messages counts as idle")
+    p.add_argument("--json", action="store_true", help="the sweep's answer and each job's, as JSON")
     p.set_defaults(func=cmd_sweep)
 
+    p = sub.add_parser("stop", help="stop the running local stack and its embedded Postgres (`make stop`)")
+    p.set_defaults(func=cmd_stop)
+
+    p = sub.add_parser("invoke", help="run a function's real handler on an event file, with the local database")
+    p.add_argument("function", choices=["chat", "sweeper", "extract"],
+                   help="the migrate function answers CloudFormation: locally, `eros migrate` does its work")
+    p.add_argument("event", help="a JSON event file (events/ has one for each function)")
+    p.set_defaults(func=cmd_invoke)
+
+    p = sub.add_parser("doctor", help="check the database, the schema version and the providers (exit 1 if not ok)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_doctor)
+
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except CliError as exc:
+        print(f"eros {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        if _debugging():
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"eros {args.command}: {type(exc).__name__}: {first} (EROS_DEBUG=1 shows where)", file=sys.stderr)
+        return 1
+
+
+def _debugging() -> bool:
+    from .config import settings
+
+    try:
+        return settings().eros_debug
+    except Exception:  # the settings themselves are what failed: say so in one line
+        return False
 
 
 if __name__ == "__main__":

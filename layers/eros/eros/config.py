@@ -182,7 +182,8 @@ class Settings(BaseModel):
     jwt_audience: str = "eros-local"
     eros_data_dir: str | None = None  # the embedded Postgres and the local signing key; default .data/
     local_jwt_secret: SecretStr | None = None  # the local tokens' HS256 key; default one generated into .data/
-    port: int = Field(3000, ge=1, le=65535)  # the local API's port
+    port: int = Field(3000, ge=1, le=65535)  # the local API's port: `make run`, `eros chat`, the banner
+    eros_debug: bool = False  # the eros command shows a failure's traceback instead of its one line
 
     @field_validator("model_prices", mode="before")
     @classmethod

@@ -1,13 +1,22 @@
 """Health report: is the database reachable, which providers (real or offline) is this process using, and
-is dreaming held because a provider refuses our credentials (401/402/403: a bad key, no credit)."""
+is dreaming held because a provider refuses our credentials (401/402/403: a bad key, no credit).
+
+``deep_report`` (``GET /v1/health/deep``, ``eros doctor``) goes further: it times a query, compares the
+schema's applied migrations with the ones this code ships, and makes one tiny call to each provider (a
+one-token completion, a one-word embedding), so a wrong URL, key or model shows before a user finds it."""
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 import psycopg
 
 from . import providers
+from .config import settings
 from .credentials import ConfigurationError
-from .db import connection
+from .db import connection, one
+from .providers import Deadline, ProviderError
 
 
 def report() -> dict:
@@ -41,3 +50,55 @@ def _dreaming() -> dict:
     return {"status": "held", "reason": "a provider refuses our credentials; fix the key or the credit",
             "blocked": [{"provider": b["provider"], "status": b["status"], "error": b["error"],
                          "since": b["since"].isoformat()} for b in blocks]}
+
+
+def deep_report() -> dict:
+    """Each check's status ("ok" or "failed") and a line of detail; ``status`` is "ok" when all are."""
+    checks = {"database": _check(_database), "schema": _check(_schema), "llm": _check(_llm),
+              "embedder": _check(_embedder)}
+    return {"status": "ok" if all(c["status"] == "ok" for c in checks.values()) else "failed", "checks": checks}
+
+
+def _check(probe: Callable[[], str]) -> dict:
+    started = time.perf_counter()
+    try:
+        detail, status = probe(), "ok"
+    except (psycopg.Error, ConfigurationError, ProviderError, SchemaMismatch) as exc:
+        detail, status = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", "failed"
+    return {"status": status, "detail": detail, "ms": round((time.perf_counter() - started) * 1000, 1)}
+
+
+class SchemaMismatch(Exception):
+    """The database's migrations are not the ones this code ships."""
+
+
+def _database() -> str:
+    row = one(connection().execute("SELECT current_setting('server_version') AS server,"
+                               " (SELECT extversion FROM pg_extension WHERE extname = 'vector') AS vector"))
+    return f"PostgreSQL {row['server']}, pgvector {row['vector'] or 'not installed'}"
+
+
+def _schema() -> str:
+    from .migrate import migration_files
+
+    shipped = [name for name, _ in migration_files()]
+    applied = {r["name"] for r in connection().execute("SELECT name FROM engine.schema_migrations").fetchall()}
+    missing, unknown = [n for n in shipped if n not in applied], sorted(applied - set(shipped))
+    if missing:
+        raise SchemaMismatch(f"not applied: {', '.join(missing)} (run `eros migrate`, or deploy)")
+    if unknown:
+        raise SchemaMismatch(f"applied but unknown to this code (an older build?): {', '.join(unknown)}")
+    return f"{len(shipped)} migrations, the newest {shipped[-1]}"
+
+
+def _llm() -> str:
+    client, model = providers.chat_client(), settings().chat_model
+    answer = client.complete(model, [{"role": "user", "content": "Reply with one word: ok"}], max_tokens=1,
+                             temperature=0.0, deadline=Deadline.after(15))
+    return f"{client.describe()}: {answer.model} answered"
+
+
+def _embedder() -> str:
+    client = providers.embedder()
+    vectors = client.embed(["ok"], "query", deadline=Deadline.after(15))
+    return f"{client.describe()}: {len(vectors.vectors[0])}-d vector"

@@ -24,14 +24,17 @@ import base64
 import importlib.util
 import itertools
 import json
+import os
 import re
 import secrets
+import signal
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
@@ -77,6 +80,65 @@ _EXPORT_FILE = re.compile(r"^/local/(exports/[0-9a-f]{32}/[0-9]{8}T[0-9]{6}Z-[0-
 
 
 # --- embedded Postgres ------------------------------------------------------------------------
+def postgres_running(folder: Path | None = None) -> bool:
+    """Whether the embedded Postgres of ``folder`` (default .data/pg) is up (its postmaster.pid exists)."""
+    return ((folder or data_dir() / "pg") / "postmaster.pid").exists()
+
+
+def stop_embedded_postgres(folder: Path | None = None) -> bool:
+    """Stop the embedded Postgres of ``folder`` (a fast shutdown: sessions are ended, nothing is lost);
+    False when it was not running."""
+    from pgserver._commands import pg_ctl  # type: ignore[attr-defined]  # made by a factory at import
+
+    folder = folder or data_dir() / "pg"
+    if not postgres_running(folder):
+        return False
+    runs_as = {"user": "pgserver"} if os.geteuid() == 0 else {}  # pgserver runs it as this user under root
+    pg_ctl(["-w", "-m", "fast", "stop"], pgdata=folder, **runs_as)
+    return True
+
+
+@contextmanager
+def serving() -> Iterator[None]:
+    """While ``eros serve`` runs: its process id in .data/serve.pid, for ``eros stop``."""
+    pid_file = data_dir() / "serve.pid"
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    pid_file.write_text(str(os.getpid()))
+    try:
+        yield
+    finally:
+        if pid_file.exists() and pid_file.read_text().strip() == str(os.getpid()):
+            pid_file.unlink()
+
+
+def stop_local_stack(wait_secs: float = 15.0) -> list[str]:
+    """``make stop``: interrupt a running ``eros serve`` (which then stops the Postgres it started, as
+    Ctrl-C does), then stop the embedded Postgres if it is still up. Returns what was stopped."""
+    stopped = []
+    pid_file = data_dir() / "serve.pid"
+    pid = int(pid_file.read_text()) if pid_file.exists() and pid_file.read_text().strip().isdigit() else None
+    if pid is not None and _alive(pid):
+        os.kill(pid, signal.SIGINT)
+        deadline = time.monotonic() + wait_secs
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        stopped.append(f"eros serve (pid {pid})")
+    pid_file.unlink(missing_ok=True)
+    if stop_embedded_postgres():
+        stopped.append("the embedded Postgres")
+    return stopped
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def embedded_postgres(folder: Path | None = None) -> str:
     """Start (or join) the embedded Postgres 16 + pgvector in ``folder``; returns its URL."""
     import pgserver
@@ -298,15 +360,21 @@ class LocalHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], settings: Settings, concurrency: int):
-        super().__init__(address, ApiRequestHandler)
-        self.settings = settings
-        self.key = local_jwt_key()
         self.chat = Function("chat", concurrency=concurrency, timeout_secs=29)  # template.yaml: Timeout 29
         self.sweeping = threading.Lock()
+        self.settings = settings
+        self.key = local_jwt_key()
+        super().__init__(address, ApiRequestHandler)  # a busy port raises here (after server_close)
 
     def server_close(self) -> None:
         super().server_close()
         self.chat.close(wait=False)
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that went away before its answer was written is not the server's error: no traceback."""
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
 
 
 class ApiRequestHandler(BaseHTTPRequestHandler):
@@ -523,18 +591,27 @@ def sweeper(invoker: InProcessInvoker, cfg: Settings | None = None) -> Function:
     return Function("sweeper", concurrency=1, timeout_secs=240, prepare=prepare)  # template.yaml: Timeout 240
 
 
-def sweep_locally(workers: int = 4, *, idle_now: bool = False) -> dict:
-    """`eros sweep` and the console's "sweep now": one invocation of the sweeper function now, waiting for
-    the jobs it started; its answer with ``jobs``, what each did. ``idle_now``: every session with new
-    messages counts as idle (DREAMING_IDLE_SECS 0 for this sweep), everyone's, not only the caller's."""
+def sweep_locally(workers: int = 4, *, idle_now: bool = False, event: dict | None = None) -> dict:
+    """`eros sweep` and the console's "sweep now": one invocation of the sweeper function now (on ``event``,
+    default a scheduled one), waiting for the jobs it started; its answer with ``jobs``, what each did.
+    ``idle_now``: every session with new messages counts as idle (DREAMING_IDLE_SECS 0 for this sweep),
+    everyone's, not only the caller's."""
     invoker = InProcessInvoker(workers, keep_outcomes=True)
     function = sweeper(invoker, settings().model_copy(update={"dreaming_idle_secs": 0}) if idle_now else None)
     try:
-        result = function.invoke(scheduled_event())
+        result = function.invoke(event or scheduled_event())
     finally:
         function.close()
         invoker.wait()
     return result | {"jobs": invoker.outcomes()}
+
+
+def invoke_locally(function: str, event: dict, context: LambdaContext) -> object:
+    """`eros invoke`: one invocation of ``function``'s real handler on ``event`` in this process; the
+    sweeper's fan-out goes to local extract containers, and its answer lists what each job did."""
+    if function == "sweeper":
+        return sweep_locally(event=event)
+    return load_function(function).lambda_handler(event, context)
 
 
 def run_local_sweeper(cfg: Settings, workers: int = 4) -> threading.Thread:

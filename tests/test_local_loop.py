@@ -1,0 +1,251 @@
+"""The local loop as a newcomer meets it: one port setting, a busy port in one line, every CLI error in one
+line, `eros sweep` saying what it did, `eros invoke` on the sample events, `eros doctor` and
+/v1/health/deep, `eros stop` and Ctrl-C stopping what `make run` started, and an OpenAPI document that
+says how to authenticate and what each route answers."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from apiclient import Api
+from fakes import Status
+from helpers import EVENTS, ROOT
+
+from eros import cli
+
+pytestmark = pytest.mark.e2e
+
+EXTRACTED = json.dumps({"memories": [{"content": "Grows tomatoes on the balcony", "category": "preference",
+                                      "importance": 0.6}]})
+
+
+@pytest.fixture
+def online(providers, env):
+    providers[0].responder = lambda body: EXTRACTED if body.get("response_format") else "lovely"
+    env(DREAMING_IDLE_SECS=1800)
+    return providers
+
+
+def err_lines(capsys) -> list[str]:
+    """What the command said on stderr (not the local server's access log, which shares it in-process)."""
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("eros ")]
+
+
+# --- ports ------------------------------------------------------------------------------------------------------
+
+def test_a_busy_port_is_one_line_that_names_the_fix(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli.main(["serve", "--port", str(port), "--no-sweep"]) == 1
+    [line] = err_lines(capsys)
+    assert f"port {port} is in use" in line and "make stop" in line and f"PORT={port + 1} make run" in line
+
+
+def test_eros_chat_finds_the_stack_on_port_and_names_an_unknown_persona(db, local_server, env, monkeypatch, capsys):
+    env(PORT=local_server.server.server_address[1])
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello\n"))
+    assert cli.main(["chat", "dora"]) == 0  # no --url: the PORT everything else uses
+    assert "> " in capsys.readouterr().out
+    assert cli.main(["chat", "dora", "--persona", "nobody"]) == 1
+    [line] = err_lines(capsys)
+    assert line == "eros chat: no persona 'nobody': choose one of kai, luna, mei"
+    env(PORT=9)
+    assert cli.main(["chat", "dora"]) == 1
+    [line] = err_lines(capsys)
+    assert "http://127.0.0.1:9" in line and "make run" in line
+
+
+# --- one-line errors ---------------------------------------------------------------------------------------------
+
+def test_every_cli_failure_is_one_line_unless_debugging(db, env, tmp_path, capsys, monkeypatch):
+    assert cli.main(["invoke", "chat", str(tmp_path / "missing.json")]) == 1
+    assert err_lines(capsys) == [f"eros invoke: cannot read {tmp_path / 'missing.json'}: No such file or directory"]
+    (tmp_path / "bad.json").write_text("{not json")
+    assert cli.main(["invoke", "extract", str(tmp_path / "bad.json")]) == 1
+    [line] = err_lines(capsys)
+    assert line.startswith(f"eros invoke: {tmp_path / 'bad.json'} is not JSON")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the disk is full\nand a second line")
+
+    monkeypatch.setattr("eros.records.erase", broken)
+    assert cli.main(["forget", "dora"]) == 1
+    assert err_lines(capsys) == ["eros forget: RuntimeError: the disk is full (EROS_DEBUG=1 shows where)"]
+    env(EROS_DEBUG="1")
+    with pytest.raises(RuntimeError):
+        cli.main(["forget", "dora"])
+
+
+# --- eros sweep ---------------------------------------------------------------------------------------------------
+
+def test_eros_sweep_says_what_it_did_and_how_not_to_wait(online, db, capsys):
+    api = Api()
+    sid = api.session()
+    assert api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "I grow tomatoes on my balcony"})[0] == 200
+    capsys.readouterr()  # the turn's own output
+
+    assert cli.main(["sweep"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("claimed 0 session(s)") and "1800 s after its last message" in out and "--now" in out
+
+    assert cli.main(["sweep", "--now"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("claimed 1 session(s)")
+    assert out[1] == f"  session {sid} of alice: extracted (1 memories)"
+
+
+def test_eros_sweep_json_is_the_sweeps_answer_with_its_jobs(online, db, capsys):
+    api = Api()
+    sid = api.session()
+    assert api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "I grow tomatoes on my balcony"})[0] == 200
+    capsys.readouterr()
+    assert cli.main(["sweep", "--now", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["claimed"] == 1 and answer["invoked"] == 1
+    [job] = answer["jobs"]
+    assert (job["session_id"], job["outcome"], job["memories"]) == (sid, "extracted", 1)
+
+
+# --- eros invoke ----------------------------------------------------------------------------------------------------
+
+def test_eros_invoke_runs_each_functions_handler_on_its_sample_event(online, db, tmp_path, capsys):
+    assert cli.main(["invoke", "chat", str(EVENTS / "chat_health.json")]) == 0
+    assert json.loads(capsys.readouterr().out)["statusCode"] == 200
+    assert cli.main(["invoke", "chat", str(EVENTS / "chat_turn.json")]) == 0  # its session is not in this database
+    assert json.loads(capsys.readouterr().out)["statusCode"] == 404
+
+    api = Api()
+    sid = api.session()
+    assert api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "I grow tomatoes on my balcony"})[0] == 200
+    db.execute("UPDATE engine.chat_sessions SET last_active_at = now() - interval '2 hours'")
+    capsys.readouterr()
+    assert cli.main(["invoke", "sweeper", str(EVENTS / "sweeper_schedule.json")]) == 0
+    swept = json.loads(capsys.readouterr().out)
+    assert swept["claimed"] == 1 and swept["jobs"][0]["outcome"] == "extracted"
+
+    # A dead-lettered extract event (the Lambda destination record, its requestPayload the event) replays:
+    # this claim no longer holds the session, so nothing is written twice.
+    record = {"version": "1.0", "requestContext": {"condition": "RetriesExhausted"},
+              "requestPayload": json.loads((EVENTS / "extract_session.json").read_text())
+              | {"session_id": sid, "user_id": "alice"}}
+    (tmp_path / "dead.json").write_text(json.dumps(record))
+    assert cli.main(["invoke", "extract", str(tmp_path / "dead.json")]) == 0
+    assert json.loads(capsys.readouterr().out)["outcome"] == "not-claimed"
+
+
+# --- doctor and the deep health check ------------------------------------------------------------------------------
+
+def test_doctor_checks_the_database_the_schema_and_each_provider(online, db, capsys):
+    fake_llm, fake_voyage = online
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in out] == [["ok", "database"], ["ok", "schema"], ["ok", "llm"],
+                                                   ["ok", "embedder"]]
+    assert "pgvector" in out[0] and "0009_usage_by_model" in out[1]
+    assert fake_llm.requests[-1]["json"]["max_tokens"] == 1 and fake_voyage.requests[-1]["json"]["input"] == ["ok"]
+
+    fake_llm.push(Status(401))
+    assert cli.main(["doctor", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["status"] == "failed" and report["checks"]["llm"]["status"] == "failed"
+    assert "401" in report["checks"]["llm"]["detail"] and report["checks"]["embedder"]["status"] == "ok"
+
+
+def test_the_deep_health_check_needs_a_token_and_names_a_schema_behind(online, db):
+    api = Api()
+    assert api.call("GET", "/v1/health/deep", user=None)[0] == 401
+    status, report = api.call("GET", "/v1/health/deep")
+    assert status == 200 and report["status"] == "ok" and set(report["checks"]) == {"database", "schema", "llm",
+                                                                                    "embedder"}
+    db.execute("DELETE FROM engine.schema_migrations WHERE name = '0009_usage_by_model'")
+    try:
+        status, report = api.call("GET", "/v1/health/deep")
+        assert status == 503 and "not applied: 0009_usage_by_model" in report["checks"]["schema"]["detail"]
+    finally:
+        db.execute("INSERT INTO engine.schema_migrations (name) VALUES ('0009_usage_by_model')")
+
+
+# --- stop and Ctrl-C -------------------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_stack(data: str, port: int) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "LLM_", "EMBED_", "OPENROUTER",
+                                                                      "VOYAGE"))}
+    env |= {"EROS_DATA_DIR": data, "PORT": str(port), "DREAMING_TICK_SECS": "3600"}
+    process = subprocess.Popen([sys.executable, "-m", "eros.cli", "serve"], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/health", timeout=1).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    process.kill()
+    raise AssertionError(f"the stack did not start: {process.communicate()[0][-2000:]}")
+
+
+def test_ctrl_c_and_eros_stop_stop_what_make_run_started(tmp_path, env, capsys):
+    data, port = str(tmp_path / "data"), free_port()
+    pg = tmp_path / "data" / "pg" / "postmaster.pid"
+
+    stack = start_stack(data, port)
+    assert pg.exists() and (tmp_path / "data" / "serve.pid").read_text() == str(stack.pid)
+    stack.send_signal(signal.SIGINT)  # Ctrl-C
+    out, _ = stack.communicate(timeout=30)
+    assert stack.returncode == 0 and "stopped the embedded Postgres" in out and "Traceback" not in out
+    assert not pg.exists() and not (tmp_path / "data" / "serve.pid").exists()
+
+    stack = start_stack(data, port)  # `make stop` from another terminal
+    env(EROS_DATA_DIR=data)
+    assert cli.main(["stop"]) == 0
+    assert capsys.readouterr().out.strip() == f"stopped eros serve (pid {stack.pid})"
+    stack.communicate(timeout=30)
+    assert not pg.exists()
+    assert cli.main(["stop"]) == 0 and capsys.readouterr().out.strip() == "nothing was running"
+
+
+# --- the OpenAPI document --------------------------------------------------------------------------------------------
+
+def test_the_openapi_document_declares_the_bearer_scheme_real_statuses_and_answers(db):
+    status, spec = Api().call("GET", "/v1/openapi.json")
+    assert status == 200
+    assert spec["components"]["securitySchemes"]["bearer"] == {
+        "type": "http", "scheme": "bearer", "bearerFormat": "JWT",
+        "description": "a token of the configured issuer; its `sub` is the user"}
+    assert spec["security"] == [{"bearer": []}]
+    operations = {f"{m.upper()} {p}": op for p, ops in spec["paths"].items() for m, op in ops.items()}
+    assert operations["GET /v1/health"]["security"] == [{}] and operations["GET /v1/openapi.json"]["security"] == [{}]
+    for name, op in operations.items():
+        ok = [code for code in op["responses"] if code.startswith("2")]
+        assert len(ok) == 1, name
+        if name not in ("GET /v1/health", "GET /v1/openapi.json"):
+            assert "401" in op["responses"], name
+        if ok[0] != "204" and name != "GET /v1/openapi.json":
+            assert "schema" in op["responses"][ok[0]]["content"]["application/json"], name
+    assert set(operations["POST /v1/sessions"]["responses"]) >= {"201", "404"}
+    assert "204" in operations["DELETE /v1/memories/{memory_id}"]["responses"]
+
+
+def test_the_docs_page_is_compressed_for_a_browser(local_server):
+    plain = httpx.get(f"{local_server.url}/v1/docs", headers={"Accept-Encoding": "identity"})
+    packed = httpx.get(f"{local_server.url}/v1/docs", headers={"Accept-Encoding": "gzip"})
+    assert plain.status_code == packed.status_code == 200 and packed.headers["content-encoding"] == "gzip"
+    assert int(packed.headers["content-length"]) < len(plain.content) / 3  # the bytes on the wire
+    assert packed.text == plain.text  # httpx decoded them: the same page
