@@ -52,14 +52,22 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# The console's browser tests (tests/test_console_browser.py) drive the OS's Chromium through Playwright; a
-# browser that Playwright downloads would not run here (nothing outside the package registries is reachable).
-browser:
-	@command -v chromium >/dev/null || { \
+# The console's browser tests drive the OS's browsers: Chromium through Playwright (tests/test_console_browser.py)
+# and Firefox over WebDriver BiDi through puppeteer-core (tests/test_console_firefox.py, tests/browser). Browsers
+# that the drivers download would not run here (nothing outside the package registries is reachable), so the
+# packages come from apt, and the driver from npm at the versions of tests/browser/package-lock.json.
+BROWSER_PACKAGES := $(if $(shell command -v chromium),,chromium) $(if $(shell command -v firefox-esr),,firefox-esr) \
+	$(if $(shell command -v npm),,nodejs npm)
+browser: tests/browser/node_modules/.installed
+
+tests/browser/node_modules/.installed: tests/browser/package-lock.json
+	@if [ -n "$(strip $(BROWSER_PACKAGES))" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing Chromium for the browser tests (apt-get install chromium)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
-	  else echo "the browser tests need Chromium: sudo apt-get install -y chromium"; exit 1; fi; }
+	    echo "installing $(strip $(BROWSER_PACKAGES)) for the browser tests (apt-get)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BROWSER_PACKAGES) >/dev/null; \
+	  else echo "the browser tests need: sudo apt-get install -y $(strip $(BROWSER_PACKAGES))"; exit 1; fi; fi
+	@npm ci --prefix tests/browser --ignore-scripts --no-audit --no-fund --loglevel=error
+	@touch $@
 
 sam-check: venv
 	$(VENV)/bin/sam validate --lint
