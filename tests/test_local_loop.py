@@ -184,12 +184,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_stack(data: str, port: int) -> subprocess.Popen:
+def start_stack(data: str, port: int, *, in_background: bool = False) -> subprocess.Popen:
+    """`make run` in a fresh data folder; ``in_background``: as `make run &` starts it, with SIGINT ignored."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "LLM_", "EMBED_", "OPENROUTER",
                                                                       "VOYAGE"))}
     env |= {"EROS_DATA_DIR": data, "PORT": str(port), "DREAMING_TICK_SECS": "3600"}
+    ignore_sigint = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if in_background else None
     process = subprocess.Popen([sys.executable, "-m", "eros.cli", "serve"], cwd=ROOT, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               preexec_fn=ignore_sigint)  # noqa: PLW1509 - a signal disposition, nothing else
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -212,11 +215,12 @@ def test_ctrl_c_and_eros_stop_stop_what_make_run_started(tmp_path, env, capsys):
     assert stack.returncode == 0 and "stopped the embedded Postgres" in out and "Traceback" not in out
     assert not pg.exists() and not (tmp_path / "data" / "serve.pid").exists()
 
-    stack = start_stack(data, port)  # `make stop` from another terminal
+    stack = start_stack(data, port, in_background=True)  # `make stop` from another terminal
     env(EROS_DATA_DIR=data)
     assert cli.main(["stop"]) == 0
     assert capsys.readouterr().out.strip() == f"stopped eros serve (pid {stack.pid})"
-    stack.communicate(timeout=30)
+    out, _ = stack.communicate(timeout=30)
+    assert stack.returncode == 0 and "stopped the embedded Postgres" in out  # it stopped itself, cleanly
     assert not pg.exists()
     assert cli.main(["stop"]) == 0 and capsys.readouterr().out.strip() == "nothing was running"
 

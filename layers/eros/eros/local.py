@@ -100,25 +100,29 @@ def stop_embedded_postgres(folder: Path | None = None) -> bool:
 
 @contextmanager
 def serving() -> Iterator[None]:
-    """While ``eros serve`` runs: its process id in .data/serve.pid, for ``eros stop``."""
+    """While ``eros serve`` runs: its process id in .data/serve.pid, for ``eros stop``, and SIGTERM (what
+    ``eros stop`` sends) handled as Ctrl-C."""
     pid_file = data_dir() / "serve.pid"
     pid_file.parent.mkdir(parents=True, exist_ok=True)
     pid_file.write_text(str(os.getpid()))
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         yield
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if pid_file.exists() and pid_file.read_text().strip() == str(os.getpid()):
             pid_file.unlink()
 
 
 def stop_local_stack(wait_secs: float = 15.0) -> list[str]:
-    """``make stop``: interrupt a running ``eros serve`` (which then stops the Postgres it started, as
-    Ctrl-C does), then stop the embedded Postgres if it is still up. Returns what was stopped."""
+    """``make stop``: ask a running ``eros serve`` to stop (SIGTERM, which it handles as Ctrl-C: it then stops
+    the Postgres it started; SIGINT would not reach a stack started in the background, where it is ignored),
+    then stop the embedded Postgres if it is still up. Returns what was stopped."""
     stopped = []
     pid_file = data_dir() / "serve.pid"
     pid = int(pid_file.read_text()) if pid_file.exists() and pid_file.read_text().strip().isdigit() else None
     if pid is not None and _alive(pid):
-        os.kill(pid, signal.SIGINT)
+        os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + wait_secs
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -127,6 +131,10 @@ def stop_local_stack(wait_secs: float = 15.0) -> list[str]:
     if stop_embedded_postgres():
         stopped.append("the embedded Postgres")
     return stopped
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _alive(pid: int) -> bool:
