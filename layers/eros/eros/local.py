@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -80,6 +81,11 @@ _EXPORT_FILE = re.compile(r"^/local/(exports/[0-9a-f]{32}/[0-9]{8}T[0-9]{6}Z-[0-
 
 
 # --- embedded Postgres ------------------------------------------------------------------------
+# pgserver asks platformdirs for a runtime folder, which warns on every start where XDG_RUNTIME_DIR is unset
+# (containers, CI, ssh sessions) and falls back to /tmp; the fallback is fine, the warning is noise.
+warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+
+
 def postgres_running(folder: Path | None = None) -> bool:
     """Whether the embedded Postgres of ``folder`` (default .data/pg) is up (its postmaster.pid exists)."""
     return ((folder or data_dir() / "pg") / "postmaster.pid").exists()
