@@ -70,6 +70,7 @@ tests/browser/node_modules/.installed: tests/browser/package-lock.json
 	@touch $@
 
 sam-check: venv
+	$(VENV)/bin/cfn-lint template.yaml
 	$(VENV)/bin/sam validate --lint
 	$(VENV)/bin/sam build --cached --build-dir .aws-sam/build
 

@@ -84,8 +84,9 @@ def test_scheduled_tick_invokes_extract_once_per_claimed_session_and_extract_acc
 
     result = tick()
     assert result == outcome(5, 5, 0, 1, "drained")
-    assert emitted_metrics(capsys.readouterr().out) == {"SessionsClaimed": 5, "ExtractInvoked": 5,
-                                                        "ExtractInvokeFailures": 0} | NO_USER_METRICS
+    metrics = emitted_metrics(capsys.readouterr().out)
+    assert 5400 < metrics.pop("DreamingBacklogAge") < 5500  # the oldest waited 2 h less the 30 min of quiet
+    assert metrics == {"SessionsClaimed": 5, "ExtractInvoked": 5, "ExtractInvokeFailures": 0} | NO_USER_METRICS
 
     assert len(aws.calls) == 5
     for call in aws.calls:
@@ -130,8 +131,9 @@ def test_failed_invoke_releases_that_claim_and_stops_the_tick(aws, sweeper, env,
     result = tick(timeout_secs=15)  # a hot loop would spin for the whole (5 s) budget
     assert result == {"claimed": 2, "invoked": 1, "invoke_failures": 1, "batches": 1,
                       "stopped_by": "invoke failures"} | NO_USERS  # no further batch: no hot loop
-    assert emitted_metrics(capsys.readouterr().out) == {"SessionsClaimed": 2, "ExtractInvoked": 1,
-                                                        "ExtractInvokeFailures": 1} | NO_USER_METRICS
+    metrics = emitted_metrics(capsys.readouterr().out)
+    assert metrics.pop("DreamingBacklogAge") > 5400
+    assert metrics == {"SessionsClaimed": 2, "ExtractInvoked": 1, "ExtractInvokeFailures": 1} | NO_USER_METRICS
     [sent] = aws.received
     state = claims(db)
     released = next(s for s in first_batch if str(s) == failing[0])

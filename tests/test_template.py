@@ -513,3 +513,108 @@ def test_per_user_limits_are_on_in_aws_and_reach_every_function(template):
            "DAILY_TOKEN_BUDGET": str(params["DailyTokenBudget"]["Default"])}
     parsed = Settings.from_env(env)
     assert parsed.turns_per_minute > 0 and parsed.daily_token_budget > 0
+
+
+# --- operating it (issue 13, part 2) -------------------------------------------------------------------------
+def emitted_metrics() -> set[str]:
+    """Every metric name the code can emit: the constant names of ``add_metric`` calls, and where the name is
+    a variable, the constants it takes (a loop over (name, value) pairs, or a module-level dict's values)."""
+    import ast
+
+    names: set[str] = set()
+    for path in [*(ROOT / "layers" / "eros" / "eros").rglob("*.py"), *(ROOT / "functions").rglob("app.py")]:
+        tree = ast.parse(path.read_text())
+        tables = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+                  for t in node.targets if isinstance(t, ast.Name) and isinstance(node.value, ast.Dict)}
+        loops = {node.target.elts[0].id: node.iter for node in ast.walk(tree)
+                 if isinstance(node, ast.For) and isinstance(node.target, ast.Tuple)
+                 and isinstance(node.target.elts[0], ast.Name)}
+        for call in ast.walk(tree):
+            if not (isinstance(call, ast.Call) and getattr(call.func, "attr", None) == "add_metric"):
+                continue
+            [name] = [k.value for k in call.keywords if k.arg == "name"]
+            if isinstance(name, ast.Name) and name.id in loops:
+                name = loops[name.id]
+            if isinstance(name, ast.Subscript) and isinstance(name.value, ast.Name):
+                name = tables[name.value.id]
+            names |= {n.value for n in ast.walk(name) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                      and n.value[:1].isupper()}
+    return names
+
+
+def alarms(template: dict) -> dict[str, dict]:
+    return {name: r["Properties"] for name, r in template["Resources"].items() if r["Type"] == "AWS::CloudWatch::Alarm"}
+
+
+def eros_metrics_of_alarm(alarm: dict) -> set[str]:
+    if alarm.get("Namespace") == "Eros":
+        return {alarm["MetricName"]}
+    return {m["MetricStat"]["Metric"]["MetricName"] for m in alarm.get("Metrics", [])
+            if "MetricStat" in m and m["MetricStat"]["Metric"]["Namespace"] == "Eros"}
+
+
+def dashboard_metrics(template: dict) -> set[str]:
+    """The Eros metrics the dashboard's widgets name (a row's "." repeats the namespace of the row before)."""
+    body = json.loads(props(template, "Dashboard")["DashboardBody"]["Fn::Sub"][0])
+    names = set()
+    for widget in body["widgets"]:
+        namespace = None
+        for row in widget["properties"]["metrics"]:
+            namespace = row[0] if row[0] not in (".", "...") else namespace
+            if namespace == "Eros" and row[0] != "...":
+                names.add(row[1])
+    return names
+
+
+def test_the_code_emits_every_metric_the_alarms_and_the_dashboard_read(template):
+    emitted = emitted_metrics()
+    assert {"Turns", "ExtractGaveUp", "MemoriesExtracted", "DreamingBacklogAge", "ProviderTokens"} <= emitted
+    read = set().union(*(eros_metrics_of_alarm(a) for a in alarms(template).values())) | dashboard_metrics(template)
+    assert {"ExtractGaveUp", "ExtractInvoked", "ExtractRetriesScheduled", "DreamingBacklogAge",
+            "ProviderTokens", "Turns", "RecallRows", "MemoriesSuperseded"} <= read
+    assert read <= emitted, f"read by an alarm or the dashboard, emitted by nothing: {sorted(read - emitted)}"
+
+
+def test_every_alarm_notifies_the_topic_when_it_fires_and_when_it_clears(template):
+    found = alarms(template)
+    assert {"ExtractDeadLettersAlarm", "SessionsGivenUpAlarm", "ExtractFailureRateAlarm", "Chat5xxAlarm",
+            "ChatLatencyAlarm", "ThrottlesAlarm", "ProxyConnectionsAlarm", "DreamingBacklogAlarm",
+            "SpendAlarm"} <= set(found)
+    for name, alarm in found.items():
+        assert alarm["AlarmActions"] == alarm["OKActions"] == [{"Ref": "AlarmTopic"}], name
+        threshold = alarm["Threshold"]
+        assert threshold == 1 or (isinstance(threshold, dict) and threshold["Ref"] in template["Parameters"]), name
+    for name, spec in template["Parameters"].items():
+        if name.startswith("Alarm") and spec["Type"] == "Number":
+            assert spec.get("MinValue", 0) >= 1, name  # a threshold of 0 would fire for ever
+    assert resource(template, "AlarmSubscription")["Condition"] == "AlarmMail"
+    assert resource(template, "ProxyConnectionsAlarm")["Condition"] == "ProxyWatched"
+
+
+def test_logs_are_kept_for_the_retention_parameter_and_the_api_logs_access(template):
+    groups = {name for name, r in template["Resources"].items() if r["Type"] == "AWS::Logs::LogGroup"}
+    for name in groups:
+        assert props(template, name)["RetentionInDays"] == {"Ref": "LogRetentionDays"}, name
+    for name in FUNCTIONS:
+        group = props(template, name)["LoggingConfig"]["LogGroup"]["Ref"]
+        assert group in groups, name
+    access = props(template, "ChatApi")["AccessLogSettings"]
+    assert access["DestinationArn"] == {"Fn::GetAtt": ["ApiAccessLogGroup", "Arn"]}
+    logged = json.loads(access["Format"])
+    assert {"requestId", "status", "latencyMs", "route"} <= set(logged)
+    assert not any("querystring" in v.lower() or "body" in v.lower() for v in logged.values())
+    assert 1 <= template["Parameters"]["LogRetentionDays"]["Default"] <= 400
+
+
+def test_cors_is_a_parameter_and_off_by_default(template):
+    assert template["Parameters"]["CorsAllowOrigins"]["Default"] == ""
+    cors = props(template, "ChatApi")["CorsConfiguration"]["Fn::If"]
+    assert cors[0] == "CorsOn" and cors[2] == {"Ref": "AWS::NoValue"}
+    assert cors[1]["AllowOrigins"] == {"Ref": "CorsAllowOrigins"} and "authorization" in cors[1]["AllowHeaders"]
+
+
+def test_the_migration_never_blocks_a_deploy_or_rollback_for_an_hour(template):
+    timeout = props(template, "DatabaseMigration")["ServiceTimeout"]
+    migrate = props(template, "MigrateFunction")
+    attempts = 1 + migrate["EventInvokeConfig"]["MaximumRetryAttempts"]
+    assert migrate["Timeout"] * attempts <= timeout <= 900  # long enough for every attempt, minutes not an hour

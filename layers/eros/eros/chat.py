@@ -126,17 +126,20 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
         return _replay(turn, turn_id)
     session = opened["session"]
     answer = _answer(cfg, user_id, session, content, turn_id, opened["history"])
+    spent = [usage_store.Call.of("chat", answer.completion), usage_store.Call.of("chat", answer.query)]
     stored = chat_store.record_turn(
         session, user_id, turn["user"]["id"], content, turn_id, answer.completion.text,
         {"recalled": [r.model_dump(mode="json", exclude={"content"}) for r in answer.recalled],
          "model": answer.completion.model,
          "usage": answer.completion.usage, "offline": answer.completion.offline},
         answer.query.vectors[0], answer.query.model,
-        [usage_store.Call.of("chat", answer.completion), usage_store.Call.of("chat", answer.query)],
+        spent,
     )
     if stored["replayed"]:  # a concurrent duplicate of this turn finished first
         return _replay(chat_store.find_turn(session_id, turn_id), turn_id)
     metrics.add_metric(name="Turns", unit="Count", value=1)
+    metrics.add_metric(name="RecallRows", unit="Count", value=len(answer.recalled))
+    metrics.add_metric(name="ProviderTokens", unit="Count", value=sum(c.tokens for c in spent))
     logger.info("chat turn", extra={"session_id": str(session_id), "recalled": len(answer.recalled),
                                     "model": answer.completion.model, "usage": answer.completion.usage})
     return TurnResult(reply=answer.completion.text, client_turn_id=turn_id,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+from . import usage
 from .config import settings
 from .errors import ModelFailed, NotFound
 from .memory import MemoryLayer
@@ -79,5 +80,5 @@ def _embed(user_id: str, content: str, input_type: InputType = "document") -> Em
         failed = ModelFailed(exc)
         logger.warning("a memory's embedding failed", extra={"error_type": type(exc).__name__, "code": failed.code})
         raise failed from None
-    usage_store.record(user_id, usage_store.Call.of("curation", vectors), usage_store.utcnow())
+    usage.spend(user_id, usage_store.Call.of("curation", vectors))
     return vectors

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from . import dreaming
+from . import dreaming, usage
 from .config import Settings
 from .dreaming import backoff, describe_failure, fan_out
 from .model_answers import handle, json_values
@@ -279,8 +279,8 @@ def _run(cfg: Settings, user_id: str, claim_token: datetime, lease: datetime | N
         {"role": "user", "content": render(chosen)},
     ], max_tokens=1200, temperature=0.0, deadline=Deadline.after(time_budget_secs), json_mode=True)
     dreaming_store.unblock("llm")
-    usage_store.record(user_id, usage_store.Call.of("deep_pass", completion), usage_store.utcnow(),
-                       held_by=("deep_pass", user_id))
+    usage.spend(user_id, usage_store.Call.of("deep_pass", completion),
+                held_by=("deep_pass", user_id))
     result.llm_calls = 1
     try:
         resolved = resolve(parse_actions(completion.text), shown, cfg.deep_pass_max_supersessions)

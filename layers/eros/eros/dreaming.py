@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 from uuid import UUID, uuid4
 
-from . import extraction
+from . import extraction, usage
 from .config import Settings
 from .extraction import Candidate, windows
 from .observability import logger, metrics
@@ -95,7 +95,8 @@ def sweep(cfg: Settings, invoke: Invoker, *, now: Callable[[], datetime] | None 
     started = time.monotonic()
     result = SweepResult()
     moment = now()
-    result.in_flight = store.in_flight(moment - timedelta(seconds=cfg.dreaming_claim_stale_secs))
+    result.in_flight, backlog_age = store.load(moment - timedelta(seconds=cfg.dreaming_claim_stale_secs),
+                                               moment - timedelta(seconds=cfg.dreaming_idle_secs))
     budget = min(cfg.dreaming_tick_cap, max(0, cfg.dreaming_capacity - result.in_flight))
     blocks = store.blocks()
     if blocks:
@@ -142,6 +143,7 @@ def sweep(cfg: Settings, invoke: Invoker, *, now: Callable[[], datetime] | None 
     metrics.add_metric(name="DeepPassInvokeFailures", unit="Count", value=result.deep_pass_invoke_failures)
     metrics.add_metric(name="DreamingInFlight", unit="Count", value=result.in_flight)
     metrics.add_metric(name="ProvidersBlocked", unit="Count", value=len(blocks))
+    metrics.add_metric(name="DreamingBacklogAge", unit="Seconds", value=backlog_age)
     logger.info("sweep done", extra=asdict(result))
     return result
 
@@ -324,8 +326,8 @@ def _candidates(cfg: Settings, earlier: list[Message], parts: list[list[Message]
             {"role": "user", "content": extraction.render_transcript(earlier, part, shown)},
         ], max_tokens=1200, temperature=0.0, deadline=deadline, json_mode=True)
         progress["calls"] += 1
-        usage_store.record(progress["user_id"], usage_store.Call.of("extraction", completion), usage_store.utcnow(),
-                           held_by=("session", progress["session_id"]))
+        usage.spend(progress["user_id"], usage_store.Call.of("extraction", completion),
+                    held_by=("session", progress["session_id"]))
         model = completion.model
         try:
             candidates.extend(extraction.parse_candidates(completion.text))
@@ -341,8 +343,8 @@ def _rows(decided: extraction.Plan, model: str, deadline: Deadline, first: int, 
     if not decided.new:
         return []
     vectors = embedder().embed([c.content for c, _ in decided.new], "document", deadline=deadline)
-    usage_store.record(session["user_id"], usage_store.Call.of("extraction", vectors), usage_store.utcnow(),
-                       held_by=("session", session["id"]))
+    usage.spend(session["user_id"], usage_store.Call.of("extraction", vectors),
+                held_by=("session", session["id"]))
     return [{"id": uuid4(), "content": c.content, "category": c.category, "importance": c.importance,
              "embedding": v, "supersedes": supersedes, "from_message_id": first, "through_message_id": last,
              "metadata": {"model": model, "embed_model": vectors.model}}

@@ -15,6 +15,7 @@ from datetime import UTC, date, timedelta
 from typing import Any
 
 from .config import ModelPrice, settings
+from .observability import metrics
 from .store import usage as usage_store
 from .store.rows import UsageCalls, UsageCount
 
@@ -30,6 +31,13 @@ class BadRange(ValueError):
     def __init__(self, field: str, problem: str):
         super().__init__(f"{field}: {problem}")
         self.field, self.problem = field, problem
+
+
+def spend(user_id: str, call: usage_store.Call, *, held_by: tuple[str, object] | None = None) -> None:
+    """Count a provider call of the user's (``store.usage.record``) and its tokens in the ProviderTokens
+    metric (what the spend alarm watches). A chat turn counts its calls in its own last statement."""
+    usage_store.record(user_id, call, usage_store.utcnow(), held_by=held_by)
+    metrics.add_metric(name="ProviderTokens", unit="Count", value=call.tokens)
 
 
 def days_of(first: date | None, last: date | None) -> tuple[date, date]:

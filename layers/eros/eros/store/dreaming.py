@@ -102,15 +102,20 @@ def expire_messages(sent_before: datetime, limit: int) -> int:
     return connection().execute(_EXPIRE, {"before": sent_before, "limit": limit}).rowcount
 
 
-def in_flight(stale_before: datetime) -> int:
-    """Jobs claimed and not stale yet, sessions and deep passes (both run on the extract function)."""
-    return one(connection().execute(
+def load(stale_before: datetime, idle_before: datetime) -> tuple[int, float]:
+    """What dreaming has on its hands, in one round trip: the jobs claimed and not stale yet (sessions and
+    deep passes: both run on the extract function), and how long the oldest session due for extraction
+    has waited since it went quiet, in seconds (0 when none waits): the backlog age an alarm watches."""
+    row = one(connection().execute(
         "SELECT (SELECT count(*) FROM engine.chat_sessions WHERE extraction_claimed_at IS NOT NULL"
         "        AND extracted_at IS NULL AND extraction_claimed_at >= %(stale)s)"
         "     + (SELECT count(*) FROM engine.user_consolidation WHERE claimed_at IS NOT NULL"
-        "        AND claimed_at >= %(stale)s) AS n",
-        {"stale": stale_before},
-    ))["n"]
+        "        AND claimed_at >= %(stale)s) AS n,"
+        " coalesce(extract(epoch FROM %(idle)s::timestamptz - (SELECT min(last_active_at) FROM engine.chat_sessions"
+        "        WHERE extracted_at IS NULL AND last_active_at < %(idle)s)), 0)::float8 AS backlog",
+        {"stale": stale_before, "idle": idle_before},
+    ))
+    return row["n"], row["backlog"]
 
 
 def release(session_id: UUID, claim_token: datetime) -> bool:
