@@ -96,7 +96,10 @@ def test_every_function_is_python312_x86_64_with_active_tracing(template):
         assert function_setting(template, name, "Handler") == "app.lambda_handler", name
         assert function_setting(template, name, "Layers") == [{"Ref": "ErosLayer"}], name
         vpc = function_setting(template, name, "VpcConfig")
-        assert vpc == {"SubnetIds": {"Ref": "SubnetIds"}, "SecurityGroupIds": {"Ref": "SecurityGroupIds"}}, name
+        assert vpc == {"SubnetIds": {"Fn::If": ["OwnDatabase", [{"Ref": "PrivateSubnetA"}, {"Ref": "PrivateSubnetB"}],
+                                                {"Ref": "SubnetIds"}]},
+                       "SecurityGroupIds": {"Fn::If": ["OwnDatabase", [{"Ref": "FunctionSecurityGroup"}],
+                                                       {"Ref": "SecurityGroupIds"}]}}, name
         code = ROOT / props(template, name)["CodeUri"]
         assert (code / "app.py").is_file() and (code / "requirements.txt").is_file(), name
 
@@ -146,7 +149,9 @@ def test_the_jwt_authorizer_is_the_apis_default(template):
     auth = api["Properties"]["Auth"]
     authorizer = auth["Authorizers"][auth["DefaultAuthorizer"]]
     assert authorizer["IdentitySource"] == "$request.header.Authorization"
-    assert authorizer["JwtConfiguration"] == {"issuer": {"Ref": "JwtIssuer"}, "audience": {"Ref": "JwtAudience"}}
+    assert authorizer["JwtConfiguration"] == {  # the given issuer, else the stack's own Cognito user pool
+        "issuer": {"Fn::If": ["OwnUserPool", {"Fn::GetAtt": ["UserPool", "ProviderURL"]}, {"Ref": "JwtIssuer"}]},
+        "audience": {"Fn::If": ["OwnUserPool", [{"Ref": "UserPoolClient"}], {"Ref": "JwtAudience"}]}}
     assert template["Parameters"]["JwtAudience"]["Type"] == "CommaDelimitedList"
     assert "ChatApi" in json.dumps(template["Outputs"]["ApiUrl"]["Value"])
 
@@ -188,7 +193,10 @@ def test_exports_are_private_encrypted_tls_only_expiring_and_only_the_chat_funct
     assert listing["Condition"] == {"StringLike": {"s3:prefix": "exports/*"}}
 
 
-APP_SECRET, ADMIN_SECRET = {"Ref": "AppDatabaseSecret"}, {"Ref": "DatabaseSecretArn"}
+APP_SECRET = {"Ref": "AppDatabaseSecret"}
+ADMIN_SECRET = {"Fn::If": ["OwnDatabase", {"Fn::GetAtt": ["AuroraCluster", "MasterUserSecret.SecretArn"]},
+                           {"Ref": "DatabaseSecretArn"}]}  # RDS-managed and rotated, or the one given
+PROVIDER_SECRET = {"Fn::If": ["OwnProviderSecret", {"Ref": "ProviderSecret"}, {"Ref": "ProviderSecretArn"}]}
 
 
 def environment(template: dict, name: str) -> dict:
@@ -199,8 +207,8 @@ def environment(template: dict, name: str) -> dict:
 
 def test_secrets_are_readable_only_by_name(template):
     expected = {
-        "ChatFunction": [APP_SECRET, {"Ref": "ProviderSecretArn"}],
-        "ExtractFunction": [APP_SECRET, {"Ref": "ProviderSecretArn"}],
+        "ChatFunction": [APP_SECRET, PROVIDER_SECRET],
+        "ExtractFunction": [APP_SECRET, PROVIDER_SECRET],
         "SweeperFunction": [APP_SECRET],
         "MigrateFunction": [ADMIN_SECRET, APP_SECRET],
     }
@@ -210,7 +218,7 @@ def test_secrets_are_readable_only_by_name(template):
         assert granted == secrets, name
         env = props(template, name).get("Environment", {}).get("Variables", {})
         # A function is told about the provider secret only if it may read it.
-        assert ("PROVIDER_SECRET_ARN" in env) == ({"Ref": "ProviderSecretArn"} in secrets), name
+        assert ("PROVIDER_SECRET_ARN" in env) == (PROVIDER_SECRET in secrets), name
     assert "PROVIDER_SECRET_ARN" not in template["Globals"]["Function"]["Environment"]["Variables"]
 
 
@@ -382,8 +390,8 @@ def test_parameter_defaults_are_the_codes_defaults(template):
     assert params["DreamingBatchSize"]["Default"] == defaults.dreaming_batch_size
     assert params["DreamingTickCap"]["Default"] == defaults.dreaming_tick_cap
     assert params["DreamingMaxAttempts"]["Default"] == defaults.dreaming_max_attempts
-    assert params["SubnetIds"]["Type"] == "List<AWS::EC2::Subnet::Id>"
-    assert params["SecurityGroupIds"]["Type"] == "List<AWS::EC2::SecurityGroup::Id>"
+    # Plain lists: an AWS-typed list cannot be empty, and CreateDatabase=true leaves them so.
+    assert params["SubnetIds"]["Type"] == params["SecurityGroupIds"]["Type"] == "CommaDelimitedList"
 
 
 # --- environment ------------------------------------------------------------------------------
@@ -618,3 +626,80 @@ def test_the_migration_never_blocks_a_deploy_or_rollback_for_an_hour(template):
     migrate = props(template, "MigrateFunction")
     attempts = 1 + migrate["EventInvokeConfig"]["MaximumRetryAttempts"]
     assert migrate["Timeout"] * attempts <= timeout <= 900  # long enough for every attempt, minutes not an hour
+
+
+# --- one command to a working deployment (issue 13, part 1) ----------------------------------------------------
+OWN = ("Vpc", "PrivateSubnetA", "PrivateSubnetB", "NatGateway", "FunctionSecurityGroup", "ProxySecurityGroup",
+       "DatabaseSecurityGroup", "AuroraCluster", "AuroraWriter", "DatabaseProxy", "DatabaseProxyTargetGroup",
+       "DatabaseProxyRole")
+
+
+def test_a_new_stack_makes_its_own_database_network_secrets_and_issuer_by_default(template):
+    params = template["Parameters"]
+    assert params["CreateDatabase"]["Default"] == "true"
+    for name in OWN:
+        assert resource(template, name)["Condition"] == "OwnDatabase", name
+    # Nothing else must be given: every parameter has a default.
+    assert [name for name, spec in params.items() if "Default" not in spec] == []
+    assert resource(template, "ProviderSecret")["Condition"] == "OwnProviderSecret"
+    assert {resource(template, n)["Condition"] for n in ("UserPool", "UserPoolClient")} == {"OwnUserPool"}
+    assert template["Conditions"]["OwnUserPool"] == {"Fn::Equals": [{"Ref": "JwtIssuer"}, ""]}
+    # Bring your own: the rule makes a deploy without a database secret fail with a message, not later.
+    rule = template["Rules"]["BringYourOwnDatabase"]
+    assert rule["RuleCondition"] == {"Fn::Equals": [{"Ref": "CreateDatabase"}, "false"]}
+    assert "DatabaseSecretArn" in rule["Assertions"][0]["AssertDescription"]
+
+
+def test_aurora_is_serverless_v2_with_pgvector_0_8_a_managed_rotated_secret_and_cheap_idle(template):
+    cluster = props(template, "AuroraCluster")
+    assert cluster["Engine"] == "aurora-postgresql" and cluster["EngineVersion"] == {"Ref": "AuroraEngineVersion"}
+    version = template["Parameters"]["AuroraEngineVersion"]["Default"]
+    assert tuple(map(int, version.split("."))) >= (16, 5)  # the first 16.x with pgvector 0.8
+    assert cluster["ManageMasterUserPassword"] is True and "MasterUserPassword" not in cluster
+    assert cluster["StorageEncrypted"] is True
+    assert cluster["ServerlessV2ScalingConfiguration"] == {"MinCapacity": {"Ref": "AuroraMinCapacity"},
+                                                           "MaxCapacity": {"Ref": "AuroraMaxCapacity"}}
+    assert template["Parameters"]["AuroraMinCapacity"]["Default"] == 0.5
+    assert resource(template, "AuroraCluster")["DeletionPolicy"] == "Snapshot"  # never lose the memories
+    assert props(template, "AuroraWriter")["DBInstanceClass"] == "db.serverless"
+    assert props(template, "AuroraWriter")["PubliclyAccessible"] is False
+
+
+def test_the_functions_reach_only_the_proxy_and_the_proxy_only_aurora(template):
+    proxy = props(template, "DatabaseProxy")
+    assert proxy["RequireTLS"] is True and proxy["EngineFamily"] == "POSTGRESQL"
+    assert [a["SecretArn"] for a in proxy["Auth"]] == [
+        {"Fn::GetAtt": ["AuroraCluster", "MasterUserSecret.SecretArn"]}, APP_SECRET]
+    [ingress] = props(template, "ProxySecurityGroup")["SecurityGroupIngress"]
+    assert (ingress["FromPort"], ingress["SourceSecurityGroupId"]) == (5432, {"Ref": "FunctionSecurityGroup"})
+    [ingress] = props(template, "DatabaseSecurityGroup")["SecurityGroupIngress"]
+    assert (ingress["FromPort"], ingress["SourceSecurityGroupId"]) == (5432, {"Ref": "ProxySecurityGroup"})
+    assert "SecurityGroupIngress" not in props(template, "FunctionSecurityGroup")
+    host = {"Fn::If": ["OwnDatabase", {"Fn::GetAtt": ["DatabaseProxy", "Endpoint"]}, {"Ref": "DatabaseProxyEndpoint"}]}
+    assert template["Globals"]["Function"]["Environment"]["Variables"]["DATABASE_HOST"] == host
+    migration = props(template, "DatabaseMigration")
+    assert migration["DatabaseHost"] == host
+    # The migration waits for the proxy to have its target and the writer to exist.
+    assert migration["DatabaseReady"]["Fn::If"][1] == {
+        "Fn::Join": [",", [{"Ref": "DatabaseProxyTargetGroup"}, {"Ref": "AuroraWriter"}]]}
+    [statement] = props(template, "DatabaseProxyRole")["Policies"][0]["PolicyDocument"]["Statement"]
+    assert statement["Action"] == "secretsmanager:GetSecretValue"
+    assert statement["Resource"] == [{"Fn::GetAtt": ["AuroraCluster", "MasterUserSecret.SecretArn"]}, APP_SECRET]
+
+
+def test_the_private_subnets_go_out_through_the_nat_gateway(template):
+    assert props(template, "PrivateRoute") == {
+        "RouteTableId": {"Ref": "PrivateRouteTable"}, "DestinationCidrBlock": "0.0.0.0/0",
+        "NatGatewayId": {"Ref": "NatGateway"}}
+    associated = {props(template, n)["SubnetId"]["Ref"] for n, r in template["Resources"].items()
+                  if r["Type"] == "AWS::EC2::SubnetRouteTableAssociation"
+                  and props(template, n)["RouteTableId"] == {"Ref": "PrivateRouteTable"}}
+    assert associated == {"PrivateSubnetA", "PrivateSubnetB"}
+    assert props(template, "NatGateway")["SubnetId"] == {"Ref": "PublicSubnetA"}
+
+
+def test_a_deploy_ends_with_what_to_use(template):
+    outputs = template["Outputs"]
+    assert "ApiUrl" in outputs and "JwtIssuerUrl" in outputs and "ProviderSecretArnOut" in outputs
+    assert outputs["UserPoolClientId"]["Condition"] == "OwnUserPool"
+    assert outputs["DatabaseProxyEndpointOut"]["Condition"] == "OwnDatabase"
