@@ -225,8 +225,8 @@ def load(url: str, args: argparse.Namespace) -> float:
                 " SELECT user_id, id, now() - interval '3 hours', now() - interval '2 hours', now() - interval '1 hour'"
                 " FROM engine.persona_instances WHERE user_id LIKE 'bench-u%'")
             conn.execute(
-                "INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id, sent_at)"
-                " SELECT s.id, CASE WHEN m %% 2 = 0 THEN 'user' ELSE 'assistant' END,"
+                "INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id, sent_at)"
+                " SELECT s.id, s.user_id, CASE WHEN m %% 2 = 0 THEN 'user' ELSE 'assistant' END,"
                 "        CASE WHEN m %% 2 = 0 THEN format('earlier message %%s: how was your day? mine was long', m)"
                 "             ELSE format('earlier reply %%s: it sounds like a long one, tell me more', m) END,"
                 "        format('seed-%%s', m / 2), s.created_at + m * interval '1 minute'"

@@ -67,8 +67,9 @@ def chat_session(db, *, last_active: datetime, user: str = "alice"):
     sid = session(db, last_active=last_active, user=user)
     for i, (said, reply) in enumerate(TURNS):
         for role, content in (("user", said), ("assistant", reply)):
-            db.execute("INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id)"
-                       " VALUES (%s, %s, %s, %s)", (sid, role, content, f"turn-{i}"))
+            db.execute("INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id)"
+                       " SELECT id, user_id, %s, %s, %s FROM engine.chat_sessions WHERE id = %s",
+                       (role, content, f"turn-{i}", sid))
     return sid
 
 

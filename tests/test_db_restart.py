@@ -201,8 +201,9 @@ def test_an_extraction_whose_database_stops_fails_unstamped_and_the_next_sweep_e
                            " VALUES ('dreamer', %s, now()) RETURNING id", (inst,)).fetchone()["id"]
         for i, said in enumerate(["My cat Miso waited for me.", "I had a mocha this morning."]):
             for role, content in (("user", said), ("assistant", "I hear you.")):
-                conn.execute("INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id)"
-                             " VALUES (%s, %s, %s, %s)", (sid, role, content, f"t{i}"))
+                conn.execute("INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id)"
+                             " SELECT id, user_id, %s, %s, %s FROM engine.chat_sessions WHERE id = %s",
+                             (role, content, f"t{i}", sid))
 
     def stop_then_answer(body: dict) -> str:  # the database dies while the model is thinking
         own_pg.stop("immediate")

@@ -62,8 +62,9 @@ def test_chat_turn_event_of_an_unknown_session_is_404(db):
 
 def test_extract_session_event_extracts_the_claimed_session(db):
     sample = seed_session_of_the_sample_events(db)
-    db.execute("INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id)"
-               " VALUES (%s, 'user', 'I moved to Lisbon and I love the tiles', 't1')", (sample["session_id"],))
+    db.execute("INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id)"
+               " SELECT id, user_id, 'user', 'I moved to Lisbon and I love the tiles', 't1' FROM engine.chat_sessions"
+               " WHERE id = %s", (sample["session_id"],))
     result = invoke("extract", event("extract_session.json"))
     assert result["outcome"] == "extracted" and result["memories"] >= 1
     again = invoke("extract", event("extract_session.json"))  # a duplicate delivery

@@ -81,10 +81,10 @@ def test_a_large_export_is_written_in_bounded_memory(db, folder, monkeypatch):
     100,000 messages (30.7 MB) the peak measured 1.40 MB."""
     api = Api()
     sid = api.session()
-    db.execute("INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id)"
-               " SELECT %s, CASE WHEN g %% 2 = 0 THEN 'user' ELSE 'assistant' END,"
+    db.execute("INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id)"
+               " SELECT s.id, s.user_id, CASE WHEN g %% 2 = 0 THEN 'user' ELSE 'assistant' END,"
                "        'message ' || g || ' ' || repeat('of some length ', 12), 't' || (g / 2)"
-               " FROM generate_series(1, 25000) AS g", (sid,))
+               " FROM engine.chat_sessions s, generate_series(1, 25000) AS g WHERE s.id = %s", (sid,))
     tracemalloc.start()
     try:
         link = records.export("alice")
@@ -136,8 +136,9 @@ def test_an_export_to_s3_is_presigned_encrypted_named_for_no_one_and_multipart_w
     # Large: in parts as it is produced (S3's parts are at least 5 MB but the last).
     monkeypatch.setattr(records, "PART_BYTES", 5 * 1024 * 1024)
     sid = api.session()
-    db.execute("INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id)"
-               " SELECT %s, 'user', repeat('x', 600), 'bulk' || g FROM generate_series(1, 20000) AS g", (sid,))
+    db.execute("INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id)"
+               " SELECT s.id, s.user_id, 'user', repeat('x', 600), 'bulk' || g"
+               " FROM engine.chat_sessions s, generate_series(1, 20000) AS g WHERE s.id = %s", (sid,))
     parts = []
     real = records._part
     monkeypatch.setattr(records, "_part", lambda *a: parts.append(a[4]) or real(*a))

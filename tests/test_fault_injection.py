@@ -102,8 +102,9 @@ def sessions(db, n: int, user: str = "alice") -> list:
                          " VALUES (%s, %s, now()) RETURNING id", (user, inst)).fetchone()["id"]
         for i, said in enumerate(["I worked till ten again today.", "My cat Miso waited for me."]):
             for role, content in (("user", said), ("assistant", "I hear you.")):
-                db.execute("INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id)"
-                           " VALUES (%s, %s, %s, %s)", (sid, role, content, f"t{i}"))
+                db.execute("INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id)"
+                           " SELECT id, user_id, %s, %s, %s FROM engine.chat_sessions WHERE id = %s",
+                           (role, content, f"t{i}", sid))
         ids.append(sid)
     return ids
 

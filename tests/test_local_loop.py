@@ -21,6 +21,7 @@ from fakes import Status
 from helpers import EVENTS, ROOT
 
 from eros import cli
+from eros.migrate import migration_files
 
 pytestmark = pytest.mark.e2e
 
@@ -152,7 +153,7 @@ def test_doctor_checks_the_database_the_schema_and_each_provider(online, db, cap
     out = capsys.readouterr().out.splitlines()
     assert [line.split()[:2] for line in out] == [["ok", "database"], ["ok", "schema"], ["ok", "llm"],
                                                    ["ok", "embedder"]]
-    assert "pgvector" in out[0] and "0009_usage_by_model" in out[1]
+    assert "pgvector" in out[0] and migration_files()[-1][0] in out[1]  # the newest migration
     assert fake_llm.requests[-1]["json"]["max_tokens"] == 1 and fake_voyage.requests[-1]["json"]["input"] == ["ok"]
 
     fake_llm.push(Status(401))

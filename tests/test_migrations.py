@@ -105,8 +105,9 @@ def test_the_app_user_reads_and_writes_rows(db, app_user):
                     (instance := uuid.uuid4(),))
         app.execute("INSERT INTO engine.chat_sessions (id, user_id, instance_id) VALUES (%s, 'u1', %s)",
                     (session := uuid.uuid4(), instance))
-        app.execute("INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id)"
-                    " VALUES (%s, 'user', 'hello', 't1')", (session,))  # an identity column: its sequence
+        app.execute("INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id)"
+                    " SELECT id, user_id, 'user', 'hello', 't1' FROM engine.chat_sessions WHERE id = %s",
+                    (session,))  # an identity column: its sequence
         app.execute("UPDATE engine.chat_sessions SET last_active_at = now() WHERE id = %s", (session,))
         assert app.execute("SELECT count(*) FROM engine.personas").fetchone()[0] >= 1
         assert app.execute("SELECT count(*) FROM engine.schema_migrations").fetchone()[0] >= 6

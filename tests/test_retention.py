@@ -26,9 +26,9 @@ def transcripts(db):
     ids: dict[str, list[int]] = {name: [] for name in sessions}
     for n, (name, age) in enumerate(plan):
         ids[name].append(db.execute(
-            "INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id, sent_at)"
-            " VALUES (%s, 'user', %s, %s, %s) RETURNING id",
-            (sessions[name], f"said {n}", f"t{n}", now - timedelta(days=age))).fetchone()["id"])
+            "INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id, sent_at)"
+            " SELECT id, user_id, 'user', %s, %s, %s FROM engine.chat_sessions WHERE id = %s RETURNING id",
+            (f"said {n}", f"t{n}", now - timedelta(days=age), sessions[name])).fetchone()["id"])
     for name, through, extracted in (("old_done", 2, True), ("partly", 0, False), ("never", None, False),
                                      ("bob", 0, True)):
         db.execute("UPDATE engine.chat_sessions SET extraction_watermark = %s, extracted_at = %s WHERE id = %s",

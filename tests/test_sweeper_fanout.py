@@ -49,8 +49,9 @@ def idle_sessions(db, n: int, *, user: str = "alice", idle_for: timedelta = time
 def add_transcript(db, sid) -> None:
     for i, said in enumerate(["I worked till ten again, my boss keeps piling on.", "My cat Miso cheers me up."]):
         for role, content in (("user", said), ("assistant", "I hear you.")):
-            db.execute("INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id)"
-                       " VALUES (%s, %s, %s, %s)", (sid, role, content, f"turn-{i}"))
+            db.execute("INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id)"
+                       " SELECT id, user_id, %s, %s, %s FROM engine.chat_sessions WHERE id = %s",
+                       (role, content, f"turn-{i}", sid))
 
 
 def claims(db) -> dict:

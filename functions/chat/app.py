@@ -368,8 +368,9 @@ class MessagePage(BaseModel):
          responses=_documented((200, "the page"), (404, "no such session of this user")))
 def messages(session_id: UUID, limit: Annotated[int, Query(ge=1, le=200)] = 50,
              before: Annotated[int | None, Query(ge=1, le=MAX_BIGINT)] = None) -> MessagePage:
-    _session_of(current_user(), session_id)
-    page = chat_store.list_messages(session_id, limit, before)
+    user = current_user()
+    _session_of(user, session_id)
+    page = chat_store.list_messages(user, session_id, limit, before)
     return MessagePage.model_validate({"messages": page, "next_before": page[-1]["id"] if len(page) == limit else None})
 
 

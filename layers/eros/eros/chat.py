@@ -119,7 +119,7 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
     if not opened["admitted"]:
         _refuse(cfg, user_id, now)  # nothing was stored or paid for
     if "user" not in turn:  # a concurrent sender's message came first, after open_turn's snapshot
-        turn = chat_store.claim_turn(session_id, content, turn_id)
+        turn = chat_store.claim_turn(user_id, session_id, content, turn_id)
     if turn["user"]["content"] != content:
         raise TurnConflict("client_turn_id was already used in this session for a different message")
     if "assistant" in turn:
@@ -136,7 +136,7 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
         spent,
     )
     if stored["replayed"]:  # a concurrent duplicate of this turn finished first
-        return _replay(chat_store.find_turn(session_id, turn_id), turn_id)
+        return _replay(chat_store.find_turn(user_id, session_id, turn_id), turn_id)
     metrics.add_metric(name="Turns", unit="Count", value=1)
     metrics.add_metric(name="RecallRows", unit="Count", value=len(answer.recalled))
     metrics.add_metric(name="ProviderTokens", unit="Count", value=sum(c.tokens for c in spent))

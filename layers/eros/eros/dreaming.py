@@ -274,8 +274,8 @@ def extract_session(cfg: Settings, session_id: UUID, claim_token: datetime,
 def _extract(cfg: Settings, session: ClaimedSession, claim_token: datetime, time_budget_secs: float,
              progress: dict) -> ExtractResult:
     session_id, sid = session["id"], str(session["id"])
-    earlier, new = store.transcript(session_id, session["extraction_watermark"], CONTEXT_MESSAGES,
-                                    MESSAGES_PER_INVOCATION)
+    earlier, new = store.transcript(session["user_id"], session_id, session["extraction_watermark"],
+                                    CONTEXT_MESSAGES, MESSAGES_PER_INVOCATION)
     if not new:
         if store.finish(session, claim_token, [], None, None) is None:
             return _report(ExtractResult(sid, "lost-claim"))

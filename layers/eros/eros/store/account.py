@@ -39,7 +39,7 @@ _SESSIONS = ("SELECT s.id, i.persona_id, s.created_at, s.last_active_at, s.extra
              " WHERE s.user_id = %(user)s AND (s.created_at, s.id) > (%(at)s, %(id)s::uuid)"
              " ORDER BY s.created_at, s.id LIMIT %(page)s")
 _MESSAGES = ("SELECT id, role, content, client_turn_id, sent_at FROM engine.chat_messages"
-             " WHERE session_id = %(session)s AND id > %(after)s ORDER BY id LIMIT %(page)s")
+             " WHERE user_id = %(user)s AND session_id = %(session)s AND id > %(after)s ORDER BY id LIMIT %(page)s")
 _MEMORIES = ("SELECT" + MEMORY_FIELDS + MEMORY_FROM +
              " WHERE m.user_id = %(user)s AND (m.created_at, m.id) > (%(at)s, %(id)s::uuid)"
              " ORDER BY m.created_at, m.id LIMIT %(page)s")
@@ -53,8 +53,7 @@ _START = (datetime(1, 1, 1, tzinfo=UTC), "00000000-0000-0000-0000-000000000000")
 # so memories a finishing extraction committed while the locks were awaited are in the first DELETE.
 _ERASE = (
     ("memories", "DELETE FROM engine.companion_memories WHERE user_id = %(user)s"),
-    ("messages", "DELETE FROM engine.chat_messages m USING engine.chat_sessions s"
-                 " WHERE m.session_id = s.id AND s.user_id = %(user)s"),
+    ("messages", "DELETE FROM engine.chat_messages WHERE user_id = %(user)s"),
     ("sessions", "DELETE FROM engine.chat_sessions WHERE user_id = %(user)s"),
     ("persona_instances", "DELETE FROM engine.persona_instances WHERE user_id = %(user)s"),
     ("deep_pass", "DELETE FROM engine.user_consolidation WHERE user_id = %(user)s"),
@@ -85,10 +84,11 @@ def _pages(statement: str, values: dict) -> Iterator[dict]:
         at, last = rows[-1]["created_at"], rows[-1]["id"]
 
 
-def _messages(session_id: Any) -> Iterator[dict]:
+def _messages(user_id: str, session_id: Any) -> Iterator[dict]:
     after = 0
     while True:
-        rows = connection().execute(_MESSAGES, {"session": session_id, "after": after, "page": PAGE}).fetchall()
+        rows = connection().execute(_MESSAGES, {"user": user_id, "session": session_id, "after": after,
+                                                "page": PAGE}).fetchall()
         yield from rows
         if len(rows) < PAGE:
             return
@@ -102,9 +102,9 @@ def _array(items: Iterator[str]) -> Iterator[str]:
     yield "]"
 
 
-def _session(session: dict) -> Iterator[str]:
+def _session(user_id: str, session: dict) -> Iterator[str]:
     yield _json(session)[:-1] + ',"messages":'
-    yield from _array(_json(m) for m in _messages(session["id"]))
+    yield from _array(_json(m) for m in _messages(user_id, session["id"]))
     yield "}"
 
 
@@ -116,7 +116,7 @@ def export_document(user_id: str, now: datetime) -> Iterator[str]:
     yield "["
     for n, session in enumerate(_pages(_SESSIONS, {"user": user_id})):
         yield "," if n else ""
-        yield from _session(session)
+        yield from _session(user_id, session)
     yield '],"memories":'
     yield from _array(_json(m) for m in _pages(_MEMORIES, {"user": user_id}))
     yield ',"usage":'

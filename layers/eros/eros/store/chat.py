@@ -96,12 +96,12 @@ def get_session(user_id: str, session_id: UUID) -> SessionWithPersona | None:
     ).fetchone()
 
 
-def find_turn(session_id: UUID, client_turn_id: str) -> TurnMessages:
+def find_turn(user_id: str, session_id: UUID, client_turn_id: str) -> TurnMessages:
     """The messages already stored for this turn, by role (a retry finds its first attempt here)."""
     rows = connection().execute(
         "SELECT id, role, content, metadata FROM engine.chat_messages"
-        " WHERE session_id = %s AND client_turn_id = %s",
-        (session_id, client_turn_id),
+        " WHERE user_id = %s AND session_id = %s AND client_turn_id = %s",
+        (user_id, session_id, client_turn_id),
     ).fetchall()
     return {row["role"]: row for row in rows}
 
@@ -129,14 +129,14 @@ WITH session AS (
     WHERE s.id = %(session)s AND s.user_id = %(user)s
 ), earlier AS (
     SELECT m.id, m.role, m.content, m.metadata FROM engine.chat_messages m
-    WHERE m.session_id = (SELECT id FROM session) AND m.client_turn_id = %(turn)s
+    WHERE m.user_id = %(user)s AND m.session_id = (SELECT id FROM session) AND m.client_turn_id = %(turn)s
 ), to_admit AS (
     SELECT FROM session
     WHERE %(limited)s AND NOT EXISTS (SELECT FROM earlier a JOIN earlier u ON u.role = 'user'
                                       WHERE a.role = 'assistant' AND u.content = %(content)s)
 ), {usage.ADMISSION}, claimed AS (
-    INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id)
-    SELECT id, 'user', %(content)s, %(turn)s FROM session
+    INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id)
+    SELECT id, %(user)s, 'user', %(content)s, %(turn)s FROM session
     WHERE NOT EXISTS (SELECT FROM earlier WHERE role = 'user') AND (NOT %(limited)s OR EXISTS (SELECT FROM admitted))
     ON CONFLICT (session_id, client_turn_id, role) DO NOTHING
     RETURNING id
@@ -148,7 +148,8 @@ SELECT session.*, (SELECT id FROM claimed) AS claimed_id,
        (SELECT coalesce(jsonb_object_agg(role, to_jsonb(earlier)), '{{}}') FROM earlier) AS earlier,
        (SELECT coalesce(jsonb_agg(h ORDER BY h.id), '[]') FROM (
             SELECT id, role, content FROM engine.chat_messages
-            WHERE session_id = %(session)s AND client_turn_id <> %(turn)s ORDER BY id DESC LIMIT %(history)s) h
+            WHERE user_id = %(user)s AND session_id = %(session)s AND client_turn_id <> %(turn)s
+            ORDER BY id DESC LIMIT %(history)s) h
        ) AS history
 FROM session
 """
@@ -171,19 +172,19 @@ def open_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str,
     return {"session": row, "turn": turn, "admitted": admitted, "history": messages}
 
 
-def list_messages(session_id: UUID, limit: int, before: int | None) -> list[Message]:
+def list_messages(user_id: str, session_id: UUID, limit: int, before: int | None) -> list[Message]:
     """A page of history, newest first; ``before`` is the id of the oldest message of the previous page. A
     reply carries what its prompt recalled (ids, layers, categories and scores, as the turn stored them)."""
     return connection().execute(
         "SELECT id, role, content, client_turn_id, sent_at,"
         " CASE WHEN role = 'assistant' THEN coalesce(metadata->'recalled', '[]'::jsonb) END AS recalled"
         " FROM engine.chat_messages"
-        " WHERE session_id = %s AND (%s::bigint IS NULL OR id < %s) ORDER BY id DESC LIMIT %s",
-        (session_id, before, before, limit),
+        " WHERE user_id = %s AND session_id = %s AND (%s::bigint IS NULL OR id < %s) ORDER BY id DESC LIMIT %s",
+        (user_id, session_id, before, before, limit),
     ).fetchall()
 
 
-def claim_turn(session_id: UUID, content: str, client_turn_id: str) -> TurnMessages:
+def claim_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str) -> TurnMessages:
     """Store the user's message of a turn before any model call, claiming ``client_turn_id`` for it: what
     ``open_turn`` does, for the turn whose ``open_turn`` found a concurrent sender's message in its way but
     not in its snapshot (the rare race, at a few round trips more; the turn was admitted already).
@@ -196,11 +197,11 @@ def claim_turn(session_id: UUID, content: str, client_turn_id: str) -> TurnMessa
     stored reply."""
     for _ in range(3):
         with transaction() as conn:
-            row = _insert_message(conn, session_id, "user", content, client_turn_id, {})
+            row = _insert_message(conn, user_id, session_id, "user", content, client_turn_id, {})
             if row is not None:
                 _touch(conn, session_id)
                 return {"user": {"id": row["id"], "role": "user", "content": content, "metadata": {}}}
-        turn = find_turn(session_id, client_turn_id)
+        turn = find_turn(user_id, session_id, client_turn_id)
         if "user" in turn:
             return turn
         # The conflicting row went away between the two statements (its session was deleted): try again.
@@ -217,8 +218,9 @@ def claim_turn(session_id: UUID, content: str, client_turn_id: str) -> TurnMessa
 #   relationship layer (with the embedding recall already paid for).
 _RECORD_TURN = f"""
 WITH {usage.spending()}, reply AS (
-    INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id, metadata)
-    SELECT %(session)s, 'assistant', %(reply)s, %(turn)s, %(metadata)s FROM (SELECT count(*) FROM itemised) usage_first
+    INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id, metadata)
+    SELECT %(session)s, %(user)s, 'assistant', %(reply)s, %(turn)s, %(metadata)s
+    FROM (SELECT count(*) FROM itemised) usage_first
     ON CONFLICT (session_id, client_turn_id, role) DO NOTHING
     RETURNING id
 ), touched AS (
@@ -251,12 +253,12 @@ def record_turn(session: SessionWithPersona, user_id: str, user_message_id: int,
     return {"replayed": False, "user_message_id": user_message_id, "assistant_message_id": assistant["id"]}
 
 
-def _insert_message(conn, session_id, role, content, client_turn_id, metadata) -> dict | None:
+def _insert_message(conn, user_id, session_id, role, content, client_turn_id, metadata) -> dict | None:
     """Insert one message of a turn; None if that turn already has a message of this role."""
     return conn.execute(
-        "INSERT INTO engine.chat_messages (session_id, role, content, client_turn_id, metadata)"
-        " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (session_id, client_turn_id, role) DO NOTHING RETURNING id",
-        (session_id, role, content, client_turn_id, Jsonb(metadata)),
+        "INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id, metadata)"
+        " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (session_id, client_turn_id, role) DO NOTHING RETURNING id",
+        (session_id, user_id, role, content, client_turn_id, Jsonb(metadata)),
     ).fetchone()
 
 

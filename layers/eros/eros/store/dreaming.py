@@ -163,21 +163,21 @@ def claimed_session(session_id: UUID, claim_token: datetime) -> ClaimedSession |
     ).fetchone()
 
 
-def transcript(session_id: UUID, after_id: int | None, context_messages: int, limit: int
+def transcript(user_id: str, session_id: UUID, after_id: int | None, context_messages: int, limit: int
                ) -> tuple[list[Message], list[Message]]:
     """(earlier messages given as context, new messages to extract), each oldest first."""
     conn = connection()
     new = conn.execute(
-        "SELECT id, role, content FROM engine.chat_messages WHERE session_id = %s AND id > %s"
+        "SELECT id, role, content FROM engine.chat_messages WHERE user_id = %s AND session_id = %s AND id > %s"
         " ORDER BY id LIMIT %s",
-        (session_id, after_id or 0, limit),
+        (user_id, session_id, after_id or 0, limit),
     ).fetchall()
     earlier = []
     if after_id and context_messages > 0:
         earlier = conn.execute(
-            "SELECT id, role, content FROM engine.chat_messages WHERE session_id = %s AND id <= %s"
-            " ORDER BY id DESC LIMIT %s",
-            (session_id, after_id, context_messages),
+            "SELECT id, role, content FROM engine.chat_messages WHERE user_id = %s AND session_id = %s"
+            " AND id <= %s ORDER BY id DESC LIMIT %s",
+            (user_id, session_id, after_id, context_messages),
         ).fetchall()[::-1]
     return earlier, new
 
@@ -275,13 +275,14 @@ def finish(session: ClaimedSession, claim_token: datetime, memories: list[dict],
         conn.execute(
             "UPDATE engine.chat_sessions SET"
             " extraction_watermark = coalesce(%(watermark)s, extraction_watermark),"
-            " extracted_at = CASE WHEN EXISTS (SELECT 1 FROM engine.chat_messages WHERE session_id = %(id)s"
+            " extracted_at = CASE WHEN EXISTS (SELECT 1 FROM engine.chat_messages WHERE user_id = %(user)s"
+            "     AND session_id = %(id)s"
             "     AND id > coalesce(%(watermark)s, extraction_watermark, 0)) THEN NULL ELSE now() END,"
             " extraction_claimed_at = NULL, extraction_started_at = NULL, extraction_error = %(error)s,"
             " extraction_attempts = 0, extraction_retries = 0, extraction_retrying_since = NULL,"
             " extraction_next_attempt_at = NULL, extraction_gave_up = NULL"
-            " WHERE id = %(id)s",
-            {"id": session["id"], "watermark": watermark, "error": error},
+            " WHERE id = %(id)s AND user_id = %(user)s",
+            {"id": session["id"], "user": user, "watermark": watermark, "error": error},
         )
     return counts
 
