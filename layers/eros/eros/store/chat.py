@@ -53,7 +53,7 @@ _SESSION_COLUMNS = (
 # New messages: the session is active again and, if it was extracted (or given up on), eligible for dreaming
 # again with a fresh attempts budget; extraction resumes after its watermark. (Completed with a WHERE.)
 _TOUCH = ("UPDATE engine.chat_sessions SET last_active_at = now(), extracted_at = NULL,"
-          " extraction_attempts = 0")
+          " extraction_attempts = 0 WHERE user_id = %(user)s AND id = %(session)s")
 
 
 # Where a session is in dreaming, from its bookkeeping columns (migrations 0002, 0005, 0008), first match:
@@ -141,7 +141,7 @@ WITH session AS (
     ON CONFLICT (session_id, client_turn_id, role) DO NOTHING
     RETURNING id
 ), touched AS (
-    {_TOUCH} WHERE id = %(session)s AND EXISTS (SELECT FROM claimed)
+    {_TOUCH} AND EXISTS (SELECT FROM claimed)
 )
 SELECT session.*, (SELECT id FROM claimed) AS claimed_id,
        NOT %(limited)s OR EXISTS (SELECT FROM admitted) AS admitted,
@@ -199,7 +199,7 @@ def claim_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str
         with transaction() as conn:
             row = _insert_message(conn, user_id, session_id, "user", content, client_turn_id, {})
             if row is not None:
-                _touch(conn, session_id)
+                _touch(conn, user_id, session_id)
                 return {"user": {"id": row["id"], "role": "user", "content": content, "metadata": {}}}
         turn = find_turn(user_id, session_id, client_turn_id)
         if "user" in turn:
@@ -224,7 +224,7 @@ WITH {usage.spending()}, reply AS (
     ON CONFLICT (session_id, client_turn_id, role) DO NOTHING
     RETURNING id
 ), touched AS (
-    {_TOUCH} WHERE id = %(session)s AND EXISTS (SELECT FROM reply)
+    {_TOUCH} AND EXISTS (SELECT FROM reply)
 ), utterance AS (
     INSERT INTO engine.companion_memories (session_id, user_id, instance_id, content, embedding, source,
                                            from_message_id, through_message_id, metadata)
@@ -262,5 +262,5 @@ def _insert_message(conn, user_id, session_id, role, content, client_turn_id, me
     ).fetchone()
 
 
-def _touch(conn, session_id) -> None:
-    conn.execute(_TOUCH + " WHERE id = %s", (session_id,))
+def _touch(conn, user_id, session_id) -> None:
+    conn.execute(_TOUCH, {"user": user_id, "session": session_id})

@@ -73,11 +73,12 @@ _HANDED_OVER = """(
         SELECT jsonb_build_object('session_id', g.session_id, 'from', g.from_message_id,
                                   'through', g.through_message_id) AS r
         FROM engine.companion_memories g
-        WHERE g.id = ANY(%(gone)s) AND g.session_id IS NOT NULL AND g.from_message_id IS NOT NULL
+        WHERE g.id = ANY(%(gone)s) AND g.user_id = %(user)s AND g.session_id IS NOT NULL
+          AND g.from_message_id IS NOT NULL
         UNION ALL
         SELECT e FROM engine.companion_memories g, jsonb_array_elements(coalesce(g.metadata->'confirmed_in',
                                                                                    '[]'::jsonb)) e
-        WHERE g.id = ANY(%(gone)s)) handed)"""
+        WHERE g.id = ANY(%(gone)s) AND g.user_id = %(user)s) handed)"""
 _HAND_OVER_RANGES = ("UPDATE engine.companion_memories SET metadata = "
                      + _APPEND_RANGES.replace("%(ranges)s::jsonb", _HANDED_OVER)
                      + " WHERE id = %(successor)s AND user_id = %(user)s")

@@ -230,8 +230,8 @@ def apply(user_id: str, claim_token: datetime, actions: list[tuple[str, UUID, li
             if not done:
                 continue
             conn.execute(
-                "UPDATE engine.companion_memories SET metadata = metadata || %s WHERE id = ANY(%s)",
-                (Jsonb({"superseded_in": "deep_pass"}), done),
+                "UPDATE engine.companion_memories SET metadata = metadata || %s WHERE id = ANY(%s) AND user_id = %s",
+                (Jsonb({"superseded_in": "deep_pass"}), done, user_id),
             )
             gone = [live.pop(i) for i in done]
             if kind == "duplicate":

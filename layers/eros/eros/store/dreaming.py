@@ -223,9 +223,9 @@ def touched_memories(user_id: str, session_id: UUID, after_id: int | None, limit
 def _locked(conn: Connection, session: ClaimedSession, claim_token: datetime) -> bool:
     """Row-lock the session if this claim and this delivery's lease still hold it."""
     return conn.execute(
-        "SELECT 1 FROM engine.chat_sessions WHERE id = %s AND extraction_claimed_at = %s"
+        "SELECT 1 FROM engine.chat_sessions WHERE id = %s AND user_id = %s AND extraction_claimed_at = %s"
         " AND extraction_started_at IS NOT DISTINCT FROM %s AND extracted_at IS NULL FOR UPDATE",
-        (session["id"], claim_token, session.get("lease")),
+        (session["id"], session["user_id"], claim_token, session.get("lease")),
     ).fetchone() is not None
 
 
@@ -298,8 +298,8 @@ def give_up(session: ClaimedSession, claim_token: datetime, error: str, why: str
             "UPDATE engine.chat_sessions SET extracted_at = now(), extraction_claimed_at = NULL,"
             " extraction_started_at = NULL, extraction_next_attempt_at = NULL,"
             " extraction_retries = 0, extraction_retrying_since = NULL,"
-            " extraction_error = %s, extraction_gave_up = %s WHERE id = %s",
-            (error[:1000], why, session["id"]),
+            " extraction_error = %s, extraction_gave_up = %s WHERE id = %s AND user_id = %s",
+            (error[:1000], why, session["id"], session["user_id"]),
         )
     return True
 
@@ -319,8 +319,9 @@ def retry_later(session: ClaimedSession, claim_token: datetime, error: str, next
             " extraction_retries = extraction_retries + (%(counts)s = 'retries')::int,"
             " extraction_retrying_since = CASE WHEN %(counts)s = 'retries'"
             "     THEN coalesce(extraction_retrying_since, %(now)s) ELSE extraction_retrying_since END"
-            " WHERE id = %(id)s",
-            {"error": error[:1000], "next": next_attempt_at, "counts": counts or "", "now": now, "id": session["id"]},
+            " WHERE id = %(id)s AND user_id = %(user)s",
+            {"error": error[:1000], "next": next_attempt_at, "counts": counts or "", "now": now, "id": session["id"],
+             "user": session["user_id"]},
         )
     return True
 

@@ -177,7 +177,7 @@ def restore_memory(user_id: str, memory_id: UUID) -> MemoryWithHistory | None:
             raise NotSuperseded(f"memory {memory_id} is active (not superseded): there is nothing to restore")
         conn.execute(
             "UPDATE engine.companion_memories SET superseded_at = NULL, superseded_by = NULL,"
-            " superseded_reason = NULL, last_confirmed_at = now() WHERE id = %s", (memory_id,),
+            " superseded_reason = NULL, last_confirmed_at = now() WHERE id = %s AND user_id = %s", (memory_id, user_id),
         )
         # The utterances that stated this fact left recall with it (reason 'outdated'): they come back too.
         conn.execute(

@@ -112,7 +112,7 @@ def refusal(user_id: str, now: datetime, daily_budget: int) -> tuple[str, dateti
 # erasure (store.account, which locks and deletes them) either finishes first, and nothing is counted, or
 # waits for the count and deletes it with the rest: an erased user gets no usage row from work in flight.
 _HELD_BY = {
-    "session": "SELECT 1 FROM engine.chat_sessions h WHERE h.id = %(held)s FOR KEY SHARE",
+    "session": "SELECT 1 FROM engine.chat_sessions h WHERE h.id = %(held)s AND h.user_id = %(user)s FOR KEY SHARE",
     "deep_pass": "SELECT 1 FROM engine.user_consolidation h WHERE h.user_id = %(held)s FOR KEY SHARE",
 }
 
