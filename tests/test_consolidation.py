@@ -285,7 +285,7 @@ def test_another_users_rows_cannot_be_touched_even_by_id(db, providers):
     [bob] = profile(db, "bob")
     # A session of alice's whose (forged) plan names bob's row: the guarded write refuses it.
     sid, payload = session_with(db, "hello there")
-    session = store.claimed_session(sid, datetime.fromisoformat(payload["claim_token"]))
+    session = store.claimed_session(payload["user_id"], sid, datetime.fromisoformat(payload["claim_token"]))
     counts = store.finish(session, datetime.fromisoformat(payload["claim_token"]),
                           [{"content": "Alice fact", "category": "fact", "importance": 0.5,
                             "embedding": hash_embed("Alice fact"), "supersedes": [bob["id"]], "metadata": {}}],
@@ -305,7 +305,7 @@ def test_relationship_rows_and_history_cannot_be_superseded_or_confirmed_even_by
                            " AND instance_id IS NOT NULL AND superseded_at IS NULL LIMIT 1").fetchone()["id"]
     sid, payload = session_with(db, "hello again")
     token = datetime.fromisoformat(payload["claim_token"])
-    counts = store.finish(store.claimed_session(sid, token), token,
+    counts = store.finish(store.claimed_session("alice", sid, token), token,
                           [{"content": "Forged", "category": "fact", "importance": 0.5, "embedding": hash_embed("x"),
                             "supersedes": [history["id"], utterance], "metadata": {}}],
                           None, None, confirm=[(history["id"], 1.0), (utterance, 1.0)])

@@ -215,7 +215,7 @@ def test_embedding_outage_writes_nothing(online, db):
     api = Api()
     sid, payload = _claimed_session(api, db)
     fake_voyage.push(Status(503))
-    result = dreaming.extract_session(settings(), session_row(db, sid)["id"],
+    result = dreaming.extract_session(settings(), "alice", session_row(db, sid)["id"],
                                       datetime.fromisoformat(payload["claim_token"]))
     assert (result.outcome, result.fault, result.llm_calls) == ("retry-later", "world", 1)
     assert profile_rows(db) == [] and session_row(db, sid)["extracted_at"] is None
@@ -237,7 +237,8 @@ def test_the_sessions_own_failures_are_counted_and_capped_the_worlds_are_not(onl
         fake_llm.push(failure)
         sent = []
         assert dreaming.sweep(settings(), sent.append, now=lambda at=clock: at).claimed == 1
-        result = dreaming.extract_session(settings(), sid, datetime.fromisoformat(sent[0]["claim_token"]), now=clock)
+        result = dreaming.extract_session(settings(), "alice", sid, datetime.fromisoformat(sent[0]["claim_token"]),
+                                          now=clock)
         assert result.outcome == "retry-later"
         row = session_row(db, sid)
         assert (row["extraction_attempts"], row["extraction_retries"]) == (attempts, retries)
@@ -246,7 +247,8 @@ def test_the_sessions_own_failures_are_counted_and_capped_the_worlds_are_not(onl
     fake_llm.push(Status(400))
     sent = []
     dreaming.sweep(settings(), sent.append, now=lambda: clock)
-    result = dreaming.extract_session(settings(), sid, datetime.fromisoformat(sent[0]["claim_token"]), now=clock)
+    result = dreaming.extract_session(settings(), "alice", sid, datetime.fromisoformat(sent[0]["claim_token"]),
+                                      now=clock)
     assert (result.outcome, result.fault) == ("gave-up", "own")
     row = session_row(db, sid)
     assert row["extracted_at"] is not None and row["extraction_gave_up"] == "attempts"
@@ -294,7 +296,7 @@ def test_turn_arriving_during_extraction_keeps_the_session_eligible(online, db):
 
     fake_llm.responder = answer
     token = datetime.fromisoformat(payload["claim_token"])
-    assert dreaming.extract_session(settings(), session_row(db, sid)["id"], token).outcome == "extracted"
+    assert dreaming.extract_session(settings(), "alice", session_row(db, sid)["id"], token).outcome == "extracted"
     row = session_row(db, sid)
     assert row["extracted_at"] is None  # the new turn is not lost: next sweep takes it
     assert row["extraction_claimed_at"] is None

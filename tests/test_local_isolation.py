@@ -171,7 +171,7 @@ def test_overlapping_invocations_flush_only_their_own_metrics(db, monkeypatch, c
 
     inside = threading.Barrier(SESSIONS, timeout=10)
 
-    def extract_session(cfg, session_id, claim_token, time_budget_secs):
+    def extract_session(cfg, user_id, session_id, claim_token, time_budget_secs):
         metrics.add_metric(name="MemoriesExtracted", unit="Count", value=int(session_id.int % 1000))
         inside.wait()
         return dreaming.ExtractResult(str(session_id), "nothing")

@@ -31,10 +31,7 @@ CROSS_USER = {
 # from a user-scoped statement, so it is correct on one database, but a sharded one would have to ask every
 # shard. They are the work left before sharding (docs/CAPACITY.md, "Past one writer"); this list may only
 # shrink: a new statement names its user.
-NOT_YET_SCOPED = {
-    # a session by its id and the sweep's claim token (the extract event carries the user: pass it down)
-    "dreaming.claimed_session", "dreaming.release", "dreaming.start",
-}
+NOT_YET_SCOPED: set[str] = set()
 # Parts of statements, not statements: every statement built from them adds the user's condition.
 FRAGMENTS = {
     "memories.FROM": "the memory listing's FROM; each use adds WHERE m.user_id = ...",

@@ -48,4 +48,5 @@ def lambda_handler(event: dict, context) -> dict:
     if isinstance(job, DeepPassEvent):
         return asdict(deep_pass.run(settings(), job.user_id, job.claim_token, time_budget_secs=budget))
     logger.append_keys(session_id=str(job.session_id))
-    return asdict(dreaming.extract_session(settings(), job.session_id, job.claim_token, time_budget_secs=budget))
+    return asdict(dreaming.extract_session(settings(), job.user_id, job.session_id, job.claim_token,
+                                           time_budget_secs=budget))

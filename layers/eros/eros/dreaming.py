@@ -123,7 +123,7 @@ def sweep(cfg: Settings, invoke: Invoker, *, now: Callable[[], datetime] | None 
         result.batches += 1
         result.claimed += len(batch)
         invoked, failed = fan_out(batch, invoke, extract_payload,
-                                  lambda row: store.release(row["id"], row["claim_token"]))
+                                  lambda row: store.release(row["user_id"], row["id"], row["claim_token"]))
         result.invoked += invoked
         result.invoke_failures += failed
         if failed:
@@ -231,7 +231,7 @@ def describe_failure(exc: BaseException, step: str | None = None) -> str:
     return f"{type(exc).__name__}{f' (HTTP {status})' if status else ''}{where}"
 
 
-def extract_session(cfg: Settings, session_id: UUID, claim_token: datetime,
+def extract_session(cfg: Settings, user_id: str, session_id: UUID, claim_token: datetime,
                     time_budget_secs: float = 100.0, now: datetime | None = None) -> ExtractResult:
     """Extract one claimed session and consolidate it with what the user's memory already holds.
 
@@ -242,7 +242,7 @@ def extract_session(cfg: Settings, session_id: UUID, claim_token: datetime,
     counted against the session first. ``time_budget_secs`` bounds every provider call."""
     sid = str(session_id)
     moment = now or utcnow()
-    state, session = store.start(session_id, claim_token, moment)
+    state, session = store.start(user_id, session_id, claim_token, moment)
     if session is None:  # a duplicate delivery, a retry after success, or a claim taken over by another
         return _report(ExtractResult(sid, state))
     if usage_store.over_budget(session["user_id"], moment, cfg.daily_token_budget):

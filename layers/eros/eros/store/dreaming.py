@@ -118,12 +118,12 @@ def load(stale_before: datetime, idle_before: datetime) -> tuple[int, float]:
     return row["n"], row["backlog"]
 
 
-def release(session_id: UUID, claim_token: datetime) -> bool:
+def release(user_id: str, session_id: UUID, claim_token: datetime) -> bool:
     """Give a claim back (its invoke failed) so the next sweep takes the session at once."""
     row = connection().execute(
-        "UPDATE engine.chat_sessions SET extraction_claimed_at = NULL"
-        " WHERE id = %s AND extraction_claimed_at = %s AND extraction_started_at IS NULL RETURNING id",
-        (session_id, claim_token),
+        "UPDATE engine.chat_sessions SET extraction_claimed_at = NULL WHERE id = %s AND user_id = %s"
+        " AND extraction_claimed_at = %s AND extraction_started_at IS NULL RETURNING id",
+        (session_id, user_id, claim_token),
     ).fetchone()
     return row is not None
 
@@ -133,7 +133,8 @@ _COLUMNS = ("id, user_id, instance_id, extraction_watermark, extraction_attempts
             " extraction_started_at AS lease")
 
 
-def start(session_id: UUID, claim_token: datetime, now: datetime) -> tuple[str, ClaimedSession | None]:
+def start(user_id: str, session_id: UUID, claim_token: datetime, now: datetime
+          ) -> tuple[str, ClaimedSession | None]:
     """Take the lease of this claim: ("started", session) for the one delivery that gets it;
     ("duplicate", None) when another delivery of the same claim holds it (running, or died: the
     claim then goes stale and a later sweep retakes it); ("not-claimed", None) when the claim no
@@ -141,25 +142,26 @@ def start(session_id: UUID, claim_token: datetime, now: datetime) -> tuple[str, 
     conn = connection()
     row = conn.execute(
         f"UPDATE engine.chat_sessions SET extraction_started_at = %(now)s"
-        f" WHERE id = %(id)s AND extraction_claimed_at = %(token)s AND extracted_at IS NULL"
+        f" WHERE id = %(id)s AND user_id = %(user)s AND extraction_claimed_at = %(token)s AND extracted_at IS NULL"
         f"   AND extraction_started_at IS NULL RETURNING {_COLUMNS}",
-        {"id": session_id, "token": claim_token, "now": now},
+        {"id": session_id, "user": user_id, "token": claim_token, "now": now},
     ).fetchone()
     if row is not None:
         return "started", row
     held = conn.execute(
-        "SELECT 1 FROM engine.chat_sessions WHERE id = %s AND extraction_claimed_at = %s AND extracted_at IS NULL",
-        (session_id, claim_token),
+        "SELECT 1 FROM engine.chat_sessions WHERE id = %s AND user_id = %s AND extraction_claimed_at = %s"
+        " AND extracted_at IS NULL",
+        (session_id, user_id, claim_token),
     ).fetchone()
     return ("duplicate" if held else "not-claimed"), None
 
 
-def claimed_session(session_id: UUID, claim_token: datetime) -> ClaimedSession | None:
+def claimed_session(user_id: str, session_id: UUID, claim_token: datetime) -> ClaimedSession | None:
     """The session if this claim still holds it (None: duplicate delivery, done, or re-claimed)."""
     return connection().execute(
         f"SELECT {_COLUMNS} FROM engine.chat_sessions"
-        " WHERE id = %s AND extraction_claimed_at = %s AND extracted_at IS NULL",
-        (session_id, claim_token),
+        " WHERE id = %s AND user_id = %s AND extraction_claimed_at = %s AND extracted_at IS NULL",
+        (session_id, user_id, claim_token),
     ).fetchone()
 
 
