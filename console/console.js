@@ -310,8 +310,8 @@ function renderMemory(memory) {
 async function act(method, path, body, done) {
   try {
     await call(method, path, body);
-    say(done);
     await Promise.all([refreshMemories(true), refreshSessions()]);
+    say(done);  // once the panel shows it
   } catch (error) { say(error.message, true); }
 }
 

@@ -47,6 +47,7 @@ try {
   seen.focusedAfterFirstPress = await page.evaluate(() => document.activeElement.textContent);
   await page.keyboard.press("Enter");
   await page.waitForFunction(() => document.querySelector("#status").textContent === "Deleted.");
+  await page.waitForFunction(() => !document.querySelector("#memory-groups").textContent.includes("Keeps bees"));
   seen.memoriesDeleted = await text("#memory-groups");
   seen.version = await browser.version();
 } catch (error) {
