@@ -15,7 +15,7 @@ import tomllib
 import pytest
 import yaml
 from helpers import EVENTS, ROOT
-from test_template import CfnLoader, props
+from test_template import CfnLoader, environment
 
 from eros.config import Settings
 
@@ -34,12 +34,6 @@ def overrides() -> dict[str, str]:
     return dict(item.split("=", 1) for item in CONFIG["parameter_overrides"])
 
 
-def environment(name: str) -> dict:
-    doc = template()
-    return {**doc["Globals"]["Function"]["Environment"]["Variables"],
-            **props(doc, name).get("Environment", {}).get("Variables", {})}
-
-
 def test_the_placeholders_fill_what_the_bring_your_own_branch_needs_within_its_constraints():
     parameters = template()["Parameters"]
     assert overrides()["CreateDatabase"] == "false"  # no Aurora, VPC or proxy to pretend
@@ -52,14 +46,14 @@ def test_the_placeholders_fill_what_the_bring_your_own_branch_needs_within_its_c
 
 
 def test_every_variable_of_the_env_file_is_declared_by_the_template_and_read_by_the_settings():
-    declared = set().union(*(environment(function) for function in FUNCTIONS))
+    declared = set().union(*(environment(template(), function) for function in FUNCTIONS))
     assert set(ENV) <= declared, set(ENV) - declared  # SAM drops what no function declares, without a word
     assert set(ENV) - {"POWERTOOLS_LOG_LEVEL"} <= Settings.env_names()
 
 
 @pytest.mark.parametrize("function", FUNCTIONS)
 def test_in_the_container_each_function_uses_database_url_and_the_offline_providers(function):
-    declared = environment(function)
+    declared = environment(template(), function)
     # What the function's settings would be: the template's values, the file's over those it declares
     # (intrinsics resolve to something non-empty; the file empties the secret ARNs).
     values = {k: ("resolved" if isinstance(v, dict) else str(v)) for k, v in declared.items()}

@@ -314,11 +314,7 @@ class DreamingState(BaseModel):
     due_at: datetime | None = Field(description="when it is quiet enough to be dreamt about, or retried")
 
 
-class SessionView(BaseModel):
-    id: UUID
-    persona_id: str
-    created_at: datetime
-    last_active_at: datetime
+class SessionView(CreatedSession):
     extracted_at: datetime | None
     dreaming: DreamingState
 

@@ -167,10 +167,7 @@ def restore_memory(user_id: str, memory_id: UUID) -> MemoryWithHistory | None:
     """
     with transaction() as conn:
         conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"eros.memories.restore:{user_id}",))
-        row = conn.execute(
-            "SELECT superseded_at, superseded_by, superseded_reason FROM engine.companion_memories"
-            " WHERE id = %s AND user_id = %s FOR UPDATE", (memory_id, user_id),
-        ).fetchone()
+        row = _locked_row(conn, user_id, memory_id, "superseded_at, superseded_by, superseded_reason")
         if row is None:
             return None
         if row["superseded_at"] is None:
@@ -192,6 +189,12 @@ def restore_memory(user_id: str, memory_id: UUID) -> MemoryWithHistory | None:
                 consolidation.supersede(conn, user_id, memory_id, [head["id"]], "reverted")
         consolidation.mark_changed(conn, user_id)
         return _with_history(conn, user_id, memory_id)
+
+
+def _locked_row(conn, user_id: str, memory_id: UUID, columns: str) -> dict | None:
+    """``columns`` (constants of ours) of the user's memory, its row locked for the transaction; None: not theirs."""
+    return conn.execute(f"SELECT {columns} FROM engine.companion_memories WHERE id = %s AND user_id = %s"
+                        " FOR UPDATE", (memory_id, user_id)).fetchone()
 
 
 def add_memory(user_id: str, content: str, category: str, importance: float, embedding: list[float],
@@ -219,10 +222,7 @@ def edit_memory(user_id: str, memory_id: UUID, changes: dict, embedding: list[fl
     superseded). Returns the new version with its history; None: no such memory of this user; raises
     ``NotCurrent`` for history or a relationship row."""
     with transaction() as conn:
-        old = conn.execute(
-            "SELECT instance_id, superseded_at FROM engine.companion_memories WHERE id = %s AND user_id = %s"
-            " FOR UPDATE", (memory_id, user_id),
-        ).fetchone()
+        old = _locked_row(conn, user_id, memory_id, "instance_id, superseded_at")
         if old is None:
             return None
         if old["instance_id"] is not None or old["superseded_at"] is not None:
