@@ -150,7 +150,10 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # a process that has exited but not been reaped (a zombie: the parent's Popen has not waited yet)
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (macOS): kill(0) is all there is
+        return True
 
 
 def embedded_postgres(folder: Path | None = None) -> str:
