@@ -10,9 +10,11 @@ All three strategies share one statement shape and differ only in the base score
 
 where ``s = 1 - (embedding <=> query)`` is the cosine similarity, ``d = exp(-age / tau)`` the
 decay and ``ifloor`` the importance floor (0: the plain ``s x decay x importance``; see
-below for why it exists). ``age`` runs from the row's ``created_at`` to "now" (a bound
+below for why it exists). ``age`` runs from the row's *event time* to "now" (a bound
 parameter, so the evaluation and the tests can ask at any date; the database's statement time
-otherwise). ``grouped`` is the
+otherwise). The event time is ``occurred_at`` when the session said when the thing happened ("we met
+in 2019": 1 January 2019), else ``created_at``; a future event ("my interview is tomorrow") is new until
+it has happened. ``grouped`` is the
 same statement with the plain similarity as base, the quota as the per-category cap and no
 global limit to speak of, so the one statement reproduces the original per-category recall.
 
@@ -23,7 +25,7 @@ On top of the base, for every strategy (the read-time safety net of consolidatio
 * ``w`` (``importance_weight``) is a small *additive* importance term: it breaks near-ties toward
   the important row without multiplying relevance away (a multiplier on e5's compressed cosine
   scale lets an important but unrelated row win every query).
-* ``demotion`` is ``penalty`` for an older *profile* row that has a newer active row of the same
+* ``demotion`` is ``penalty`` for an older *profile* row (by event time) that has a newer active row of the same
   category within ``demote_similarity`` cosine of it (an update that write-time consolidation did
   not catch: "lives in Shanghai" under "moved to Tokyo"), else 0. The row is demoted, not hidden.
   The pairwise test runs only inside a bounded candidate pool: the ``pool`` best rows of the layer
@@ -103,11 +105,11 @@ _LAYERS: dict[MemoryLayer, str] = {
 # and in the outer sort), and the pairwise join must run once.
 _DEMOTION = ("""
 pool AS (
-    SELECT id, category, created_at, embedding FROM scored ORDER BY undemoted DESC, id LIMIT %(pool)s
+    SELECT id, category, event_time, embedding FROM scored ORDER BY undemoted DESC, id LIMIT %(pool)s
 ), demoted AS MATERIALIZED (
     SELECT a.id FROM pool a
     WHERE EXISTS (SELECT 1 FROM pool b
-                  WHERE b.category = a.category AND b.created_at > a.created_at
+                  WHERE b.category = a.category AND b.event_time > a.event_time
                     AND 1 - (a.embedding <=> b.embedding) >= %(dsim)s::float8)
 ),""", "CASE WHEN id IN (SELECT id FROM demoted) THEN %(penalty)s::float8 ELSE 0::float8 END")
 _NO_DEMOTION = ("", "0::float8")
@@ -131,12 +133,14 @@ _NO_DEMOTION = ("", "0::float8")
 # user only after its neighbour search (bench/recall_latency.py measures both).
 _TEMPLATE = """
 WITH base AS (
-    SELECT id, content, category, importance, created_at, embedding,
+    SELECT id, content, category, importance, created_at, occurred_at, occurred_precision, embedding,
            embedding <=> %(q)s AS distance,
            exp(-least(greatest(extract(epoch FROM (coalesce(%(now)s::timestamptz, statement_timestamp())
-                                                   - created_at))::float8, 0)
-                      / 86400.0 / %(tau)s::float8, 700)) AS decay
-    FROM engine.companion_memories
+                                                   - event_time))::float8, 0)
+                      / 86400.0 / %(tau)s::float8, 700)) AS decay,
+           event_time
+    FROM engine.companion_memories,
+         LATERAL (SELECT coalesce(occurred_at::timestamp AT TIME ZONE 'UTC', created_at) AS event_time) t
     WHERE {layer}
       AND superseded_at IS NULL
       AND created_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
@@ -151,7 +155,7 @@ ranked AS (
     SELECT *, row_number() OVER (PARTITION BY category ORDER BY score DESC, id) AS category_rank
     FROM ranked
 )
-SELECT id, content, category, importance, created_at, embedding, distance, decay,
+SELECT id, content, category, importance, created_at, occurred_at, occurred_precision, embedding, distance, decay,
        1 - distance AS similarity, recency_term, importance_term, demotion, score
 FROM capped
 WHERE category_rank <= {cap}
@@ -190,7 +194,8 @@ WITH profile AS MATERIALIZED ({profile}
     SELECT 'relationship', (SELECT count(*) FROM profile) + row_number() OVER (ORDER BY score DESC, id), *
     FROM relationship
 )
-SELECT c.layer, c.id, c.content, c.category, c.importance, c.created_at, c.distance, c.decay, c.similarity,
+SELECT c.layer, c.id, c.content, c.category, c.importance, c.created_at, c.occurred_at, c.occurred_precision,
+       c.distance, c.decay, c.similarity,
        c.recency_term, c.importance_term, c.demotion, c.score,
        ARRAY(SELECT b.id FROM candidates b
              WHERE b.place < c.place AND 1 - (b.embedding <=> c.embedding) >= %(dedupe)s::float8

@@ -112,6 +112,8 @@ class Scored(TypedDict):
     category: str | None
     importance: float | None
     created_at: datetime
+    occurred_at: date | None  # when what it is about happened (the start of the period), if the session said
+    occurred_precision: str | None  # day | week | month | year
     distance: float
     decay: float
     similarity: float
