@@ -196,6 +196,42 @@ class State:
         self.applied[user] = key
 
 
+# How Chinese and Japanese text becomes lexemes (bench/results/recall_summary.md compares them): the
+# migration's engine.lexemes() turns runs of Han/kana into overlapping character *pairs*; the other two
+# replace it, in the evaluation's database only, with single *characters*, or *both*.
+PRODUCTION = "pairs"
+_CJK = r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
+_NON_CJK = f"regexp_replace(lower(body), '{_CJK}', ' ', 'g')"
+_PAIRS = (f"coalesce((SELECT string_agg(substr(body, i, 2), ' ') FROM generate_series(1, length(body) - 1) AS i"
+          f" WHERE substr(body, i, 2) ~ '^{_CJK}{{2}}$'), '')")
+_CHARACTERS = f"regexp_replace(regexp_replace(body, '{_CJK.replace('[', '[^', 1)}', ' ', 'g'), '(.)', '\\1 ', 'g')"
+TOKENISATIONS = {
+    "characters": f"{_NON_CJK} || ' ' || {_CHARACTERS}",
+    "both": f"{_NON_CJK} || ' ' || {_PAIRS} || ' ' || {_CHARACTERS}",
+}
+
+
+class Lexemes:
+    """Switches the evaluation database's engine.lexemes() between tokenisations and recomputes the
+    generated column (an UPDATE recomputes it); ``pairs`` is the migration's own definition."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.production = conn.execute("SELECT pg_get_functiondef('engine.lexemes'::regproc) AS d").fetchone()["d"]
+        self.current = PRODUCTION
+
+    def use(self, tokenisation: str) -> None:
+        if tokenisation == self.current:
+            return
+        definition = self.production if tokenisation == PRODUCTION else (
+            "CREATE OR REPLACE FUNCTION engine.lexemes(body text) RETURNS tsvector LANGUAGE sql IMMUTABLE "
+            f"PARALLEL SAFE STRICT RETURN to_tsvector('simple', {TOKENISATIONS[tokenisation]})")
+        with self.conn.transaction():
+            self.conn.execute(definition)
+            self.conn.execute("UPDATE engine.companion_memories SET content = content")
+        self.current = tokenisation
+
+
 def pad(vector: list[float]) -> list[float]:
     if len(vector) > DIM:
         raise SystemExit(f"embedding of {len(vector)} dimensions: at most {DIM}")
@@ -313,6 +349,8 @@ def describe(p) -> str:
     else:
         parts.append("no demotion")
     parts.append(f"w={p.importance_weight:g}")
+    if p.lexical_weight > 0:
+        parts.append(f"lexical {p.lexical_weight:g} (b={p.lexical_length_norm:g})")
     if p.dedupe_similarity <= 1:
         parts.append(f"dedupe≥{p.dedupe_similarity:g}")
     else:
@@ -321,13 +359,20 @@ def describe(p) -> str:
 
 
 class Runner:
-    def __init__(self, queries, instances, uuid_of, state: State):
+    """Runs (and caches) recall for one consolidation state and one tokenisation (``lexemes``: the
+    database is switched to it before any query runs)."""
+
+    def __init__(self, queries, instances, uuid_of, state: State, lexemes: Lexemes | None = None,
+                 tokenisation: str = PRODUCTION):
         self.queries, self.instances, self.uuid_of, self.state = queries, instances, uuid_of, state
+        self.lexemes, self.tokenisation = lexemes, tokenisation
         self.cache: dict = {}
 
     def run(self, params, subset=None) -> dict:
         key = tuple(sorted(params.model_dump().items()))
         if key not in self.cache:
+            if self.lexemes is not None:
+                self.lexemes.use(self.tokenisation)
             self.cache[key] = evaluate(self.queries, self.instances, params, self.state)
         records = self.cache[key]
         if subset is not None:
@@ -456,7 +501,14 @@ def pair_cosines(memories, queries) -> list[str]:
     return lines + [""]
 
 
-SLICES = ["update", "chain", "as_of", "stable", "trap", "repeat", "importance", "event", "relationship", "en", "zh"]
+SLICES = ["update", "chain", "as_of", "stable", "trap", "repeat", "importance", "event", "relationship", "name", "rare",
+          "number", "date", "lexical_trap", "en", "zh"]
+# The questions the lexical part is for (issue 14), and the ones where a shared word is a trap.
+LEXICAL_SLICES = ("name", "rare", "number", "date")
+
+
+def lexical_question(q) -> bool:
+    return any(tag in q.get("tags", []) for tag in LEXICAL_SLICES)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -469,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-safety", action="store_true",
                     help="grid-search the read-time safety net (demotion, importance weight) on the tune half")
     ap.add_argument("--sweep", action="store_true", help="grid-search the ranking parameters on the tune half")
+    ap.add_argument("--sweep-lexical", action="store_true",
+                    help="grid-search the lexical weight, BM25's b and the Chinese tokenisation on the tune half")
     ap.add_argument("--users", default="", help="comma-separated user ids: evaluate only these users' rows and queries")
     add_database_url_option(ap)
     ap.add_argument("--out", default=None)
@@ -488,12 +542,13 @@ def _main(args: argparse.Namespace, command: str) -> None:
     model = embed_all(memories, queries, args.embeddings)
     conn = connect(dsn)
     instances = load_database(conn, memories)
+    lexemes = Lexemes(conn)
     uuid_of = {m["id"]: row_uuid(m["id"]) for m in memories}
     user_of = {m["id"]: m["user_id"] for m in memories}
     decided, label_counts = oracle(memories)
     applied: dict = {}
     states = {"none": State(conn, {}, user_of, applied), "oracle": State(conn, decided, user_of, applied)}
-    runners = {mode: Runner(queries, instances, uuid_of, state) for mode, state in states.items()}
+    runners = {mode: Runner(queries, instances, uuid_of, state, lexemes) for mode, state in states.items()}
     modes = ["none", "oracle"] if args.consolidation == "both" else [args.consolidation]
     started = time.perf_counter()
 
@@ -507,6 +562,12 @@ def _main(args: argparse.Namespace, command: str) -> None:
             baselines["recency, no safety net (before)"], tune_runner)
         sweep_lines += lines
         print(f"safety sweep done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    if args.sweep_lexical:
+        lines, chosen["recency + lexical (best on tune)"] = _sweep_lexical(
+            defaults, lambda tokenisation: Runner([q for q in queries if tune(q)], instances, uuid_of, states["none"],
+                                                  lexemes, tokenisation))
+        sweep_lines += lines
+        print(f"lexical sweep done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     if args.sweep:  # the ranking sweep: as before consolidation existed
         lines, winners = _sweep_ranking(defaults, baselines, runners["none"])
         sweep_lines += lines
@@ -544,14 +605,17 @@ def replace(params: RecallParams, **changes) -> RecallParams:
 
 def _baselines(defaults: RecallParams) -> dict[str, RecallParams]:
     """The rankings every run reports: before and after the safety net, and each part of it alone."""
-    # The ranking before the safety net (issue 7): no importance term, no demotion, hygiene at 0.95.
-    plain = {"importance_weight": 0.0, "demote_similarity": 2.0, "dedupe_similarity": 0.95}
+    # The ranking before the safety net (issue 7): no importance term, no demotion, hygiene at 0.95; and
+    # before the lexical part (issue 14).
+    plain = {"importance_weight": 0.0, "demote_similarity": 2.0, "dedupe_similarity": 0.95, "lexical_weight": 0.0}
     baselines = {
         "grouped (original)": replace(defaults, strategy="grouped", **plain),
         "recency, no safety net (before)": replace(defaults, strategy="recency", **plain),
-        "recency + safety net (config defaults)": replace(defaults, strategy="recency"),
-        "composite + safety net (config defaults)": replace(defaults, strategy="composite"),
     }
+    for strategy in ("grouped", "recency", "composite"):  # each strategy before and after the lexical part
+        baselines[f"{strategy}, no lexical (before issue 14)"] = replace(defaults, strategy=strategy,
+                                                                         lexical_weight=0.0)
+        baselines[f"{strategy} + lexical (config defaults)"] = replace(defaults, strategy=strategy)
     # What each part of the defaults does on its own (ablation), from the "before" ranking.
     before = baselines["recency, no safety net (before)"]
     baselines |= {
@@ -621,6 +685,58 @@ def _sweep_safety(base: RecallParams, tune_runner: Runner) -> tuple[list[str], R
     sweep_lines.append("")
     return sweep_lines, max(  # ties: the lower threshold (fewer repeats shown)
         dedupe, key=lambda p: objective(p) + (-p.dedupe_similarity,))
+
+
+def _sweep_lexical(defaults: RecallParams, runner_for) -> tuple[list[str], RecallParams]:
+    """The lexical part tuned on the tune half (consolidation none), from the defaults with it off: weight x
+    BM25's b x the Chinese tokenisation. The rule, fixed before the run: the best hit@5 on the lexical
+    questions (name, rare, number, date), then their MRR, then the smaller weight, among the settings that
+    lose nothing against the weight 0 on what the lexical part must not break: cur>old and stable kept no
+    lower, stable MRR, importance MRR and all-query MRR at most 0.005 lower, and the lexical traps' hit@1 and
+    MRR no lower (the weight cannot grow by winning trap queries with a shared word)."""
+    off = replace(defaults, lexical_weight=0.0)
+    runners = {name: runner_for(name) for name in (PRODUCTION, *TOKENISATIONS)}
+    floor = runners[PRODUCTION].run(off)
+    guards = {"stable": runners[PRODUCTION].run(off, tagged("stable")),
+              "importance": runners[PRODUCTION].run(off, tagged("importance")),
+              "trap": runners[PRODUCTION].run(off, tagged("lexical_trap"))}
+
+    def within(runner, p) -> bool:
+        m, trap = runner.run(p), runner.run(p, tagged("lexical_trap"))
+        return (m["cur>old"] >= floor["cur>old"] and m["stable_kept"] >= floor["stable_kept"]
+                and m["mrr"] >= floor["mrr"] - 0.005
+                and runner.run(p, tagged("stable"))["mrr"] >= guards["stable"]["mrr"] - 0.005
+                and runner.run(p, tagged("importance"))["mrr"] >= guards["importance"]["mrr"] - 0.005
+                and trap["hit@1"] >= guards["trap"]["hit@1"] and trap["mrr"] >= guards["trap"]["mrr"])
+
+    grid = [(name, replace(defaults, lexical_weight=w, lexical_length_norm=b))
+            for name in runners for b in (0.0, 0.75) for w in (0.0, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2)
+            if w > 0 or (b == 0.75 and name == PRODUCTION)]
+
+    def objective(entry):
+        name, p = entry
+        m = runners[name].run(p, lexical_question)
+        return (within(runners[name], p), round(m["hit@5"], 9), round(m["mrr"], 9), -p.lexical_weight)
+
+    lines = ["### Lexical part: weight, BM25's b, Chinese tokenisation (recency + safety net, consolidation none), "
+             "tune half", "",
+             f"Floors from the weight 0: cur>old ≥ {floor['cur>old']:.0%}, stable kept ≥ {floor['stable_kept']:.0%}, "
+             f"MRR ≥ {floor['mrr'] - 0.005:.3f}, stable MRR ≥ {guards['stable']['mrr'] - 0.005:.3f}, importance MRR "
+             f"≥ {guards['importance']['mrr'] - 0.005:.3f}, lexical-trap hit@1 ≥ {guards['trap']['hit@1']:.0%} and MRR "
+             f"≥ {guards['trap']['mrr']:.3f}. *lexical*: the name, rare, number and date questions.", "",
+             "| tokenisation | parameters | MRR | cur>old | stable kept | lexical hit@1 | lexical hit@5 | lexical MRR "
+             "| zh lexical hit@5 | trap hit@1 | trap MRR | within floors |",
+             "| --- | --- |" + " --- |" * 10]
+    for name, p in grid:
+        r = runners[name]
+        m, lex, trap = r.run(p), r.run(p, lexical_question), r.run(p, tagged("lexical_trap"))
+        zh = r.run(p, lambda q: lexical_question(q) and tagged("zh")(q))
+        lines.append(f"| {name} | {describe(p)} | {m['mrr']:.3f} | {m['cur>old']:.0%} | {m['stable_kept']:.0%} | "
+                     f"{lex['hit@1']:.0%} | {lex['hit@5']:.0%} | {lex['mrr']:.3f} | {zh['hit@5']:.0%} | "
+                     f"{trap['hit@1']:.0%} | {trap['mrr']:.3f} | {'yes' if within(r, p) else 'no'} |")
+    name, best = max(grid, key=objective)
+    lines += ["", f"Chosen: {name}, {describe(best)}.", ""]
+    return lines, best
 
 
 def _sweep_ranking(defaults: RecallParams, baselines: dict[str, RecallParams], runner: Runner
@@ -706,6 +822,15 @@ def _report(args: argparse.Namespace, command: str, model: str, memories: list[d
     for mode in modes:
         for name, p in configs.items():
             cells = [f"{runners[mode].run(p, tagged(x))['mrr']:.3f}" for x in SLICES]
+            lines.append(f"| {mode} | {name} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += ["## hit@5 by slice (all queries)", "",
+              "| consolidation | strategy | " + " | ".join(SLICES) + " | lexical |",
+              "| --- | --- |" + " --- |" * (len(SLICES) + 1)]
+    for mode in modes:
+        for name, p in configs.items():
+            cells = [f"{runners[mode].run(p, tagged(x))['hit@5']:.0%}" for x in SLICES]
+            cells.append(f"{runners[mode].run(p, lexical_question)['hit@5']:.0%}")
             lines.append(f"| {mode} | {name} | " + " | ".join(cells) + " |")
     lines.append("")
     if sweep_lines:

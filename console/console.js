@@ -205,7 +205,8 @@ function renderRecalled(recalled) {
         return el("li", { class: "recalled-item", "data-id": item.id },
           el("span", { class: "recalled-text" }, text),
           el("span", { class: "score" }, `score ${num(item.score)} = similarity ${num(p.similarity)}`
-            + ` + recency ${num(p.recency)} + importance ${num(p.importance)} − demotion ${num(p.demotion)}`));
+            + ` + recency ${num(p.recency)} + importance ${num(p.importance)} + lexical ${num(p.lexical)}`
+            + ` − demotion ${num(p.demotion)}`));
       })))));
 }
 

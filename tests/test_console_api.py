@@ -43,9 +43,10 @@ def test_a_reply_shows_what_it_recalled_with_the_parts_of_each_score(online, db)
     assert (recalled["id"], recalled["layer"], recalled["category"], recalled["content"]) == (
         mine, "profile", "fact", "Works as a nurse in Leeds")
     parts = recalled["parts"]
-    assert set(parts) == {"similarity", "recency", "importance", "demotion"} and parts["similarity"] > 0
+    assert set(parts) == {"similarity", "recency", "importance", "lexical", "demotion"} and parts["similarity"] > 0
+    assert parts["lexical"] > 0  # "nurse": a word the message and the memory share
     assert recalled["score"] == pytest.approx(
-        parts["similarity"] + parts["recency"] + parts["importance"] - parts["demotion"], abs=1e-6)
+        parts["similarity"] + parts["recency"] + parts["importance"] + parts["lexical"] - parts["demotion"], abs=1e-6)
 
     # The stored turn keeps ids and numbers, never the memory's text (a deleted memory leaves no copy) ...
     stored = db.execute("SELECT metadata FROM engine.chat_messages WHERE role = 'assistant'").fetchone()["metadata"]

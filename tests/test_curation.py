@@ -206,12 +206,17 @@ def test_search_ranks_like_a_turn_and_says_why(api, providers, db):
     best = body["results"][0]
     parts = best["parts"]
     assert best["score"] == pytest.approx(parts["similarity"] + parts["recency"] + parts["importance"]
-                                          - parts["demotion"])
+                                          + parts["lexical"] - parts["demotion"])
+    # "dog" is a word of the best row only: its lexical part is the whole weight, the other's nothing.
+    assert best["content"] == "Has a dog named Biscuit"
+    assert parts["lexical"] == pytest.approx(settings().recall.lexical_weight)
+    assert body["results"][1]["parts"]["lexical"] == 0
     assert best["source"] == "user" and "Rex" not in json.dumps(body)  # provenance shown; bob's never
     # The same order and scores as the statement a turn recalls with, for the same query vector.
     query = fake_voyage.requests[-1]["json"]
     assert query["input_type"] == "query" and query["input"] == ["dog"]
-    rows = recall_store.ranked(MemoryLayer.PROFILE, settings().recall, "alice", hash_embed("dog"), k=2, cap=None)
+    rows = recall_store.ranked(MemoryLayer.PROFILE, settings().recall, "alice", hash_embed("dog"), k=2, cap=None,
+                               text="dog")
     assert [(str(r["id"]), r["score"]) for r in rows] == [(r["id"], pytest.approx(r["score"])) for r in body["results"]]
     scores = [r["score"] for r in body["results"]]
     assert scores == sorted(scores, reverse=True)

@@ -81,5 +81,6 @@ def test_the_recall_defaults_are_defined_once():
     assert Settings().recall == RecallParams() == Settings.from_env({}).recall
     defaults = [p for p in inspect.signature(recall_store.ranked).parameters.values()
                 if p.default is not inspect.Parameter.empty]
-    # Only which rows (a persona's, a date, a search's category filter), never a ranking knob.
-    assert [p.name for p in defaults] == ["instance_id", "now", "category"]
+    # Only what is asked (the message's text) and which rows (a persona's, a date, a search's category
+    # filter), never a ranking knob.
+    assert [p.name for p in defaults] == ["text", "instance_id", "now", "category"]

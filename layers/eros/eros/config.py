@@ -54,6 +54,11 @@ class RecallParams(BaseModel):
     demote_penalty: float = Field(0.01, ge=0, le=1, alias="RECALL_DEMOTE_PENALTY")
     demote_pool: int = Field(32, ge=1, le=200, alias="RECALL_DEMOTE_POOL")
     importance_weight: float = Field(0.05, ge=0, le=1, alias="RECALL_IMPORTANCE_WEIGHT")
+    # Lexical tie-breaker (issue 14): ``lexical_weight`` times the row's BM25 match with the message over the
+    # user's rows, scaled to [0, 1] by the best row's (0: off, and the statement carries none of it);
+    # ``lexical_length_norm`` is BM25's b (0: a long memory's match counts as much as a short one's).
+    lexical_weight: float = Field(0.05, ge=0, le=1, alias="RECALL_LEXICAL_WEIGHT")
+    lexical_length_norm: float = Field(0.75, ge=0, le=1, alias="RECALL_LEXICAL_LENGTH_NORM")
 
     @property
     def demoting(self) -> bool:

@@ -29,9 +29,9 @@ USER_IMPORTANCE = 0.8  # a memory the user states is worth more than most a mode
 def search(user_id: str, query: str, *, layer: MemoryLayer | None, category: str | None, persona_id: str | None,
            k: int) -> list[dict[str, Any]]:
     """The user's ``k`` best memories for ``query`` by the score a chat turn ranks with (its strategy,
-    importance, recency and demotion; no per-category quota: that shapes a prompt, not an answer), best
-    first, each a listed memory plus ``score`` and its parts. The relationship layer is a persona's: it is
-    searched when ``persona_id`` names one of the user's; a category filter is the profile's."""
+    importance, recency, words in common and demotion; no per-category quota: that shapes a prompt, not an
+    answer), best first, each a listed memory plus ``score`` and its parts. The relationship layer is a
+    persona's: it is searched when ``persona_id`` names one of the user's; a category filter is the profile's."""
     params = settings().recall
     instance = memory_store.instance_of(user_id, persona_id) if persona_id else None
     if persona_id and instance is None:
@@ -41,7 +41,7 @@ def search(user_id: str, query: str, *, layer: MemoryLayer | None, category: str
         layers.append(MemoryLayer.RELATIONSHIP)
     vector = _embed(user_id, query, "query").vectors[0]
     ranked = sorted((row for each in layers for row in recall_store.ranked(
-        each, params, user_id, vector, k=k, cap=None, instance_id=instance, category=category)),
+        each, params, user_id, vector, k=k, cap=None, text=query, instance_id=instance, category=category)),
         key=lambda row: (-row["score"], str(row["id"])))[:k]
     memories = memory_store.by_ids(user_id, [row["id"] for row in ranked])
     return [memories[row["id"]] | {"score": row["score"], "parts": ScoreParts.of(row)}

@@ -29,16 +29,17 @@ _PUNCT = re.compile(r"[^\w\s]")
 
 
 class ScoreParts(BaseModel):
-    """Why a ranked memory is where it is: its score is similarity + recency + importance - demotion."""
+    """Why a ranked memory is where it is: its score is similarity + recency + importance + lexical - demotion."""
     similarity: float = Field(description="cosine similarity of the memory to the query")
     recency: float = Field(description="what its age adds (or, composite strategy, takes away)")
     importance: float = Field(description="what its importance adds")
+    lexical: float = Field(description="what its words shared with the message add (names, numbers, rare words)")
     demotion: float = Field(description="taken away when a newer, similar memory of its category outranks it")
 
     @classmethod
     def of(cls, row: Scored) -> ScoreParts:
         return cls(similarity=row["similarity"], recency=row["recency_term"], importance=row["importance_term"],
-                   demotion=row["demotion"])
+                   lexical=row["lexical_term"], demotion=row["demotion"])
 
 
 @dataclass
@@ -113,7 +114,7 @@ def recall(user_id: str, instance_id: UUID | None, query: list[float], *, histor
     # The SQL's cost is the scan of the user's rows, not the length of the answer. Both layers, and the
     # near-duplicates among them, in one statement.
     rows = recall_store.candidates(p, user_id, query, k=2 * k, cap=2 * cap if cap else None, relationship_k=2 * rel_k,
-                                   instance_id=instance_id, dedupe=p.dedupe_similarity, now=now)
+                                   instance_id=instance_id, dedupe=p.dedupe_similarity, text=message, now=now)
     hygiene = Hygiene([m["content"] for m in history] + ([message] if message else []))
     return Recalled(profile=hygiene.take([r for r in rows if r["layer"] == MemoryLayer.PROFILE], k, cap),
                     relationship=hygiene.take([r for r in rows if r["layer"] == MemoryLayer.RELATIONSHIP], rel_k))

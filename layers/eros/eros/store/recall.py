@@ -114,6 +114,40 @@ pool AS (
 ),""", "CASE WHEN id IN (SELECT id FROM demoted) THEN %(penalty)s::float8 ELSE 0::float8 END")
 _NO_DEMOTION = ("", "0::float8")
 
+# The lexical part (``lexical_weight`` > 0 and a message to match), in its own CTEs like the demotion: BM25
+# of the message's lexemes against each row's (migration 0012: engine.lexemes, the same tokens on both
+# sides), over the layer's rows of this user only, so the inverse document frequency is the user's own
+# (a word every memory of theirs has is worth nothing; their colleague's rare name is worth a lot), then
+# divided by the best row's so that it lies in [0, 1] whatever the message's length. A row's term
+# frequency is taken as 1 (memories are a sentence or two; a repeated word is not more evidence), and its
+# length normalises as BM25's b says (avgdl over the same rows).
+# * `terms`: the message's lexemes (none for no message: no row matches, every row's lexical part is 0).
+# * `matches`: (row, lexeme) for each row that has any of them; ts_delete() drops the message's lexemes
+#   from a row's in C, so the rows that match nothing (most of them) are never unnested. MATERIALIZED:
+#   it is read for the document frequencies and for the scores.
+# * `lexical`: per row, sum over its matched lexemes of idf * (k1 + 1) / (1 + k1 * (1 - b + b * dl /
+#   avgdl)), with idf = ln(1 + (n - df + 0.5) / (df + 0.5)), k1 = 1.2, over the user's n rows.
+_LEXICAL = ("""
+terms AS (
+    SELECT coalesce(array_agg(lexeme), '{}') AS terms FROM unnest(engine.lexemes(%(text)s))
+), matches AS MATERIALIZED (
+    SELECT m.id, m.lexeme, m.dl
+    FROM (SELECT id, unnest(tsvector_to_array(lexemes)) AS lexeme, length(lexemes)::float8 AS dl
+          FROM base, terms WHERE length(ts_delete(lexemes, terms.terms)) < length(lexemes)) m, terms
+    WHERE m.lexeme = ANY (terms.terms)
+), frequencies AS (
+    SELECT lexeme, count(*)::float8 AS df FROM matches GROUP BY lexeme
+), collection AS (
+    SELECT count(*)::float8 AS n, greatest(avg(length(lexemes)), 1)::float8 AS avgdl FROM base
+), bm25 AS (
+    SELECT id, sum(ln(1 + (n - df + 0.5) / (df + 0.5))
+                   * 2.2 / (1 + 1.2 * (1 - %(lexb)s::float8 + %(lexb)s::float8 * dl / avgdl))) AS raw
+    FROM matches JOIN frequencies USING (lexeme), collection GROUP BY id
+), lexical AS (
+    SELECT id, raw / nullif(max(raw) OVER (), 0) AS lexical FROM bm25
+),""", "base LEFT JOIN lexical USING (id)", "%(lw)s::float8 * coalesce(lexical, 0)")
+_NO_LEXICAL = ("", "base", "0::float8")
+
 # The statement. Why it is shaped like this:
 # * `base` computes the distance once per row (pgvector's <=> is the cost that matters) and the
 #   decay. `OFFSET 0` keeps it a separate plan node: without it the planner pulls the subquery up
@@ -133,7 +167,7 @@ _NO_DEMOTION = ("", "0::float8")
 # user only after its neighbour search (bench/recall_latency.py measures both).
 _TEMPLATE = """
 WITH base AS (
-    SELECT id, content, category, importance, created_at, occurred_at, occurred_precision, embedding,
+    SELECT id, content, category, importance, created_at, occurred_at, occurred_precision, embedding, lexemes,
            embedding <=> %(q)s AS distance,
            exp(-least(greatest(extract(epoch FROM (coalesce(%(now)s::timestamptz, statement_timestamp())
                                                    - event_time))::float8, 0)
@@ -145,9 +179,11 @@ WITH base AS (
       AND superseded_at IS NULL
       AND created_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
     OFFSET 0
-), scored AS (
-    SELECT *, {base} + {term} AS undemoted, {recency} AS recency_term, {importance} AS importance_term
-    FROM base
+),{lexical}
+scored AS (
+    SELECT *, {base} + {term} + {lexical_term} AS undemoted, {recency} AS recency_term,
+           {importance} AS importance_term, {lexical_term} AS lexical_term
+    FROM {scored_from}
 ),{pool}
 ranked AS (
     SELECT *, undemoted - demotion AS score FROM (SELECT *, {demotion} AS demotion FROM scored) d
@@ -156,7 +192,7 @@ ranked AS (
     FROM ranked
 )
 SELECT id, content, category, importance, created_at, occurred_at, occurred_precision, embedding, distance, decay,
-       1 - distance AS similarity, recency_term, importance_term, demotion, score
+       1 - distance AS similarity, recency_term, importance_term, lexical_term, demotion, score
 FROM capped
 WHERE category_rank <= {cap}
 ORDER BY score DESC, id
@@ -164,18 +200,21 @@ LIMIT {k}
 """
 
 
-def _layer_statement(layer: MemoryLayer, strategy: str, demoting: bool, prefix: str = "") -> str:
+def _layer_statement(layer: MemoryLayer, strategy: str, demoting: bool, lexical: bool, prefix: str = "") -> str:
     """One layer's statement; its k and cap parameters are named ``{prefix}k`` and ``{prefix}cap``."""
     base, recency, importance = _SCORES[strategy]
     pool, demotion = _DEMOTION if demoting else _NO_DEMOTION
+    ctes, scored_from, lexical_term = _LEXICAL if lexical else _NO_LEXICAL
     return _TEMPLATE.format(layer=_LAYERS[layer], base=base, term=_TERM, recency=recency, importance=importance,
+                            lexical=ctes, scored_from=scored_from, lexical_term=lexical_term,
                             pool=pool, demotion=demotion, k=f"%({prefix}k)s", cap=f"%({prefix}cap)s")
 
 
-# (layer, strategy, demoting) -> statement; the relationship layer is never demoted.
-_STATEMENTS = {(layer, strategy, demoting): _layer_statement(layer, strategy, demoting)
+# (layer, strategy, demoting, lexical) -> statement; the relationship layer is never demoted.
+_STATEMENTS = {(layer, strategy, demoting, lexical): _layer_statement(layer, strategy, demoting, lexical)
                for layer in MemoryLayer for strategy in _SCORES
-               for demoting in ((False, True) if layer is MemoryLayer.PROFILE else (False,))}
+               for demoting in ((False, True) if layer is MemoryLayer.PROFILE else (False,))
+               for lexical in (False, True)}
 
 # Both layers in one statement (``candidates``, what a turn recalls), with what hygiene needs to drop a
 # near-duplicate, so that no embedding leaves the database: the two layers' statements above, unchanged
@@ -196,27 +235,32 @@ WITH profile AS MATERIALIZED ({profile}
 )
 SELECT c.layer, c.id, c.content, c.category, c.importance, c.created_at, c.occurred_at, c.occurred_precision,
        c.distance, c.decay, c.similarity,
-       c.recency_term, c.importance_term, c.demotion, c.score,
+       c.recency_term, c.importance_term, c.lexical_term, c.demotion, c.score,
        ARRAY(SELECT b.id FROM candidates b
              WHERE b.place < c.place AND 1 - (b.embedding <=> c.embedding) >= %(dedupe)s::float8
              ORDER BY b.place) AS near
 FROM candidates c
 ORDER BY c.place
 """
-_BOTH = {(strategy, demoting): _BOTH_TEMPLATE.format(
-             profile=_layer_statement(MemoryLayer.PROFILE, strategy, demoting, "profile_"),
-             relationship=_layer_statement(MemoryLayer.RELATIONSHIP, strategy, False, "relationship_"))
-         for strategy in _SCORES for demoting in (False, True)}
+_BOTH = {(strategy, demoting, lexical): _BOTH_TEMPLATE.format(
+             profile=_layer_statement(MemoryLayer.PROFILE, strategy, demoting, lexical, "profile_"),
+             relationship=_layer_statement(MemoryLayer.RELATIONSHIP, strategy, False, lexical, "relationship_"))
+         for strategy in _SCORES for demoting in (False, True) for lexical in (False, True)}
 
 
-def _values(params: RecallParams, user_id: str, query: list[float], instance_id: UUID | None,
+def _values(params: RecallParams, user_id: str, query: list[float], text: str | None, instance_id: UUID | None,
             now: datetime | None, category: str | None = None) -> dict[str, Any]:
     """The parameters every layer's statement shares."""
-    return {"q": Vector(list(query)), "user": user_id, "instance": instance_id, "now": now, "category": category,
-            "lam": params.lam,
+    return {"q": Vector(list(query)), "text": text, "user": user_id, "instance": instance_id, "now": now,
+            "category": category, "lam": params.lam,
             "tau": params.tau_days, "floor": params.floor, "ifloor": params.importance_floor,
             "iw": params.importance_weight, "dsim": params.demote_similarity, "penalty": params.demote_penalty,
-            "pool": params.demote_pool}
+            "pool": params.demote_pool, "lw": params.lexical_weight, "lexb": params.lexical_length_norm}
+
+
+def _lexical(params: RecallParams, text: str | None) -> bool:
+    """Whether the statement carries the lexical part: a weight, and a message with something to match."""
+    return params.lexical_weight > 0 and bool(text and text.strip())
 
 
 def _cap(k: int, cap: int | None) -> int:
@@ -224,27 +268,29 @@ def _cap(k: int, cap: int | None) -> int:
 
 
 def ranked(layer: MemoryLayer, params: RecallParams, user_id: str, query: list[float], *, k: int,
-           cap: int | None, instance_id: UUID | None = None, now: datetime | None = None,
+           cap: int | None, text: str | None = None, instance_id: UUID | None = None, now: datetime | None = None,
            category: str | None = None) -> list[RankedMemory]:
     """The layer's top ``k`` rows by ``params.strategy``'s score, at most ``cap`` per category (None: no cap).
 
-    One round trip. Rows carry their embedding, distance, decay, the score parts (similarity,
-    recency_term, importance_term, demotion) and score. ``now`` None means the database's statement
-    time. Only the profile layer is demoted, and only when ``params.demoting``; ``category`` keeps the
-    profile's rows of one category (a search's filter). (A turn recalls through ``candidates``, which runs
-    this same statement for each layer.)
+    ``query`` is the embedding of the message and ``text`` the message itself, for the lexical part (None:
+    similarity alone). One round trip. Rows carry their embedding, distance, decay, the score parts
+    (similarity, recency_term, importance_term, lexical_term, demotion) and score. ``now`` None means the
+    database's statement time. Only the profile layer is demoted, and only when ``params.demoting``;
+    ``category`` keeps the profile's rows of one category (a search's filter). (A turn recalls through
+    ``candidates``, which runs this same statement for each layer.)
     """
     if k <= 0 or (layer is MemoryLayer.RELATIONSHIP and instance_id is None):
         return []
     demoting = layer is MemoryLayer.PROFILE and params.demoting
-    values = _values(params, user_id, query, instance_id, now, category) | {"k": k, "cap": _cap(k, cap)}
+    values = _values(params, user_id, query, text, instance_id, now, category) | {"k": k, "cap": _cap(k, cap)}
+    statement = _STATEMENTS[(layer, params.strategy, demoting, _lexical(params, text))]
     # Binary results: the embeddings come back as packed floats, not 512 numbers in text to parse.
     with connection().cursor(binary=True) as cur:
-        return cur.execute(_STATEMENTS[(layer, params.strategy, demoting)], values).fetchall()
+        return cur.execute(statement, values).fetchall()
 
 
 def candidates(params: RecallParams, user_id: str, query: list[float], *, k: int, cap: int | None,
-               relationship_k: int, instance_id: UUID | None, dedupe: float,
+               relationship_k: int, instance_id: UUID | None, dedupe: float, text: str | None = None,
                now: datetime | None = None) -> list[RecallCandidate]:
     """Both layers' rows in one round trip (see ``_BOTH_TEMPLATE``): the profile's top ``k`` (at most ``cap``
     per category) and then the relationship layer's top ``relationship_k`` of ``instance_id``, each as
@@ -252,8 +298,9 @@ def candidates(params: RecallParams, user_id: str, query: list[float], *, k: int
     rows before it that are at least ``dedupe`` cosine-similar to it."""
     if instance_id is None:
         relationship_k = 0
-    values = _values(params, user_id, query, instance_id, now) | {
+    values = _values(params, user_id, query, text, instance_id, now) | {
         "profile_k": max(k, 0), "profile_cap": _cap(k, cap), "relationship_k": max(relationship_k, 0),
         "relationship_cap": _cap(relationship_k, None), "dedupe": dedupe}
+    statement = _BOTH[(params.strategy, params.demoting, _lexical(params, text))]
     with connection().cursor(binary=True) as cur:
-        return cur.execute(_BOTH[(params.strategy, params.demoting)], values).fetchall()
+        return cur.execute(statement, values).fetchall()

@@ -121,6 +121,7 @@ class Scored(TypedDict):
     importance_term: float
     demotion: float
     score: float
+    lexical_term: float
 
 
 class RankedMemory(Scored):
