@@ -1,0 +1,178 @@
+"""Recall's lexical part (issue 14): the lexemes every memory gets (migration 0012), BM25 over the user's own
+rows against a computation by hand, ties broken by a shared name, meaning not overridden, Chinese, and the
+messages a careless or hostile client sends."""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import uuid
+
+import pytest
+from apiclient import Api
+from test_recall import NOW, insert, instance_for, near, random_vector, replace
+
+from eros.config import RecallParams
+from eros.memory import MemoryLayer
+from eros.store import recall as recall_store
+
+CJK = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+
+def lexemes(db, text: str) -> set[str]:
+    return set(db.execute("SELECT tsvector_to_array(engine.lexemes(%s)) AS l", (text,)).fetchone()["l"] or [])
+
+
+def pairs(text: str) -> set[str]:
+    """Overlapping pairs of Han/kana characters, written independently of the SQL."""
+    return {text[i:i + 2] for i in range(len(text) - 1) if CJK.match(text[i]) and CJK.match(text[i + 1])}
+
+
+def test_lexemes_of_english_chinese_japanese_and_mixed_text(db):
+    assert lexemes(db, "Lunch with Mehmet at Café Zürich, 2019!") == {
+        "lunch", "with", "mehmet", "at", "café", "zürich", "2019"}
+    chinese = "养了一只猫，叫年糕"
+    assert lexemes(db, chinese) == pairs(chinese) == {"养了", "了一", "一只", "只猫", "叫年", "年糕"}  # not across "，"
+    japanese = "カタカナの猫"
+    assert lexemes(db, japanese) == pairs(japanese)
+    assert lexemes(db, "和 Oksana 在 Wien 喝咖啡") == {"oksana", "wien", "喝咖", "咖啡"}  # single characters: no pair
+    assert lexemes(db, "안녕하세요 친구") == {"안녕하세요", "친구"}  # Korean has spaces: words, as parsed
+    assert lexemes(db, "") == set() and lexemes(db, "  ,.!? ") == set()
+
+
+def test_every_writer_gets_the_lexemes_and_an_edit_recomputes_them(db, providers):
+    api = Api()
+    raw = insert(db, "alice", "Plays bouldering with Thabo", random_vector(random.Random(1)))
+    status, stated = api.call("POST", "/v1/memories", {"content": "Flat number 47 on Rua Augusta", "category": "fact"})
+    assert status == 201
+    status, edited = api.call("PATCH", f"/v1/memories/{stated['id']}", {"content": "Flat number 52 on Rua Augusta"})
+    assert status == 200
+
+    def of(memory_id):
+        return set(db.execute("SELECT tsvector_to_array(lexemes) AS l FROM engine.companion_memories WHERE id = %s",
+                              (memory_id,)).fetchone()["l"])
+
+    assert of(raw["id"]) == {"plays", "bouldering", "with", "thabo"}
+    assert of(stated["id"]) == {"flat", "number", "47", "on", "rua", "augusta"}  # the old version keeps its own
+    assert "52" in of(edited["id"]) and "47" not in of(edited["id"])
+    # The event's year is one of the memory's words.
+    db.execute("UPDATE engine.companion_memories SET occurred_at = '2019-01-01', occurred_precision = 'year'"
+               " WHERE id = %s", (raw["id"],))
+    assert "2019" in of(raw["id"])
+
+
+# --- BM25 by hand ----------------------------------------------------------------------------------
+
+WORDS = ["lunch", "with", "mehmet", "oksana", "thabo", "the", "bakery", "bus", "47", "kintsugi", "cello", "my",
+         "sister", "doctor", "on", "friday", "aspirin", "shoe", "size", "42"]
+
+
+def bm25_by_hand(rows: dict[uuid.UUID, set[str]], terms: set[str], b: float) -> dict[uuid.UUID, float]:
+    """BM25 with term frequency 1 and k1 = 1.2 over ``rows``, divided by the best row's: the rule the
+    comment of eros.store.recall._LEXICAL states."""
+    n = len(rows)
+    avgdl = max(sum(len(words) for words in rows.values()) / n, 1.0) if n else 1.0
+    df = {t: sum(t in words for words in rows.values()) for t in terms}
+    raw = {i: sum(math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) * 2.2 / (1 + 1.2 * (1 - b + b * len(words) / avgdl))
+                  for t in terms & words)
+           for i, words in rows.items() if terms & words}
+    best = max(raw.values(), default=0.0)
+    return {i: value / best for i, value in raw.items()}
+
+
+@pytest.fixture
+def wordy(db):
+    """Alice: 60 profile rows and 20 relationship rows of random words and random vectors near the query;
+    Bob: rows full of the same words (his rows must not change Alice's document frequencies)."""
+    rng = random.Random(20261202)
+    query = random_vector(rng)
+    instance = instance_for(db, "alice")
+    rows: dict[str, list[dict]] = {"profile": [], "relationship": []}
+    for i in range(80):
+        content = " ".join(rng.sample(WORDS, rng.randint(1, 8)))
+        layer = "relationship" if i >= 60 else "profile"
+        rows[layer].append(insert(db, "alice", content, near(query, rng, rng.uniform(0.8, 3.0)),
+                                  category=None if layer == "relationship" else ("fact", "event")[i % 2],
+                                  instance=instance if layer == "relationship" else None,
+                                  age_days=rng.uniform(0, 500), importance=round(rng.random(), 2)))
+    for _ in range(30):
+        insert(db, "bob", "mehmet mehmet bakery 47", near(query, rng, 0.5))
+    return {"query": query, "instance": instance, "rows": rows}
+
+
+@pytest.mark.parametrize("strategy", ["grouped", "recency", "composite"])
+@pytest.mark.parametrize("b", [0.0, 0.75])
+@pytest.mark.parametrize("layer", ["profile", "relationship"])
+def test_the_lexical_part_is_bm25_over_the_users_rows(db, wordy, strategy, b, layer):
+    message = "Did Mehmet like the bakery on bus 47? Nobody else knows"
+    params = RecallParams(strategy=strategy, lexical_weight=0.2, lexical_length_norm=b)
+    got = recall_store.ranked(MemoryLayer(layer), params, "alice", wordy["query"], k=100, cap=None, text=message,
+                              instance_id=wordy["instance"], now=NOW)
+    assert len(got) == len(wordy["rows"][layer])
+    words = {r["id"]: lexemes(db, r["content"]) for r in wordy["rows"][layer]}
+    want = bm25_by_hand(words, lexemes(db, message), b)
+    assert want and max(want.values()) == 1.0 and len(want) < len(words)  # some rows match, not all
+    for r in got:
+        assert r["lexical_term"] == pytest.approx(0.2 * want.get(r["id"], 0.0), abs=1e-9)
+        assert r["score"] == pytest.approx(r["similarity"] + r["recency_term"] + r["importance_term"]
+                                           + r["lexical_term"] - r["demotion"], abs=1e-9)
+    assert [r["score"] for r in got] == sorted((r["score"] for r in got), reverse=True)
+    # Off: no lexical part at all, and the ranking of the similarity alone.
+    off = recall_store.ranked(MemoryLayer(layer), replace(params, lexical_weight=0.0), "alice", wordy["query"],
+                              k=100, cap=None, text=message, instance_id=wordy["instance"], now=NOW)
+    assert {r["lexical_term"] for r in off} == {0.0}
+    assert "bm25" not in recall_store._STATEMENTS[(MemoryLayer(layer), strategy, False, False)]
+
+
+def two_colleagues(db, first: str, second: str, query: list[float]) -> tuple[dict, dict]:
+    """Two memories with the same embedding: similarity cannot tell them apart."""
+    return insert(db, "alice", first, query), insert(db, "alice", second, query)
+
+
+def top(db, query, text, params=None) -> list[str]:
+    rows = recall_store.ranked(MemoryLayer.PROFILE, params or RecallParams(), "alice", query, k=5, cap=None,
+                               text=text, now=NOW)
+    return [r["content"] for r in rows]
+
+
+def test_a_shared_name_breaks_the_tie_in_english_and_chinese(db):
+    query = random_vector(random.Random(7))
+    insert(db, "alice", "Her colleague Oksana runs the Tuesday meeting", query, memory_id=uuid.UUID(int=1))
+    insert(db, "alice", "Her colleague Mehmet runs the Tuesday meeting", query, memory_id=uuid.UUID(int=2))
+    assert top(db, query, "how did the meeting with Mehmet go?")[0] == "Her colleague Mehmet runs the Tuesday meeting"
+    # Without the lexical part the tie falls back to the id: Oksana's row, whatever the message says.
+    off = RecallParams(lexical_weight=0.0)
+    assert top(db, query, "how did the meeting with Mehmet go?", off)[0] == (
+        "Her colleague Oksana runs the Tuesday meeting")
+
+    chinese = random_vector(random.Random(8))
+    insert(db, "alice", "同事阿强每周二主持例会", chinese, memory_id=uuid.UUID(int=3))
+    insert(db, "alice", "同事小林每周二主持例会", chinese, memory_id=uuid.UUID(int=4))
+    assert top(db, chinese, "小林最近怎么样？")[0] == "同事小林每周二主持例会"
+
+
+def test_a_shared_word_does_not_override_meaning(db):
+    rng = random.Random(9)
+    query = random_vector(rng)
+    meant = insert(db, "alice", "Keeps her savings in a current account", near(query, rng, 0.3))
+    trap = insert(db, "alice", "Likes picnics on the river bank", near(query, rng, 2.5))
+    rows = recall_store.ranked(MemoryLayer.PROFILE, RecallParams(), "alice", query, k=2, cap=None,
+                               text="should I move money to another bank?", now=NOW)
+    assert [r["id"] for r in rows] == [meant["id"], trap["id"]]
+    assert rows[1]["lexical_term"] == RecallParams().lexical_weight and rows[0]["lexical_term"] == 0
+
+
+HOSTILE = ["", "   ", "'; DROP TABLE engine.companion_memories; --", "a & b | !c:* <-> (d) 'e'", "\\", "\\\\'",
+           "Ｍｅｈｍｅｔ", "🙂🙂 mehmet 🙂", "mehmet " * 2000, "猫" * 10_000, "\t\n\r", "%(user)s %s {layer}"]
+
+
+@pytest.mark.parametrize("message", HOSTILE, ids=range(len(HOSTILE)))
+def test_any_message_ranks_without_an_error(db, message):
+    query = random_vector(random.Random(10))
+    insert(db, "alice", "Lunch with Mehmet", query)
+    insert(db, "alice", "养了一只猫", query)
+    rows = recall_store.ranked(MemoryLayer.PROFILE, RecallParams(), "alice", query, k=5, cap=None, text=message,
+                               now=NOW)
+    assert len(rows) == 2 and all(0 <= r["lexical_term"] <= RecallParams().lexical_weight for r in rows)
+    assert db.execute("SELECT count(*) AS n FROM engine.companion_memories").fetchone()["n"] == 2
