@@ -509,7 +509,7 @@ def _run_turns(args: argparse.Namespace, rng: random.Random, sessions: list, cha
     metrics.clear_metrics()
     explains = [] if args.no_explain else explain(statements)
 
-    def one_pass(name: str, stages: Stages | None) -> dict:
+    def one_pass(name: str, stages: Stages | None, before_turn=lambda i: None) -> dict:
         plan = [(rng.choice(sessions), rng.choice(UTTERANCES)) for _ in range(per_pass)]
         out: dict[str, list[float]] = {"wall": [], "cpu": [], "recalled": [], "prompt_chars": []}
         print(f"  {name}: {args.warmup} warm-up + {args.turns} timed turns over {len(sessions):,} users ...",
@@ -517,6 +517,7 @@ def _run_turns(args: argparse.Namespace, rng: random.Random, sessions: list, cha
         for i, ((user, session_id), content) in enumerate(plan):
             if stages:
                 stages.begin()
+            before_turn(i)
             c0 = time.thread_time()
             t0 = time.perf_counter()
             result = eros.chat.take_turn(user, session_id, content, f"{TURN_PREFIX}{run_tag}-{name}-{i}")
@@ -539,8 +540,29 @@ def _run_turns(args: argparse.Namespace, rng: random.Random, sessions: list, cha
     headline = one_pass("headline", None)
     with Stages().installed() as stages:
         breakdown = one_pass("breakdown", stages)
+    lexical = lexical_pass(one_pass, args.warmup)
     return {"headline": headline, "breakdown": breakdown, "stages": stages.samples, "statements": statements,
-            "rtt": rtt, "commits": commits, "explains": explains}
+            "rtt": rtt, "commits": commits, "explains": explains, "lexical": lexical}
+
+
+def lexical_pass(one_pass, warmup: int) -> dict[str, list[float]]:
+    """What recall's lexical part (issue 14) costs a turn: one more pass in which turns alternate between the
+    configured settings and the same with RECALL_LEXICAL_WEIGHT=0, so that both halves see the same load on
+    these shared cores; the turn's wall time of each half."""
+    import eros.recall
+    from eros.config import settings
+
+    configured = settings()
+    off = configured.model_copy(update={"recall": configured.recall.model_copy(update={"lexical_weight": 0.0})})
+    choice = {"on": configured}
+    eros.recall.settings = lambda: choice["on"]  # type: ignore[assignment]  # recall's own reference, bench only
+    try:
+        result = one_pass("lexical on/off", None,
+                          lambda i: choice.update(on=off if (i - warmup) % 2 else configured))
+    finally:
+        eros.recall.settings = settings
+    # one_pass keeps the turns after the warm-up: the first kept one is "on", then they alternate
+    return {"on": result["wall"][0::2], "off": result["wall"][1::2]}
 
 
 _VECTOR_LITERAL = re.compile(r"'\[[-0-9.e,]{200,}\]'")
@@ -645,6 +667,13 @@ def render(args, command: str, mach: dict, facts: dict, counts: dict, load_secs:
         lines.append(_row(f"&nbsp;&nbsp;`{key}`", summary(res["stages"][key])))
     lines += ["", "Indented rows: each function's time summed per turn, nested calls included in their caller's. "
               "Every row's percentiles are of that row on its own, so they do not add up to the whole turn's.", ""]
+    on, off = summary(res["lexical"]["on"]), summary(res["lexical"]["off"])
+    lines += ["What recall's lexical part costs (issue 14): a third pass whose turns alternate between the "
+              f"configured settings (RECALL_LEXICAL_WEIGHT={settings_weight()}) and the same with the weight 0, "
+              f"{len(res['lexical']['on']):,} turns each, interleaved so both see the same load:", "",
+              "| turns | p50 ms | p95 ms | p99 ms | mean ms | max ms |", "| --- | ---: | ---: | ---: | ---: | ---: |",
+              _row("lexical part on", on), _row("lexical part off", off), "",
+              f"Ratio on/off: p50 {on['p50'] / off['p50']:.2f}, p95 {on['p95'] / off['p95']:.2f}.", ""]
     if res["explains"]:
         lines += ["<details><summary>EXPLAIN (ANALYZE, BUFFERS) of the statements of one turn (same parameters, "
                   "right after the turn, rolled back: its writes find the turn stored)</summary>", ""]
@@ -652,6 +681,12 @@ def render(args, command: str, mach: dict, facts: dict, counts: dict, load_secs:
             lines += ["```sql", sql, "```", "```", plan, "```", ""]
         lines += ["</details>", ""]
     return "\n".join(lines)
+
+
+def settings_weight() -> float:
+    from eros.config import settings
+
+    return settings().recall.lexical_weight
 
 
 def _row(label: str, s: dict[str, float], bold: bool = False) -> str:

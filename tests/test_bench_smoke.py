@@ -173,7 +173,7 @@ def test_recall_eval(bench_url, tmp_path):
     assert recall_eval.main(["--users", "zh01", "--database-url", bench_url, "--out", str(out)]) == 0
     report = out.read_text()
     assert report.startswith("# Recall evaluation: recall_dev, embeddings: ")
-    assert "22 queries (0 English, 22 Chinese) over 45 memories of 1 users" in report
+    assert "33 queries (0 English, 33 Chinese) over 70 memories of 1 users" in report
     assert "`.venv/bin/python bench/recall_eval.py --users zh01 --database-url" in report
     rows = table_rows(report, "| consolidation | strategy | parameters | hit@1 |")
     assert {r[0] for r in rows} == {"none", "oracle"}

@@ -68,14 +68,12 @@ WORDS = ["lunch", "with", "mehmet", "oksana", "thabo", "the", "bakery", "bus", "
          "sister", "doctor", "on", "friday", "aspirin", "shoe", "size", "42"]
 
 
-def bm25_by_hand(rows: dict[uuid.UUID, set[str]], terms: set[str], b: float) -> dict[uuid.UUID, float]:
-    """BM25 with term frequency 1 and k1 = 1.2 over ``rows``, divided by the best row's: the rule the
-    comment of eros.store.recall._LEXICAL states."""
+def bm25_by_hand(rows: dict[uuid.UUID, set[str]], terms: set[str]) -> dict[uuid.UUID, float]:
+    """BM25 with term frequency 1 and no length normalisation over ``rows``, divided by the best row's: the
+    rule the comment of eros.store.recall._LEXICAL states."""
     n = len(rows)
-    avgdl = max(sum(len(words) for words in rows.values()) / n, 1.0) if n else 1.0
     df = {t: sum(t in words for words in rows.values()) for t in terms}
-    raw = {i: sum(math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) * 2.2 / (1 + 1.2 * (1 - b + b * len(words) / avgdl))
-                  for t in terms & words)
+    raw = {i: sum(math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in terms & words)
            for i, words in rows.items() if terms & words}
     best = max(raw.values(), default=0.0)
     return {i: value / best for i, value in raw.items()}
@@ -102,16 +100,15 @@ def wordy(db):
 
 
 @pytest.mark.parametrize("strategy", ["grouped", "recency", "composite"])
-@pytest.mark.parametrize("b", [0.0, 0.75])
 @pytest.mark.parametrize("layer", ["profile", "relationship"])
-def test_the_lexical_part_is_bm25_over_the_users_rows(db, wordy, strategy, b, layer):
+def test_the_lexical_part_is_bm25_over_the_users_rows(db, wordy, strategy, layer):
     message = "Did Mehmet like the bakery on bus 47? Nobody else knows"
-    params = RecallParams(strategy=strategy, lexical_weight=0.2, lexical_length_norm=b)
+    params = RecallParams(strategy=strategy, lexical_weight=0.2)
     got = recall_store.ranked(MemoryLayer(layer), params, "alice", wordy["query"], k=100, cap=None, text=message,
                               instance_id=wordy["instance"], now=NOW)
     assert len(got) == len(wordy["rows"][layer])
     words = {r["id"]: lexemes(db, r["content"]) for r in wordy["rows"][layer]}
-    want = bm25_by_hand(words, lexemes(db, message), b)
+    want = bm25_by_hand(words, lexemes(db, message))
     assert want and max(want.values()) == 1.0 and len(want) < len(words)  # some rows match, not all
     for r in got:
         assert r["lexical_term"] == pytest.approx(0.2 * want.get(r["id"], 0.0), abs=1e-9)

@@ -55,10 +55,9 @@ class RecallParams(BaseModel):
     demote_pool: int = Field(32, ge=1, le=200, alias="RECALL_DEMOTE_POOL")
     importance_weight: float = Field(0.05, ge=0, le=1, alias="RECALL_IMPORTANCE_WEIGHT")
     # Lexical tie-breaker (issue 14): ``lexical_weight`` times the row's BM25 match with the message over the
-    # user's rows, scaled to [0, 1] by the best row's (0: off, and the statement carries none of it);
-    # ``lexical_length_norm`` is BM25's b (0: a long memory's match counts as much as a short one's).
-    lexical_weight: float = Field(0.05, ge=0, le=1, alias="RECALL_LEXICAL_WEIGHT")
-    lexical_length_norm: float = Field(0.75, ge=0, le=1, alias="RECALL_LEXICAL_LENGTH_NORM")
+    # user's rows, scaled to [0, 1] by the best row's (0: off, and the statement carries none of it). On the
+    # embedder's cosine scale like the rest: 0.01 is e5's best (recall_summary.md); re-tune with Voyage.
+    lexical_weight: float = Field(0.01, ge=0, le=1, alias="RECALL_LEXICAL_WEIGHT")
 
     @property
     def demoting(self) -> bool:

@@ -20,6 +20,10 @@
 -- * A STORED generated column, not one the application fills: every path that writes a memory (dreaming,
 --   the memory API, the deep pass, an evaluation's loader, a hand-written INSERT) gets it, and an edit of
 --   the text recomputes it. It costs about 100 bytes a row.
+-- * Adding it rewrites the table under an exclusive lock: 3.5 minutes for 1.2 million rows on the 2-core
+--   bench machine (bench/results/turn_overhead.md's data set), during which turns and dreaming wait. A
+--   deployment that large should apply it in a quiet hour; one that cannot wait would add a plain column
+--   filled by a trigger and backfill it in batches instead (recall treats a missing row's lexemes as none).
 -- * No index: recall scans one user's rows through the per-user indexes anyway (an exact scan, like the
 --   vector part), and a global GIN index would find other users' rows first.
 CREATE FUNCTION engine.lexemes(body text) RETURNS tsvector

@@ -119,30 +119,28 @@ _NO_DEMOTION = ("", "0::float8")
 # sides), over the layer's rows of this user only, so the inverse document frequency is the user's own
 # (a word every memory of theirs has is worth nothing; their colleague's rare name is worth a lot), then
 # divided by the best row's so that it lies in [0, 1] whatever the message's length. A row's term
-# frequency is taken as 1 (memories are a sentence or two; a repeated word is not more evidence), and its
-# length normalises as BM25's b says (avgdl over the same rows).
+# frequency is taken as 1 and its length is not normalised (BM25 with b = 0): memories are a sentence or
+# two, a repeated word is not more evidence, and on the dev set b = 0.75 was no better (recall_summary.md).
 # * `terms`: the message's lexemes (none for no message: no row matches, every row's lexical part is 0).
 # * `matches`: (row, lexeme) for each row that has any of them; ts_delete() drops the message's lexemes
 #   from a row's in C, so the rows that match nothing (most of them) are never unnested. MATERIALIZED:
 #   it is read for the document frequencies and for the scores.
-# * `lexical`: per row, sum over its matched lexemes of idf * (k1 + 1) / (1 + k1 * (1 - b + b * dl /
-#   avgdl)), with idf = ln(1 + (n - df + 0.5) / (df + 0.5)), k1 = 1.2, over the user's n rows.
+# * `lexical`: per row, the sum over its matched lexemes of idf = ln(1 + (n - df + 0.5) / (df + 0.5)) over
+#   the user's n rows (BM25's (k1 + 1) / (1 + k1) factor is 1 at term frequency 1 and b = 0), divided by
+#   the best row's sum.
 _LEXICAL = ("""
 terms AS (
     SELECT coalesce(array_agg(lexeme), '{}') AS terms FROM unnest(engine.lexemes(%(text)s))
 ), matches AS MATERIALIZED (
-    SELECT m.id, m.lexeme, m.dl
-    FROM (SELECT id, unnest(tsvector_to_array(lexemes)) AS lexeme, length(lexemes)::float8 AS dl
+    SELECT m.id, m.lexeme
+    FROM (SELECT id, unnest(tsvector_to_array(lexemes)) AS lexeme
           FROM base, terms WHERE length(ts_delete(lexemes, terms.terms)) < length(lexemes)) m, terms
     WHERE m.lexeme = ANY (terms.terms)
 ), frequencies AS (
     SELECT lexeme, count(*)::float8 AS df FROM matches GROUP BY lexeme
-), collection AS (
-    SELECT count(*)::float8 AS n, greatest(avg(length(lexemes)), 1)::float8 AS avgdl FROM base
 ), bm25 AS (
-    SELECT id, sum(ln(1 + (n - df + 0.5) / (df + 0.5))
-                   * 2.2 / (1 + 1.2 * (1 - %(lexb)s::float8 + %(lexb)s::float8 * dl / avgdl))) AS raw
-    FROM matches JOIN frequencies USING (lexeme), collection GROUP BY id
+    SELECT id, sum(ln(1 + (n - df + 0.5) / (df + 0.5))) AS raw
+    FROM matches JOIN frequencies USING (lexeme), (SELECT count(*)::float8 AS n FROM base) collection GROUP BY id
 ), lexical AS (
     SELECT id, raw / nullif(max(raw) OVER (), 0) AS lexical FROM bm25
 ),""", "base LEFT JOIN lexical USING (id)", "%(lw)s::float8 * coalesce(lexical, 0)")
@@ -255,7 +253,7 @@ def _values(params: RecallParams, user_id: str, query: list[float], text: str | 
             "category": category, "lam": params.lam,
             "tau": params.tau_days, "floor": params.floor, "ifloor": params.importance_floor,
             "iw": params.importance_weight, "dsim": params.demote_similarity, "penalty": params.demote_penalty,
-            "pool": params.demote_pool, "lw": params.lexical_weight, "lexb": params.lexical_length_norm}
+            "pool": params.demote_pool, "lw": params.lexical_weight}
 
 
 def _lexical(params: RecallParams, text: str | None) -> bool:
