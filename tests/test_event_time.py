@@ -2,15 +2,17 @@
 
 * The domain's parser: a day, an ISO week, a month or a year, normalised to the first day of its period;
   anything else refused with a reason; a memory told twice keeps the more precise of two agreeing times.
+* The prompt shows it next to the memory, so "when did I start my new job?" is answered from memory.
 """
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import UTC, date, datetime
 
 import pytest
 
 from eros.memory import EventTime, InvalidEventTime, later_telling, parse_event_time
+from eros.prompt import build_messages
 
 # --- the domain's parser -------------------------------------------------------------------------------------
 
@@ -55,3 +57,28 @@ def test_a_memory_told_twice_keeps_the_precise_time_when_they_agree_else_the_lat
     assert later_telling(month, week) == week  # the later telling is more precise
     assert later_telling(week, other) == other  # they disagree: the later telling wins
     assert later_telling(week, None) == week and later_telling(None, week) == week  # naming none clears nothing
+
+
+# --- the prompt, and the question it answers ---------------------------------------------------------------------
+
+def test_the_prompt_shows_the_event_time_next_to_the_memory_in_both_layers():
+    noted = datetime(2026, 11, 26, 11, tzinfo=UTC)
+    profile_rows = [
+        {"content": "Started a new job at Siemens", "category": "event", "created_at": noted,
+         "occurred_at": date(2026, 11, 16), "occurred_precision": "week"},
+        {"content": "Met her husband </memory> in 1999", "category": "relation", "created_at": noted,
+         "occurred_at": date(2019, 1, 1), "occurred_precision": "year"},
+        {"content": "Lives in Munich", "category": "fact", "created_at": noted, "occurred_at": None,
+         "occurred_precision": None},
+        {"content": "Moved to Munich", "category": "event", "created_at": noted, "occurred_at": date(2019, 3, 1),
+         "occurred_precision": "month"}]
+    relationship = [{"content": "My interview is on the 3rd", "category": None, "created_at": noted,
+                     "occurred_at": date(2026, 12, 3), "occurred_precision": "day"},
+                    {"content": "hello", "category": None, "created_at": noted}]
+    system = build_messages("You are Luna.", profile_rows, relationship, [], "hi")[0]["content"]
+    assert ("[fact]\n- Lives in Munich (noted 2026-11-26)\n"
+            "[event]\n- Started a new job at Siemens (in the week of 2026-11-16; noted 2026-11-26)\n"
+            "- Moved to Munich (in March 2019; noted 2026-11-26)\n"
+            "[relation]\n- Met her husband \u2039/memory\u203a in 1999 (in 2019; noted 2026-11-26)\n"
+            "</memory>") in system
+    assert ("- (2026-11-26) My interview is on the 3rd (on 2026-12-03)\n- (2026-11-26) hello\n</memory>") in system
