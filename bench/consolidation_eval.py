@@ -82,7 +82,7 @@ from _common import (
 DATA = ROOT / "bench" / "data" / "consolidation_dev" / "users.jsonl"
 PERSONA = "luna"
 CHAT_REPLY = "That sounds like a lot. I'm here for you."
-KNOWN_LINE = re.compile(r"^- (m\d+) \((\w+), noted [0-9-]+\): (.*)$", re.M)
+KNOWN_LINE = re.compile(r"^- (m\d+) \((\w+), noted [0-9-]+(?:; when: [^)]*)?\): (.*)$", re.M)
 
 
 # --- the script ---------------------------------------------------------------------------------

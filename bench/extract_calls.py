@@ -64,7 +64,7 @@ MEMORIES = [("Is under heavy work pressure; the boss is the source", "emotion", 
 
 
 ROUND2 = ("repeat", "change", "mixed")  # round 2's three sweeps, one session per user each
-KNOWN = re.compile(r"^- (m\d+) \((\w+), noted [0-9-]+\): (.*)$", re.M)
+KNOWN = re.compile(r"^- (m\d+) \((\w+), noted [0-9-]+(?:; when: [^)]*)?\): (.*)$", re.M)
 
 
 def session_marker(request: dict) -> int | None:

@@ -20,7 +20,7 @@ from eros.extraction import MAX_SUPERSEDED_PER_SESSION, Candidate, handles, pars
 from eros.providers.offline import hash_embed
 from eros.store import dreaming as store
 
-_KNOWN = re.compile(r"^- (m\d+) \((\w+), noted [0-9-]+\): (.*)$", re.M)
+_KNOWN = re.compile(r"^- (m\d+) \((\w+), noted [0-9-]+(?:; when: [^)]*)?\): (.*)$", re.M)
 
 
 def known_in(body: dict) -> dict[str, str]:

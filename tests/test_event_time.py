@@ -2,17 +2,46 @@
 
 * The domain's parser: a day, an ISO week, a month or a year, normalised to the first day of its period;
   anything else refused with a reason; a memory told twice keeps the more precise of two agreeing times.
+* Extraction: the transcript gives each day's date, the model's ``occurred_at`` is stored with its
+  precision, an unreadable one is dropped and the memory kept; a repeat that names a time gives it to the
+  known memory; the offline stand-in resolves common time words itself; the deep pass keeps a merged time.
 * The prompt shows it next to the memory, so "when did I start my new job?" is answered from memory.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
+import json
+from datetime import UTC, date, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
+from helpers import extract
+from test_consolidation import memory, script, session_with
+from test_deep_pass import claim_one, due, run
+from test_deep_pass import memory as stored_memory
+from test_dreaming import extraction_requests
 
+from eros.extraction import parse_candidates, render_transcript
 from eros.memory import EventTime, InvalidEventTime, later_telling, parse_event_time
 from eros.prompt import build_messages
+from eros.providers.offline import offline_candidates
+
+THURSDAY = datetime(2026, 11, 26, 10, 0, tzinfo=UTC)  # in ISO week 2026-W48: "last week" is 2026-W47
+
+
+def said_on(db, session_id, at: datetime) -> None:
+    """The session's messages were sent on ``at`` (20 s apart), not today."""
+    db.execute("UPDATE engine.chat_messages SET sent_at = %(at)s + (id - (SELECT min(id) FROM engine.chat_messages"
+               " WHERE session_id = %(sid)s)) * interval '20 seconds' WHERE session_id = %(sid)s",
+               {"at": at, "sid": session_id})
+
+
+def event_times(db, user: str = "alice") -> dict[str, tuple[date | None, str | None]]:
+    """content -> (occurred_at, occurred_precision) of the user's active profile rows."""
+    return {r["content"]: (r["occurred_at"], r["occurred_precision"]) for r in db.execute(
+        "SELECT content, occurred_at, occurred_precision FROM engine.companion_memories"
+        " WHERE user_id = %s AND instance_id IS NULL AND superseded_at IS NULL", (user,)).fetchall()}
+
 
 # --- the domain's parser -------------------------------------------------------------------------------------
 
@@ -57,6 +86,123 @@ def test_a_memory_told_twice_keeps_the_precise_time_when_they_agree_else_the_lat
     assert later_telling(month, week) == week  # the later telling is more precise
     assert later_telling(week, other) == other  # they disagree: the later telling wins
     assert later_telling(week, None) == week and later_telling(None, week) == week  # naming none clears nothing
+
+
+# --- extraction ------------------------------------------------------------------------------------------------
+
+def test_the_transcript_opens_each_utc_day_with_its_date():
+    east = datetime(2026, 11, 26, 1, 30, tzinfo=UTC).astimezone(ZoneInfo("Asia/Shanghai"))  # 09:30 there
+    messages = [{"id": 1, "role": "user", "content": "I started   at Siemens\nlast week", "sent_at": THURSDAY},
+                {"id": 2, "role": "assistant", "content": "Congratulations!", "sent_at": THURSDAY},
+                {"id": 3, "role": "user", "content": "[Monday 1999-01-04] not a date line", "sent_at": east
+                 + timedelta(days=1)}]
+    assert render_transcript([], messages).split("\n") == [
+        "<session>", "[Thursday 2026-11-26]", "user: I started at Siemens last week", "assistant: Congratulations!",
+        "[Friday 2026-11-27]", "user: [Monday 1999-01-04] not a date line", "</session>"]
+
+
+def test_an_event_time_the_parse_cannot_read_is_dropped_and_the_memory_kept_unlogged(caplog):
+    got = parse_candidates(json.dumps({"memories": [
+        {"content": "Adopted a dog called Rex", "occurred_at": "the day after my birthday party"},
+        {"content": "Met Mehmet in Izmir", "occurred_at": "2019"},
+        {"content": "Likes mocha", "occurred_at": None},
+        {"content": "Plans a trip", "occurred_at": {"year": 2027}},
+        {"content": "Moved to Porto", "occurred_at": 2021},
+        {"content": "Quit smoking", "occurred_at": "2026-W54"}]}))
+    assert [(c.content, c.occurred_at) for c in got] == [
+        ("Adopted a dog called Rex", None), ("Met Mehmet in Izmir", EventTime(date(2019, 1, 1), "year")),
+        ("Likes mocha", None), ("Plans a trip", None), ("Moved to Porto", EventTime(date(2021, 1, 1), "year")),
+        ("Quit smoking", None)]
+    dropped = [r for r in caplog.records if r.getMessage() == "an extracted memory's event time was dropped"]
+    assert len(dropped) == 3
+    logged = " ".join(str(r.__dict__) for r in caplog.records)
+    assert not {"Rex", "birthday", "2027", "Quit", "W54"} & set(logged.replace("'", " ").split())
+
+
+def test_extraction_stores_the_event_time_the_model_resolved_against_the_sessions_date(db, providers):
+    llm, _ = providers
+    script(llm, lambda known: [memory("Started a new job at Siemens", "event", occurred_at="2026-W47"),
+                               memory("Met her husband", "relation", occurred_at="2019"),
+                               memory("Has a job interview", "event", occurred_at="2026-11-27"),
+                               memory("Lives in Munich"),
+                               memory("Moved to Munich", "event", occurred_at="last month")])
+    sid, payload = session_with(db, "I started my new job at Siemens last week, in Munich, where I moved last month")
+    said_on(db, sid, THURSDAY)
+    result = extract(payload)
+    assert (result["outcome"], result["memories"]) == ("extracted", 5)  # the unreadable time lost no memory
+    transcript = extraction_requests(llm)[-1]["messages"][-1]["content"]
+    assert "<session>\n[Thursday 2026-11-26]\nuser: I started my new job at Siemens last week" in transcript
+    assert event_times(db) == {"Started a new job at Siemens": (date(2026, 11, 16), "week"),
+                               "Met her husband": (date(2019, 1, 1), "year"),
+                               "Has a job interview": (date(2026, 11, 27), "day"),
+                               "Lives in Munich": (None, None), "Moved to Munich": (None, None)}
+
+
+def dream(db, text: str) -> dict:
+    return extract(session_with(db, text)[1])
+
+
+def test_a_repeat_that_names_a_time_gives_it_to_the_known_memory(db, providers):
+    llm, _ = providers
+    job = "Started a new job at Siemens"
+    script(llm, lambda known: [memory(job, "event")],
+           lambda known: [memory("Started at Siemens", "event", same_as=known[job], occurred_at="2026-W47")],
+           lambda known: [memory("Started at Siemens", "event", same_as=known[job], occurred_at="2026-11")],
+           lambda known: [memory("Started at Siemens", "event", same_as=known[job])],
+           lambda known: [memory("Started at Siemens", "event", same_as=known[job], occurred_at="2027-01")])
+    dream(db, "I have a new job at Siemens")
+    for text, expected in (("I started at Siemens last week", (date(2026, 11, 16), "week")),
+                           ("I started at Siemens in November", (date(2026, 11, 16), "week")),  # agrees: kept
+                           ("Siemens is going well", (date(2026, 11, 16), "week")),  # no time: kept
+                           ("Actually I start at Siemens in January", (date(2027, 1, 1), "month"))):  # changed
+        assert dream(db, text)["confirmed"] == 1
+        assert event_times(db) == {job: expected}, text
+    known = extraction_requests(llm)[-1]["messages"][-1]["content"]
+    assert f"(event, noted {datetime.now(UTC):%Y-%m-%d}; when: in the week of 2026-11-16): {job}" in known
+
+
+@pytest.mark.parametrize("sentence,day,expected", [
+    ("I went hiking yesterday with my sister.", date(2026, 11, 25), "2026-11-24"),
+    ("I have a job interview tomorrow.", date(2026, 11, 25), "2026-11-26"),
+    ("I am so tired today.", date(2026, 11, 25), "2026-11-25"),
+    ("I started my new job at Siemens last week.", date(2026, 11, 26), "2026-W47"),
+    ("My sister visits me next week.", date(2026, 11, 26), "2026-W49"),
+    ("I moved to Porto last month.", date(2026, 1, 10), "2025-12"),
+    ("I broke up with my boyfriend last year.", date(2026, 11, 25), "2025"),
+    ("I met my wife in 2019 in Izmir.", date(2026, 11, 25), "2019"),
+    ("I started my new job last week.", date(2026, 1, 1), "2025-W52"),  # ISO week 2026-W01 began on 2025-12-29
+    ("我昨天去看了医生。", date(2026, 11, 25), "2026-11-24"),
+    ("我明天要参加数学考试。", date(2026, 11, 25), "2026-11-26"),
+    ("我上周开始了新工作。", date(2026, 11, 26), "2026-W47"),
+    ("我去年搬到了上海。", date(2026, 11, 25), "2025"),
+    ("我2019年大学毕业了。", date(2026, 11, 25), "2019"),
+    ("I really love mocha.", date(2026, 11, 25), None),
+    ("My family came here in 1066, I like to say.", date(2026, 11, 25), None),  # not a time of a life
+])
+def test_the_offline_extractor_resolves_common_time_words_against_the_day_they_were_said(sentence, day, expected):
+    sent = datetime(day.year, day.month, day.day, 9, tzinfo=UTC)
+    transcript = render_transcript([], [{"id": 1, "role": "user", "content": sentence, "sent_at": sent}])
+    [candidate] = parse_candidates(json.dumps(offline_candidates(transcript)))
+    assert candidate.content == f"The user said: {sentence}"
+    assert (candidate.occurred_at.text() if candidate.occurred_at else None) == expected
+
+
+def test_the_deep_pass_keeps_the_time_its_duplicates_told(db, env, fake_llm):
+    env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="test-key", PROVIDER_MAX_RETRIES=0)
+    told = ((None, None), (date(2026, 11, 1), "month"), (date(2026, 11, 16), "week"), (None, None))  # oldest first
+    rows = [stored_memory(db, "alice", "Started at Siemens", days_ago=30 - 5 * n) for n in range(len(told))]
+    for row, (at, precision) in zip(rows, told, strict=True):
+        db.execute("UPDATE engine.companion_memories SET occurred_at = %s, occurred_precision = %s WHERE id = %s",
+                   (at, precision, row))
+    due(db, "alice")
+    fake_llm.responder = lambda body: json.dumps({"actions": [{"keep": "m1", "duplicates": ["m2", "m3", "m4"]}]})
+    assert run("alice", claim_one(db, "alice")).merged == 3
+    shown = fake_llm.requests[-1]["json"]["messages"][1]["content"]
+    assert "mentioned 1x; when: in the week of 2026-11-16): Started at Siemens" in shown
+    # November, then a week of it: they agree, and the week is the more precise; the last said no time.
+    assert event_times(db) == {"Started at Siemens": (date(2026, 11, 16), "week")}
+    [kept] = db.execute("SELECT id FROM engine.companion_memories WHERE superseded_at IS NULL").fetchall()
+    assert kept["id"] == rows[0]
 
 
 # --- the prompt, and the question it answers ---------------------------------------------------------------------

@@ -297,7 +297,7 @@ def _extract(cfg: Settings, session: ClaimedSession, claim_token: datetime, time
 
     # Zero candidates or unparsable output still stamp: a poison pill must not loop.
     error = "; ".join(problems) or (None if rows or decided.confirm else "no memories in this session")
-    counts = store.finish(session, claim_token, rows, watermark, error, decided.confirm, first)
+    counts = store.finish(session, claim_token, rows, watermark, error, decided.confirm, first, decided.told)
     if counts is None:
         logger.warning("claim lost before writing; another worker owns the session", extra={"session_id": sid})
         return _report(ExtractResult(sid, "lost-claim", llm_calls=calls))
@@ -346,8 +346,8 @@ def _rows(decided: extraction.Plan, model: str, deadline: Deadline, first: int, 
     usage.spend(session["user_id"], usage_store.Call.of("extraction", vectors),
                 held_by=("session", session["id"]))
     return [{"id": uuid4(), "content": c.content, "category": c.category, "importance": c.importance,
-             "embedding": v, "supersedes": supersedes, "from_message_id": first, "through_message_id": last,
-             "metadata": {"model": model, "embed_model": vectors.model}}
+             "occurred": c.occurred_at, "embedding": v, "supersedes": supersedes, "from_message_id": first,
+             "through_message_id": last, "metadata": {"model": model, "embed_model": vectors.model}}
             for (c, supersedes), v in zip(decided.new, vectors.vectors, strict=True)]
 
 

@@ -12,9 +12,11 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Callable, Iterator
+from datetime import date, timedelta
 
 from ..config import EMBED_DIM
-from ..memory import statement_key
+from ..memory import EventTime, InvalidEventTime, parse_event_time, statement_key
 from .embed import Embeddings, InputType
 from .llm import Completion
 
@@ -116,40 +118,87 @@ _RULES = [
 _FIRST_PERSON = re.compile(r"\b(i|i'm|im|my|me|i've|i'll|mine)\b|我", re.I)
 _SENTENCE = re.compile(r"(?<=[.!?。！？])\s*")
 _MOST = 10  # memories per answer, as the extraction prompt asks
-_KNOWN_LINE = re.compile(r"^- (m\d+) \((\w+), noted [0-9-]+\): (.*)$")
+_KNOWN_LINE = re.compile(r"^- (m\d+) \((\w+), noted [0-9-]+(?:; when: [^)]*)?\): (.*)$")
+_DAY_LINE = re.compile(r"^\[\w+ ([0-9]{4}-[0-9]{2}-[0-9]{2})\]$")  # eros.extraction.day_line
 
 
-def offline_candidates(transcript: str) -> list[dict]:
-    """A deterministic stand-in for the extraction model: first-person sentences of the user's new
-    turns, put in a category by keyword, and consolidated against the known memories shown (the same
-    statement is ``same_as``; a different statement about a one-value slot such as home or job
-    ``supersedes``). Rough, but it lets the whole pipeline run with no keys."""
-    known = [m.groups() for line in transcript.split("</known_memories>", 1)[0].splitlines()
-             if (m := _KNOWN_LINE.match(line))] if "<known_memories>" in transcript else []
-    session = transcript.split("<session>", 1)[-1]
-    found: list[dict] = []
+def _user_sentences(session: str) -> Iterator[tuple[date | None, str]]:
+    """The first-person sentences of the user's turns, each with the day its message was sent."""
+    day = None
     for line in session.splitlines():
+        if opened := _DAY_LINE.match(line):
+            day = date.fromisoformat(opened[1])
         if not line.startswith("user: "):
             continue
         for sentence in _SENTENCE.split(line[6:]):
             sentence = sentence.strip()
-            if len(sentence) < 8 or not _FIRST_PERSON.search(sentence):
-                continue
-            category = next((c for c, rule in _RULES if re.search(rule, sentence, re.I)), "fact")
-            importance = 0.8 if category in ("relation", "emotion") else 0.5
-            memory = {"content": f"The user said: {sentence}", "category": category, "importance": importance}
-            key, slot = statement_key(sentence), topic_slot(sentence)
-            same = next((h for h, _, text in known if statement_key(text) == key), None)
-            if same:
-                memory["same_as"] = same
-            elif slot:
-                memory["supersedes"] = [h for h, _, text in known if topic_slot(text) == slot]
-            found.append(memory)
+            if len(sentence) >= 8 and _FIRST_PERSON.search(sentence):
+                yield day, sentence
+
+
+def offline_candidates(transcript: str) -> list[dict]:
+    """A deterministic stand-in for the extraction model: first-person sentences of the user's new
+    turns, put in a category by keyword, with the event time of a few common time words, and consolidated
+    against the known memories shown (the same statement is ``same_as``; a different statement about a
+    one-value slot such as home or job ``supersedes``). Rough, but it lets the whole pipeline run with no
+    keys. The text stays the user's own words (a quote, "The user said: ..."), time words included: the
+    event time shown next to it says which week "last week" was."""
+    known = [m.groups() for line in transcript.split("</known_memories>", 1)[0].splitlines()
+             if (m := _KNOWN_LINE.match(line))] if "<known_memories>" in transcript else []
+    found: list[dict] = []
+    for day, sentence in _user_sentences(transcript.split("<session>", 1)[-1]):
+        category = next((c for c, rule in _RULES if re.search(rule, sentence, re.I)), "fact")
+        importance = 0.8 if category in ("relation", "emotion") else 0.5
+        memory = {"content": f"The user said: {sentence}", "category": category, "importance": importance}
+        when = resolve_when(sentence, day) if day else None
+        if when:
+            memory["occurred_at"] = when.text()
+        key, slot = statement_key(sentence), topic_slot(sentence)
+        same = next((h for h, _, text in known if statement_key(text) == key), None)
+        if same:
+            memory["same_as"] = same
+        elif slot:
+            memory["supersedes"] = [h for h, _, text in known if topic_slot(text) == slot]
+        found.append(memory)
     return found[:_MOST]
 
 
+# --- the offline extractor's calendar: a few time words, resolved against the day they were said ----------
+def _monday(day: date) -> date:
+    return day - timedelta(days=day.weekday())
+
+
+def _month_before(day: date) -> date:
+    return date(day.year - 1, 12, 1) if day.month == 1 else date(day.year, day.month - 1, 1)
+
+
+_WHEN: list[tuple[re.Pattern[str], Callable[[date], EventTime]]] = [
+    (re.compile(r"\byesterday\b|昨天", re.I), lambda d: EventTime(d - timedelta(days=1), "day")),
+    (re.compile(r"\btoday\b|今天", re.I), lambda d: EventTime(d, "day")),
+    (re.compile(r"\btomorrow\b|明天", re.I), lambda d: EventTime(d + timedelta(days=1), "day")),
+    (re.compile(r"\blast week\b|上周|上个星期", re.I), lambda d: EventTime(_monday(d) - timedelta(days=7), "week")),
+    (re.compile(r"\bnext week\b|下周|下个星期", re.I), lambda d: EventTime(_monday(d) + timedelta(days=7), "week")),
+    (re.compile(r"\blast month\b|上个月", re.I), lambda d: EventTime(_month_before(d), "month")),
+    (re.compile(r"\blast year\b|去年", re.I), lambda d: EventTime(date(d.year - 1, 1, 1), "year")),
+]
+_IN_YEAR = re.compile(r"\bin ([0-9]{4})\b|([0-9]{4}) ?年")
+
+
+def resolve_when(sentence: str, said_on: date) -> EventTime | None:
+    """The event time of the first time word of ``sentence`` that the offline extractor knows (yesterday,
+    today, tomorrow, last/next week, last month, last year, "in 2019", and their Chinese), said on ``said_on``."""
+    resolved = next((resolve(said_on) for rule, resolve in _WHEN if rule.search(sentence)), None)
+    year = _IN_YEAR.search(sentence) if resolved is None else None
+    if year:
+        try:
+            return parse_event_time(year[1] or year[2])
+        except InvalidEventTime:  # "in 1066": not a time of a person's life
+            return None
+    return resolved
+
+
 # --- the offline deep-pass planner: answers the deep-pass prompt (eros.deep_pass) --------------------
-_GROUP_LINE = re.compile(r"^- (m\d+) \((\w+), noted (\S+), mentioned (\d+)x\): (.*)$")
+_GROUP_LINE = re.compile(r"^- (m\d+) \((\w+), noted (\S+), mentioned (\d+)x(?:; when: [^)]*)?\): (.*)$")
 
 
 def offline_actions(rendered: str) -> list[dict]:

@@ -23,6 +23,7 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from ..db import Connection
+from ..memory import EventTime, event_columns, event_time
 
 REASONS = ("changed", "duplicate", "reverted", "edited")
 _OUTDATES = ("changed", "reverted")  # the old fact is no longer true: its utterances go with it
@@ -84,14 +85,17 @@ _HAND_OVER_RANGES = ("UPDATE engine.companion_memories SET metadata = "
                      + " WHERE id = %(successor)s AND user_id = %(user)s")
 
 
-def lock(conn: Connection, user_id: str, ids: Iterable[UUID]) -> None:
+def lock(conn: Connection, user_id: str, ids: Iterable[UUID]) -> dict[UUID, EventTime | None]:
     """Row-lock the user's memory rows a transaction is about to change, in id order. Every writer
     (dreaming, the deep pass, restore) takes memory rows in this one order before the user's
-    consolidation row, so two writers never wait on each other in a cycle."""
+    consolidation row, so two writers never wait on each other in a cycle. Returns each locked row's
+    event time as it is now (what a repeat's is merged with)."""
     ids = sorted(set(ids))
-    if ids:
-        conn.execute("SELECT id FROM engine.companion_memories WHERE id = ANY(%s) AND user_id = %s"
-                     " ORDER BY id FOR UPDATE", (ids, user_id)).fetchall()
+    if not ids:
+        return {}
+    rows = conn.execute("SELECT id, occurred_at, occurred_precision FROM engine.companion_memories"
+                        " WHERE id = ANY(%s) AND user_id = %s ORDER BY id FOR UPDATE", (ids, user_id)).fetchall()
+    return {r["id"]: event_time(r["occurred_at"], r["occurred_precision"]) for r in rows}
 
 
 def supersede(conn: Connection, user_id: str, successor: UUID | None, old_ids: Iterable[UUID],
@@ -128,20 +132,25 @@ def outdate_utterances(conn: Connection, user_id: str, superseded: list[UUID]) -
 
 
 def confirm(conn: Connection, user_id: str, memory_id: UUID, importance: float | None = None,
-            mentions: int = 1, said_in: tuple[UUID, int, int] | None = None) -> bool:
+            mentions: int = 1, said_in: tuple[UUID, int, int] | None = None, occurred: EventTime | None = None
+            ) -> bool:
     """A repeat of a known active memory: stamp ``last_confirmed_at``, count the mention(s), let the
-    importance rise (never fall) to what the repeat says, and note where it was said again
-    (``said_in``: session, first and last message id). False: not the user's active row."""
+    importance rise (never fall) to what the repeat says, note where it was said again
+    (``said_in``: session, first and last message id) and, given ``occurred``, take that event time (the
+    caller merged it: ``eros.memory.later_telling``). False: not the user's active row."""
     ranges = [{"session_id": str(said_in[0]), "from": said_in[1], "through": said_in[2]}] if said_in else []
+    occurred_at, precision = event_columns(occurred)
     row = conn.execute(
         "UPDATE engine.companion_memories SET last_confirmed_at = now(), mention_count = mention_count + %(n)s,"
         " importance = CASE WHEN %(importance)s::real IS NULL THEN importance"
         "                   ELSE greatest(coalesce(importance, 0), %(importance)s::real) END,"
+        " occurred_at = coalesce(%(occurred_at)s::date, occurred_at),"
+        " occurred_precision = coalesce(%(precision)s::text, occurred_precision),"
         " metadata = " + _APPEND_RANGES +
         " WHERE id = %(id)s AND user_id = %(user)s AND instance_id IS NULL AND superseded_at IS NULL"
         " RETURNING id",
         {"n": max(1, mentions), "importance": importance, "id": memory_id, "user": user_id,
-         "ranges": Jsonb(ranges), "cap": MAX_CONFIRMED_IN},
+         "ranges": Jsonb(ranges), "cap": MAX_CONFIRMED_IN, "occurred_at": occurred_at, "precision": precision},
     ).fetchone()
     return row is not None
 

@@ -15,6 +15,7 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from ..db import connection, one, transaction
+from ..memory import EventTime, event_columns, event_time, later_telling
 from . import consolidation
 from .rows import ClaimedUser, UserClaim
 
@@ -137,7 +138,7 @@ class Snapshot:
 # every pair among them at least ``similarity`` apart by cosine. 300 rows are 45k distances of
 # 512-d vectors: a few tens of milliseconds, computed where the vectors are.
 _ROWS = """
-SELECT id, content, category, importance, mention_count, created_at, last_confirmed_at
+SELECT id, content, category, importance, mention_count, created_at, last_confirmed_at, occurred_at, occurred_precision
 FROM engine.companion_memories
 WHERE user_id = %(user)s AND instance_id IS NULL AND superseded_at IS NULL
 ORDER BY created_at DESC, id
@@ -213,7 +214,8 @@ def apply(user_id: str, claim_token: datetime, actions: list[tuple[str, UUID, li
         # (it supersedes rows, then marks the user changed), so the two never wait on each other in a cycle.
         ids = list({i for _, survivor, targets in actions for i in (survivor, *targets)})
         live = {r["id"]: r for r in conn.execute(
-            "SELECT id, mention_count, importance FROM engine.companion_memories"
+            "SELECT id, mention_count, importance, created_at, occurred_at, occurred_precision"
+            " FROM engine.companion_memories"
             " WHERE id = ANY(%s) AND user_id = %s AND instance_id IS NULL AND superseded_at IS NULL"
             " ORDER BY id FOR UPDATE",
             (ids, user_id),
@@ -237,7 +239,8 @@ def apply(user_id: str, claim_token: datetime, actions: list[tuple[str, UUID, li
             if kind == "duplicate":
                 applied.merged += len(done)
                 importance = max((g["importance"] for g in gone if g["importance"] is not None), default=None)
-                consolidation.confirm(conn, user_id, survivor, importance, sum(g["mention_count"] for g in gone))
+                consolidation.confirm(conn, user_id, survivor, importance, sum(g["mention_count"] for g in gone),
+                                      occurred=merged_event_time(live[survivor], gone))
             else:
                 applied.superseded += len(done)
         consolidated_at = snap.read_at
@@ -245,6 +248,19 @@ def apply(user_id: str, claim_token: datetime, actions: list[tuple[str, UUID, li
             consolidated_at = min(snap.read_at, state["changed_at"] - _TICK)
         _stamp(conn, user_id, consolidated_at, error)
     return applied
+
+
+def merged_event_time(survivor: dict, gone: list[dict]) -> EventTime | None:
+    """The event time a kept row takes from the duplicates merged into it: every telling, oldest first, folded
+    by ``eros.memory.later_telling`` (agreeing ones keep the most precise, else the newest wins); None when
+    that is the time it has. The row (``survivor``, locked by the caller) is updated for the plan's next steps."""
+    merged = None
+    for row in sorted([survivor, *gone], key=lambda r: (r["created_at"], str(r["id"]))):
+        merged = later_telling(merged, event_time(row["occurred_at"], row["occurred_precision"]))
+    if merged == event_time(survivor["occurred_at"], survivor["occurred_precision"]):
+        return None
+    survivor["occurred_at"], survivor["occurred_precision"] = event_columns(merged)
+    return merged
 
 
 def give_up(user_id: str, claim_token: datetime, error: str, lease: datetime | None = None) -> bool:

@@ -11,7 +11,7 @@ provider refuses our credentials.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from uuid import UUID, uuid4
 
@@ -19,6 +19,7 @@ from pgvector import Vector
 from psycopg.types.json import Jsonb
 
 from ..db import Connection, connection, one, transaction
+from ..memory import EventTime, event_columns, later_telling
 from . import consolidation
 from .rows import Claim, ClaimedSession, KnownMemory, Message
 
@@ -167,17 +168,18 @@ def claimed_session(user_id: str, session_id: UUID, claim_token: datetime) -> Cl
 
 def transcript(user_id: str, session_id: UUID, after_id: int | None, context_messages: int, limit: int
                ) -> tuple[list[Message], list[Message]]:
-    """(earlier messages given as context, new messages to extract), each oldest first."""
+    """(earlier messages given as context, new messages to extract), each oldest first, with when each was sent
+    (what extraction resolves "last week" against)."""
     conn = connection()
     new = conn.execute(
-        "SELECT id, role, content FROM engine.chat_messages WHERE user_id = %s AND session_id = %s AND id > %s"
-        " ORDER BY id LIMIT %s",
+        "SELECT id, role, content, sent_at FROM engine.chat_messages WHERE user_id = %s AND session_id = %s"
+        " AND id > %s ORDER BY id LIMIT %s",
         (user_id, session_id, after_id or 0, limit),
     ).fetchall()
     earlier = []
     if after_id and context_messages > 0:
         earlier = conn.execute(
-            "SELECT id, role, content FROM engine.chat_messages WHERE user_id = %s AND session_id = %s"
+            "SELECT id, role, content, sent_at FROM engine.chat_messages WHERE user_id = %s AND session_id = %s"
             " AND id <= %s ORDER BY id DESC LIMIT %s",
             (user_id, session_id, after_id, context_messages),
         ).fetchall()[::-1]
@@ -199,16 +201,17 @@ WITH turns AS (
     LIMIT %(turns)s
 ), near AS (
     SELECT m.* FROM turns t CROSS JOIN LATERAL (
-        SELECT id, content, category, importance, created_at, embedding <=> t.embedding AS distance
+        SELECT id, content, category, importance, created_at, occurred_at, occurred_precision,
+               embedding <=> t.embedding AS distance
         FROM engine.companion_memories
         WHERE user_id = %(user)s AND instance_id IS NULL AND superseded_at IS NULL AND category IS NOT NULL
         ORDER BY distance, importance DESC NULLS LAST, created_at DESC, id
         LIMIT %(limit)s
     ) m
 )
-SELECT id, content, category, importance, created_at, min(distance) AS distance
+SELECT id, content, category, importance, created_at, occurred_at, occurred_precision, min(distance) AS distance
 FROM near
-GROUP BY id, content, category, importance, created_at
+GROUP BY id, content, category, importance, created_at, occurred_at, occurred_precision
 ORDER BY min(distance), importance DESC NULLS LAST, created_at DESC, id
 LIMIT %(limit)s
 """
@@ -232,14 +235,15 @@ def _locked(conn: Connection, session: ClaimedSession, claim_token: datetime) ->
 
 
 def finish(session: ClaimedSession, claim_token: datetime, memories: list[dict], watermark: int | None,
-           error: str | None, confirm: Sequence[tuple[UUID, float]] = (), first_message_id: int | None = None
-           ) -> dict | None:
+           error: str | None, confirm: Sequence[tuple[UUID, float]] = (), first_message_id: int | None = None,
+           told: Mapping[UUID, EventTime] | None = None) -> dict | None:
     """ONE transaction: insert the profile rows, apply their consolidation, and stamp the session,
     only if the claim still holds.
 
-    Each memory may carry ``id`` and ``supersedes`` (ids of known rows it replaces); ``confirm`` are
-    known rows the session repeated (noted with the message range read, ``first_message_id`` to
-    ``watermark``). Only the user's own active profile rows are touched; whatever
+    Each memory may carry ``id``, ``occurred`` (its ``EventTime``) and ``supersedes`` (ids of known rows it
+    replaces); ``confirm`` are known rows the session repeated (noted with the message range read,
+    ``first_message_id`` to ``watermark``), ``told`` the event times some of those repeats named (each merged
+    with the row's own as it is when locked). Only the user's own active profile rows are touched; whatever
     else was asked is counted as ``ignored``. The session is stamped ``extracted_at`` unless
     messages beyond the new ``watermark`` exist (turns that arrived meanwhile, or windows not read
     yet): then it stays eligible for the next sweep, which starts from the new watermark.
@@ -250,17 +254,18 @@ def finish(session: ClaimedSession, claim_token: datetime, memories: list[dict],
     with transaction() as conn:
         if not _locked(conn, session, claim_token):
             return None
-        consolidation.lock(conn, user, [i for m in memories for i in m.get("supersedes") or []]
-                           + [memory_id for memory_id, _ in confirm])
+        held = consolidation.lock(conn, user, [i for m in memories for i in m.get("supersedes") or []]
+                                  + [memory_id for memory_id, _ in confirm])
         if memories:
             rows = [m | {"id": m.get("id") or uuid4()} for m in memories]
             with conn.cursor() as cur:
                 cur.executemany(
                     "INSERT INTO engine.companion_memories (id, session_id, user_id, instance_id, content, embedding,"
-                    " category, importance, source, from_message_id, through_message_id, metadata)"
-                    " VALUES (%s, %s, %s, NULL, %s, %s, %s, %s, 'dreaming', %s, %s, %s)",
+                    " category, importance, source, from_message_id, through_message_id, metadata, occurred_at,"
+                    " occurred_precision) VALUES (%s, %s, %s, NULL, %s, %s, %s, %s, 'dreaming', %s, %s, %s, %s, %s)",
                     [(m["id"], session["id"], user, m["content"], Vector(m["embedding"]), m["category"],
-                      m["importance"], m.get("from_message_id"), m.get("through_message_id"), Jsonb(m["metadata"]))
+                      m["importance"], m.get("from_message_id"), m.get("through_message_id"), Jsonb(m["metadata"]),
+                      *event_columns(m.get("occurred")))
                      for m in rows],
                 )
             for m in rows:
@@ -270,7 +275,10 @@ def finish(session: ClaimedSession, claim_token: datetime, memories: list[dict],
                 counts["ignored"] += len(asked) - len(done)
         said_in = (session["id"], first_message_id, watermark) if first_message_id and watermark else None
         for memory_id, importance in confirm:
-            ok = consolidation.confirm(conn, user, memory_id, importance, said_in=said_in)
+            known = held.get(memory_id)
+            merged = later_telling(known, (told or {}).get(memory_id))
+            ok = consolidation.confirm(conn, user, memory_id, importance, said_in=said_in,
+                                       occurred=merged if merged != known else None)
             counts["confirmed" if ok else "ignored"] += 1
         if memories or counts["superseded"]:
             consolidation.mark_changed(conn, user)

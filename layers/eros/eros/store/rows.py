@@ -102,6 +102,8 @@ class KnownMemory(TypedDict):
     category: str
     importance: float | None
     created_at: datetime
+    occurred_at: date | None  # its event time, shown so that a repeat at another time is not taken for the same
+    occurred_precision: str | None
     distance: float
 
 
