@@ -68,6 +68,24 @@ function ago(iso) {
   return future ? `in ${text}` : `${text} ago`;
 }
 
+// A memory's event time ("2026-W47", "2019-03", "2019" or "2026-12-03", with its precision) in words, as the
+// chat prompt puts it: a week by its Monday, a month by its name; a day and a year read as they are.
+const MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+  "November", "December"];
+
+function when(memory) {
+  const text = memory.occurred_at;
+  if (!text) return null;
+  if (memory.occurred_precision === "week") {
+    const [year, week] = text.split("-W").map(Number);
+    const jan4 = Date.UTC(year, 0, 4);  // always in ISO week 1
+    const monday = jan4 - ((new Date(jan4).getUTCDay() + 6) % 7) * 86400000 + (week - 1) * 7 * 86400000;
+    return `the week of ${new Date(monday).toISOString().slice(0, 10)}`;
+  }
+  if (memory.occurred_precision === "month") return `${MONTHS[Number(text.slice(5, 7)) - 1]} ${text.slice(0, 4)}`;
+  return text;
+}
+
 const num = (value, digits = 3) => (value === null || value === undefined ? "–" : Number(value).toFixed(digits));
 const short = (id) => String(id).slice(0, 8);
 
@@ -281,6 +299,7 @@ function renderMemory(memory) {
   const superseded = Boolean(memory.superseded_at);
   const item = el("li", { class: `memory${superseded ? " superseded" : ""}`, "data-id": memory.id },
     el("p", { class: "memory-text" }, memory.content),
+    when(memory) ? el("p", { class: "meta when" }, `when: ${when(memory)}`) : null,
     el("p", { class: "meta" },
       `importance ${num(memory.importance, 2)} · written ${ago(memory.created_at)} · `
       + (memory.last_confirmed_at ? `last confirmed ${ago(memory.last_confirmed_at)}` : "not repeated yet")
@@ -324,6 +343,7 @@ async function toggleHistory(item, memory) {
     item.append(el("ol", { class: "history", "aria-label": "History, oldest first" },
       chain.history.map((version) => el("li", { class: version.id === memory.id ? "this" : "" },
         el("span", {}, version.content), " ",
+        when(version) ? el("span", { class: "meta" }, `(${when(version)}) `) : null,
         el("span", { class: "meta" }, version.superseded_at
           ? `→ ${version.superseded_reason} ${ago(version.superseded_at)}` : "current")))));
   } catch (error) { say(error.message, true); }
@@ -337,7 +357,8 @@ function editForm(item, memory) {
     CATEGORIES.map((c) => el("option", { value: c, selected: c === memory.category }, c)));
   const importance = el("input", { type: "number", min: 0, max: 1, step: 0.05, "aria-label": "Importance",
     value: memory.importance ?? "" });
-  const form = el("form", { class: "stack edit" }, content, category, importance,
+  const occurred = whenInput(memory.occurred_at);
+  const form = el("form", { class: "stack edit" }, content, category, importance, occurred,
     el("div", { class: "actions" }, el("button", { type: "submit" }, "Save"),
       el("button", { type: "button", onclick: () => { form.remove(); refreshMemories(true); } },
         "Cancel")));
@@ -349,6 +370,7 @@ function editForm(item, memory) {
     if (importance.value !== "" && Number(importance.value) !== memory.importance) {
       changes.importance = Number(importance.value);
     }
+    if (occurred.value.trim() !== (memory.occurred_at || "")) changes.occurred_at = occurred.value.trim() || null;
     if (!Object.keys(changes).length) { form.remove(); return refreshMemories(true); }
     form.remove();
     return act("PATCH", `/v1/memories/${memory.id}`, changes, "Saved: a new version supersedes the old one.");
@@ -357,12 +379,21 @@ function editForm(item, memory) {
   content.focus();
 }
 
+// The event time as the API takes it; empty: none (an edit sends null, which clears it).
+function whenInput(value) {
+  return el("input", { type: "text", maxlength: 10, "aria-label": "When", value: value || "",
+    placeholder: "when: 2026-W47, 2019-03, 2019 or 2026-12-03" });
+}
+
 async function addMemory(event) {
   event.preventDefault();
   const content = $("new-content").value.trim();
   if (!content) return;
-  await act("POST", "/v1/memories", { content, category: $("new-category").value }, "Memory added.");
+  const body = { content, category: $("new-category").value };
+  if ($("new-when").value.trim()) body.occurred_at = $("new-when").value.trim();
+  await act("POST", "/v1/memories", body, "Memory added.");
   $("new-content").value = "";
+  $("new-when").value = "";
 }
 
 // --- dreaming ----------------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SHOTS = Path(os.environ.get("CONSOLE_SCREENSHOTS") or ROOT / ".artifacts" / "console")
 EXTRACTED = json.dumps({"memories": [{"content": "Has a dog named Biscuit", "category": "relation",
-                                      "importance": 0.8}]})
+                                      "importance": 0.8, "occurred_at": "2026-W47"}]})
 # What a closed network needs: no first-run, sync, component or background fetches (all refused here).
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
@@ -107,6 +107,7 @@ def test_a_person_watches_memory_form_and_curates_it(browser, stack):
     biscuit = alice.memory("Has a dog named Biscuit")
     expect(biscuit).to_be_visible()
     expect(biscuit).to_contain_text("dreaming · session")
+    expect(biscuit.locator(".when")).to_have_text("when: the week of 2026-11-16")  # the event time, in words
     expect(page.locator("section[aria-label='profile · relation']")).to_contain_text("Biscuit")
     expect(page.locator("#dream-sessions li.dream").first).to_contain_text("extracted")
     alice.shot("2-after-sweep")
@@ -115,8 +116,10 @@ def test_a_person_watches_memory_form_and_curates_it(browser, stack):
     nurse = alice.memory("Works as a nurse in Leeds")
     nurse.get_by_role("button", name="Edit").click()
     nurse.get_by_label("Content").fill("Works as a nurse in York")
+    nurse.get_by_label("When").fill("2019-03")
     nurse.get_by_role("button", name="Save").click()
     expect(alice.memory("Works as a nurse in York")).to_be_visible()
+    expect(alice.memory("Works as a nurse in York").locator(".when")).to_have_text("when: March 2019")
     expect(alice.memory("Works as a nurse in Leeds")).to_have_count(0)
     york = alice.memory("Works as a nurse in York")
     york.get_by_role("button", name="History").click()

@@ -6,6 +6,7 @@
   precision, an unreadable one is dropped and the memory kept; a repeat that names a time gives it to the
   known memory; the offline stand-in resolves common time words itself; the deep pass keeps a merged time.
 * The prompt shows it next to the memory, so "when did I start my new job?" is answered from memory.
+* The API lists, takes (POST, PATCH; null clears) and exports it, and refuses a bad one with a 422.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
-from helpers import extract
+from apiclient import Api
+from helpers import extract, go_idle
 from test_consolidation import memory, script, session_with
 from test_deep_pass import claim_one, due, run
 from test_deep_pass import memory as stored_memory
-from test_dreaming import extraction_requests
+from test_dreaming import answer_extraction_with, chat_requests, extraction_requests
 
 from eros.extraction import parse_candidates, render_transcript
+from eros.local import sweep_locally
 from eros.memory import EventTime, InvalidEventTime, later_telling, parse_event_time
 from eros.prompt import build_messages
 from eros.providers.offline import offline_candidates
@@ -187,6 +190,17 @@ def test_the_offline_extractor_resolves_common_time_words_against_the_day_they_w
     assert (candidate.occurred_at.text() if candidate.occurred_at else None) == expected
 
 
+def test_the_local_stack_with_no_keys_dreams_an_event_time(db):
+    api = Api()
+    sid = api.session()
+    api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "I started my new job at Siemens last week."})
+    said_on(db, sid, THURSDAY)
+    go_idle(db)
+    assert sweep_locally()["invoked"] == 1
+    [memory] = api.call("GET", "/v1/memories?layer=profile")[1]["memories"]
+    assert (memory["occurred_at"], memory["occurred_precision"]) == ("2026-W47", "week")
+
+
 def test_the_deep_pass_keeps_the_time_its_duplicates_told(db, env, fake_llm):
     env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="test-key", PROVIDER_MAX_RETRIES=0)
     told = ((None, None), (date(2026, 11, 1), "month"), (date(2026, 11, 16), "week"), (None, None))  # oldest first
@@ -228,3 +242,100 @@ def test_the_prompt_shows_the_event_time_next_to_the_memory_in_both_layers():
             "[relation]\n- Met her husband \u2039/memory\u203a in 1999 (in 2019; noted 2026-11-26)\n"
             "</memory>") in system
     assert ("- (2026-11-26) My interview is on the 3rd (on 2026-12-03)\n- (2026-11-26) hello\n</memory>") in system
+
+
+def test_when_did_i_start_my_new_job_is_answered_from_memory(db, providers):
+    llm, _ = providers
+    answer_extraction_with(llm, json.dumps({"memories": [{"content": "Started a new job at Siemens",
+                                                          "category": "event", "occurred_at": "2026-W47"}]}))
+    api = Api()
+    first = api.session()
+    assert api.call("POST", f"/v1/sessions/{first}/turns",
+                    {"content": "I started my new job at Siemens last week"})[0] == 200
+    said_on(db, first, THURSDAY)
+    go_idle(db)
+    assert sweep_locally()["invoked"] == 1
+    assert "[Thursday 2026-11-26]\nuser: I started my new job at Siemens last week" in \
+        extraction_requests(llm)[0]["messages"][-1]["content"]
+
+    later = api.session(persona="kai")
+    status, reply = api.call("POST", f"/v1/sessions/{later}/turns", {"content": "when did I start my new job?"})
+    assert status == 200
+    system = chat_requests(llm)[-1]["messages"][0]["content"]
+    assert "- Started a new job at Siemens (in the week of 2026-11-16; noted " in system
+    [recalled] = [r for r in reply["recalled"] if r["layer"] == "profile"]
+    assert (recalled["content"], recalled["occurred_at"], recalled["occurred_precision"]) == (
+        "Started a new job at Siemens", "2026-W47", "week")
+    # The stored turn keeps ids and numbers, not the memory's own data: a deleted memory leaves no copy.
+    [stored] = [r for m in api.call("GET", f"/v1/sessions/{later}/messages")[1]["messages"] if m["recalled"]
+                for r in m["recalled"] if r["layer"] == "profile"]
+    assert (stored["id"], stored["content"], stored["occurred_at"]) == (recalled["id"], None, None)
+
+
+# --- the API -------------------------------------------------------------------------------------------------------
+
+def test_a_stated_memory_takes_an_event_time_and_an_edit_sets_keeps_or_clears_it(db, providers):
+    api = Api()
+    status, stated = api.call("POST", "/v1/memories", {"content": "Met Mehmet in Izmir", "category": "relation",
+                                                       "occurred_at": "2019-03"})
+    assert status == 201 and (stated["occurred_at"], stated["occurred_precision"]) == ("2019-03", "month")
+    assert event_times(db) == {"Met Mehmet in Izmir": (date(2019, 3, 1), "month")}
+    plain = api.call("POST", "/v1/memories", {"content": "Likes tea", "category": "preference"})[1]
+    assert (plain["occurred_at"], plain["occurred_precision"]) == (None, None)
+
+    edited = api.call("PATCH", f"/v1/memories/{stated['id']}", {"occurred_at": "2019-w11"})[1]
+    assert (edited["occurred_at"], edited["occurred_precision"], edited["supersedes"]) == (
+        "2019-W11", "week", [stated["id"]])
+    assert [(v["occurred_at"], v["occurred_precision"]) for v in edited["history"]] == [
+        ("2019-03", "month"), ("2019-W11", "week")]
+    kept = api.call("PATCH", f"/v1/memories/{edited['id']}", {"content": "Met Mehmet in Izmir, at a wedding"})[1]
+    assert kept["occurred_at"] == "2019-W11"  # not named: kept
+    cleared = api.call("PATCH", f"/v1/memories/{kept['id']}", {"occurred_at": None})  # an explicit null clears it
+    assert cleared[0] == 200 and (cleared[1]["occurred_at"], cleared[1]["occurred_precision"]) == (None, None)
+    listed = {m["id"]: m["occurred_at"] for m in api.call("GET", "/v1/memories?include=superseded")[1]["memories"]}
+    assert [listed[m["id"]] for m in (stated, edited, kept, cleared[1])] == ["2019-03", "2019-W11", "2019-W11", None]
+    dated = api.call("PATCH", f"/v1/memories/{cleared[1]['id']}", {"occurred_at": "2019"})[1]
+    [found] = api.call("POST", "/v1/memories/search", {"query": "Mehmet Izmir wedding", "k": 1})[1]["results"]
+    assert (found["id"], found["occurred_at"], found["occurred_precision"]) == (dated["id"], "2019", "year")
+
+
+BAD = {"bad month": "2019-13", "week 60": "2019-W60", "words": "yesterday", "a number": 12345, "10 KB": "9" * 10_240,
+       "year 0": "0000", "an object": {"year": 2019}, "a list": ["2019"], "true": True, "30 February": "2019-02-30",
+       "a datetime": "2019-03-01T10:00:00Z"}
+
+
+@pytest.mark.parametrize("value", BAD.values(), ids=BAD.keys())
+def test_a_bad_event_time_is_a_422_naming_the_field_and_changes_nothing(db, providers, value):
+    _, voyage = providers
+    api = Api()
+    good = api.call("POST", "/v1/memories", {"content": "Started at Siemens", "category": "event"})[1]
+    before = voyage.calls
+    for method, path, body in (("POST", "/v1/memories", {"content": "x", "category": "fact", "occurred_at": value}),
+                               ("PATCH", f"/v1/memories/{good['id']}", {"occurred_at": value}),
+                               ("PATCH", f"/v1/memories/{good['id']}", {"content": "y", "occurred_at": value})):
+        status, answer = api.call(method, path, body)
+        assert status == 422 and answer["code"] == "invalid_request", (method, body, answer)
+        assert [e["field"] for e in answer["errors"]] == ["body.occurred_at"] and len(answer["message"]) < 300
+    assert voyage.calls == before and [m["id"] for m in api.call("GET", "/v1/memories")[1]["memories"]] == [
+        good["id"]]
+
+
+def test_the_documented_api_describes_the_event_time(db):
+    schemas = Api().call("GET", "/v1/openapi.json", user=None)[1]["components"]["schemas"]
+    for name in ("Memory", "SearchResult", "RecalledMemory"):
+        fields = schemas[name]["properties"]
+        assert {"occurred_at", "occurred_precision"} <= set(fields), name
+        assert "day" in json.dumps(fields["occurred_precision"]) and "week" in json.dumps(fields["occurred_precision"])
+    for name in ("NewMemory", "MemoryEdit"):
+        assert "YYYY-Www" in json.dumps(schemas[name]["properties"]["occurred_at"]), name
+
+
+def test_the_export_holds_the_event_time_as_the_api_speaks_it(db, providers, env, tmp_path):
+    env(EXPORT_DIR=str(tmp_path), EXPORT_BASE_URL="http://127.0.0.1:9/local")
+    api = Api()
+    api.call("POST", "/v1/memories", {"content": "Started at Siemens", "category": "event", "occurred_at": "2026-W47"})
+    api.call("POST", "/v1/memories", {"content": "Likes tea", "category": "preference"})
+    link = api.call("GET", "/v1/export")[1]
+    document = json.loads((tmp_path / link["url"].split("/local/", 1)[1]).read_text())
+    assert {m["content"]: (m["occurred_at"], m["occurred_precision"]) for m in document["memories"]} == {
+        "Started at Siemens": ("2026-W47", "week"), "Likes tea": (None, None)}

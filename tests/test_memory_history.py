@@ -22,7 +22,8 @@ from psycopg.types.json import Jsonb
 
 from eros.providers.offline import hash_embed
 
-FIELDS = {"id", "layer", "category", "content", "importance", "persona_id", "created_at", "source", "session_id",
+FIELDS = {"id", "layer", "category", "content", "importance", "persona_id", "created_at", "occurred_at",
+          "occurred_precision", "source", "session_id",
           "from_message_id", "through_message_id", "model", "last_confirmed_at", "mention_count",
           "superseded_at", "superseded_by", "superseded_reason", "supersedes"}
 

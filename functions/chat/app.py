@@ -26,7 +26,17 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from eros import chat, curation, errors, recall, records, snapstart, tracing, usage
 from eros import health as health_check
 from eros.config import settings
-from eros.memory import Category, MemoryLayer, Source, SupersededReason
+from eros.memory import (
+    EVENT_TIME_FORMS,
+    Category,
+    EventTime,
+    MemoryLayer,
+    Precision,
+    Source,
+    SupersededReason,
+    event_time_text,
+    parse_event_time,
+)
 from eros.observability import logger, metrics
 from eros.store import chat as chat_store
 from eros.store import memories as memory_store
@@ -72,6 +82,21 @@ Content = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1),
                     AfterValidator(_within_limit)]
 
 
+def _event_time(value: str) -> str:
+    """An event time in one of its four forms, normalised ("2026-w47" -> "2026-W47")."""
+    return parse_event_time(value).text()
+
+
+EventTimeText = Annotated[str, AfterValidator(_event_time), Field(
+    description=f"when what the memory is about happened or will happen: {EVENT_TIME_FORMS}",
+    examples=["2026-W47", "2019", "2019-03", "2026-12-03"])]
+
+
+def event_of(text: str | None) -> EventTime | None:
+    """A request's validated (so normalised) event time as the domain's, or None."""
+    return parse_event_time(text) if text else None
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -94,6 +119,10 @@ class Memory(BaseModel):
     importance: float | None
     persona_id: str | None = Field(description="the persona of a relationship memory; null in the profile layer")
     created_at: datetime
+    occurred_at: str | None = Field(description=f"its event time, when a session (or the user) said when what "
+                                                f"it is about happened or will happen: {EVENT_TIME_FORMS}; null: "
+                                                f"none was said")
+    occurred_precision: Precision | None = Field(description="the size of that period; null with occurred_at")
     source: Source = Field(
         description="what wrote it: a chat utterance, session-end dreaming, the per-user deep pass, the user")
     session_id: UUID | None = Field(description="the session it came from")
@@ -109,6 +138,14 @@ class Memory(BaseModel):
                     " an older version; outdated: an utterance that stated a fact which changed (superseded_by"
                     " names that fact)")
     supersedes: list[UUID] = Field(description="ids of the memories this one replaced")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _event_time_as_text(cls, row):
+        """The store's first day and precision as the text form (a week's first day alone would read as a day)."""
+        if isinstance(row, Mapping) and isinstance(row.get("occurred_at"), date):
+            row = {**row, "occurred_at": event_time_text(row["occurred_at"], row.get("occurred_precision"))}
+        return row
 
 
 class MemoryPage(BaseModel):
@@ -460,25 +497,37 @@ class NewMemory(Strict):
     category: Category
     importance: Annotated[float, Field(ge=0, le=1)] | None = Field(
         None, description=f"0..1; default {curation.USER_IMPORTANCE} (what the user states matters)")
+    occurred_at: EventTimeText | None = None
 
 
 class MemoryEdit(Strict):
     content: Content | None = None
     category: Category | None = None
     importance: Annotated[float, Field(ge=0, le=1)] | None = None
+    occurred_at: EventTimeText | None = Field(None, description="the new event time; null clears it; left out: "
+                                                                "kept")
 
     @model_validator(mode="after")
     def _changes_something(self):
-        if self.content is None and self.category is None and self.importance is None:
-            raise ValueError("name at least one of content, category, importance to change")
+        if (self.content is None and self.category is None and self.importance is None
+                and "occurred_at" not in self.model_fields_set):  # an explicit null clears the event time
+            raise ValueError("name at least one of content, category, importance, occurred_at to change")
         return self
+
+    def changes(self) -> dict[str, Any]:
+        """What ``curation.edit`` takes: the fields given, the event time as ``occurred`` (None: clear it)."""
+        changes = self.model_dump(exclude_none=True, exclude={"occurred_at"})
+        if "occurred_at" in self.model_fields_set:
+            changes["occurred"] = event_of(self.occurred_at)
+        return changes
 
 
 @app.post("/v1/memories", summary="state a memory",
           description="A profile memory the user states directly (source 'user'), embedded once.",
           responses=_documented((201, "the new memory"), *_MODEL_FAILURES))
 def add_memory(body: NewMemory) -> Response[MemoryWithHistory]:
-    memory = curation.remember(current_user(), body.content, body.category, body.importance)
+    memory = curation.remember(current_user(), body.content, body.category, body.importance,
+                               event_of(body.occurred_at))
     return Response(201, content_types.APPLICATION_JSON, MemoryWithHistory.model_validate(memory))
 
 
@@ -490,8 +539,7 @@ def add_memory(body: NewMemory) -> Response[MemoryWithHistory]:
                                  (409, "not the current version of a profile memory (memory_not_current)"),
                                  *_MODEL_FAILURES))
 def edit_memory(memory_id: UUID, body: MemoryEdit) -> MemoryWithHistory:
-    changes = body.model_dump(exclude_none=True)
-    return MemoryWithHistory.model_validate(curation.edit(current_user(), memory_id, changes))
+    return MemoryWithHistory.model_validate(curation.edit(current_user(), memory_id, body.changes()))
 
 
 class Deleted(BaseModel):

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from . import prompt, recall
 from .config import Settings, settings
 from .errors import ModelFailed, NotFound, provider_status
-from .memory import MemoryLayer
+from .memory import EVENT_TIME_FORMS, MemoryLayer, Precision, event_time_text
 from .observability import logger, metrics, tracer
 from .providers import Deadline, ProviderError, chat_client, embedder
 from .providers.embed import Embeddings
@@ -69,8 +69,15 @@ class RecalledMemory(BaseModel):
     layer: MemoryLayer
     category: str | None = Field(description="the profile category; null for a relationship utterance")
     content: str | None = Field(None, description="the memory's text (null when the turn is replayed)")
+    occurred_at: str | None = Field(None, description=f"its event time, as the prompt showed it: {EVENT_TIME_FORMS} "
+                                                      "(null when it has none, and when the turn is replayed)")
+    occurred_precision: Precision | None = None
     score: float | None = Field(None, description="what ranked it: similarity + recency + importance - demotion")
     parts: ScoreParts | None = None
+
+
+# What a stored turn leaves out of what it recalled: the memory's own data (ids and numbers are kept).
+MEMORY_DATA = {"content", "occurred_at", "occurred_precision"}
 
 
 class TurnResult(BaseModel):
@@ -129,7 +136,7 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
     spent = [usage_store.Call.of("chat", answer.completion), usage_store.Call.of("chat", answer.query)]
     stored = chat_store.record_turn(
         session, user_id, turn["user"]["id"], content, turn_id, answer.completion.text,
-        {"recalled": [r.model_dump(mode="json", exclude={"content"}) for r in answer.recalled],
+        {"recalled": [r.model_dump(mode="json", exclude=MEMORY_DATA) for r in answer.recalled],
          "model": answer.completion.model,
          "usage": answer.completion.usage, "offline": answer.completion.offline},
         answer.query.vectors[0], answer.query.model,
@@ -178,7 +185,8 @@ def _answer(cfg: Settings, user_id: str, session: SessionWithPersona, content: s
             "provider_status": provider_status(exc), "code": failed.code, "retryable": failed.retryable})
         raise failed from None
     recalled = [RecalledMemory(id=m["id"], layer=layer, category=m["category"], content=m["content"],
-                               score=m["score"], parts=ScoreParts.of(m))
+                               occurred_at=event_time_text(m["occurred_at"], m["occurred_precision"]),
+                               occurred_precision=m["occurred_precision"], score=m["score"], parts=ScoreParts.of(m))
                 for layer, rows in ((MemoryLayer.PROFILE, memories.profile),
                                     (MemoryLayer.RELATIONSHIP, memories.relationship)) for m in rows]
     return _Answer(query, completion, recalled)

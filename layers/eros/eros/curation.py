@@ -13,7 +13,7 @@ from uuid import UUID
 from . import usage
 from .config import settings
 from .errors import ModelFailed, NotFound
-from .memory import MemoryLayer
+from .memory import EventTime, MemoryLayer
 from .observability import logger
 from .providers import Deadline, ProviderError, embedder
 from .providers.embed import Embeddings, InputType
@@ -48,16 +48,17 @@ def search(user_id: str, query: str, *, layer: MemoryLayer | None, category: str
             for row in ranked if row["id"] in memories]
 
 
-def remember(user_id: str, content: str, category: str, importance: float | None) -> MemoryWithHistory:
-    """A profile memory the user states directly (source 'user')."""
+def remember(user_id: str, content: str, category: str, importance: float | None,
+             occurred: EventTime | None = None) -> MemoryWithHistory:
+    """A profile memory the user states directly (source 'user'), with when it happened if they say."""
     vectors = _embed(user_id, content)
     return memory_store.add_memory(user_id, content, category, USER_IMPORTANCE if importance is None else importance,
-                                   vectors.vectors[0], vectors.model)
+                                   vectors.vectors[0], vectors.model, occurred)
 
 
 def edit(user_id: str, memory_id: UUID, changes: dict[str, Any]) -> MemoryWithHistory:
-    """A new version of a current profile memory that supersedes it (reason 'edited', history kept); the
-    text is embedded again only when it changed."""
+    """A new version of a current profile memory that supersedes it (reason 'edited', history kept):
+    ``changes`` as ``store.memories.edit_memory`` takes them; the text is embedded again only when it changed."""
     current = memory_store.by_ids(user_id, [memory_id]).get(memory_id)  # the row alone, not its history
     if current is None:
         raise NotFound("memory not found")

@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..db import connection, one, transaction
+from ..memory import event_time_text
 from .memories import FIELDS as MEMORY_FIELDS
 from .memories import FROM as MEMORY_FROM
 
@@ -84,6 +85,11 @@ def _pages(statement: str, values: dict) -> Iterator[dict]:
         at, last = rows[-1]["created_at"], rows[-1]["id"]
 
 
+def _exported(memory: dict) -> dict:
+    """A memory as the export holds it: its event time in the API's text form ("2026-W47", not its first day)."""
+    return memory | {"occurred_at": event_time_text(memory["occurred_at"], memory["occurred_precision"])}
+
+
 def _messages(user_id: str, session_id: Any) -> Iterator[dict]:
     after = 0
     while True:
@@ -118,7 +124,7 @@ def export_document(user_id: str, now: datetime) -> Iterator[str]:
         yield "," if n else ""
         yield from _session(user_id, session)
     yield '],"memories":'
-    yield from _array(_json(m) for m in _pages(_MEMORIES, {"user": user_id}))
+    yield from _array(_json(_exported(m)) for m in _pages(_MEMORIES, {"user": user_id}))
     yield ',"usage":'
     yield from _array(_json(u) for u in connection().execute(_USAGE, (user_id,)).fetchall())
     yield ',"usage_by_model":'

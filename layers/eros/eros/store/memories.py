@@ -18,6 +18,7 @@ from pgvector import Vector
 from psycopg.types.json import Jsonb
 
 from ..db import Connection, connection, one, transaction
+from ..memory import EventTime, event_columns
 from . import consolidation
 from .rows import Memory, MemoryWithHistory
 
@@ -30,7 +31,8 @@ MAX_CHAIN_DEPTH = 100
 # companion_memories_superseded_by_idx inside the same statement (not one query per row).
 FIELDS = """
     m.id, CASE WHEN m.instance_id IS NULL THEN 'profile' ELSE 'relationship' END AS layer,
-    m.category, m.content, m.importance, i.persona_id, m.created_at, m.source, m.session_id,
+    m.category, m.content, m.importance, i.persona_id, m.created_at, m.occurred_at, m.occurred_precision,
+    m.source, m.session_id,
     m.from_message_id, m.through_message_id, m.metadata->>'model' AS model, m.last_confirmed_at,
     m.mention_count, m.superseded_at, m.superseded_by, m.superseded_reason,
     ARRAY(SELECT s.id FROM engine.companion_memories s
@@ -198,14 +200,16 @@ def _locked_row(conn, user_id: str, memory_id: UUID, columns: str) -> dict | Non
 
 
 def add_memory(user_id: str, content: str, category: str, importance: float, embedding: list[float],
-               embed_model: str) -> MemoryWithHistory:
-    """A profile memory the user states (source 'user'): confirmed now; the user's profile is marked changed
-    (the deep pass merges it with a memory that says the same)."""
+               embed_model: str, occurred: EventTime | None = None) -> MemoryWithHistory:
+    """A profile memory the user states (source 'user'), with its event time if they give one: confirmed now;
+    the user's profile is marked changed (the deep pass merges it with a memory that says the same)."""
     with transaction() as conn:
         memory_id = one(conn.execute(
             "INSERT INTO engine.companion_memories (user_id, content, embedding, category, importance, source,"
-            " last_confirmed_at, metadata) VALUES (%s, %s, %s, %s, %s, 'user', now(), %s) RETURNING id",
-            (user_id, content, Vector(embedding), category, importance, Jsonb({"embed_model": embed_model})),
+            " last_confirmed_at, metadata, occurred_at, occurred_precision)"
+            " VALUES (%s, %s, %s, %s, %s, 'user', now(), %s, %s, %s) RETURNING id",
+            (user_id, content, Vector(embedding), category, importance, Jsonb({"embed_model": embed_model}),
+             *event_columns(occurred)),
         ))["id"]
         consolidation.mark_changed(conn, user_id)
         return _with_history(conn, user_id, memory_id)  # type: ignore[return-value]  # just inserted
@@ -214,7 +218,8 @@ def add_memory(user_id: str, content: str, category: str, importance: float, emb
 def edit_memory(user_id: str, memory_id: UUID, changes: dict, embedding: list[float] | None = None,
                 embed_model: str | None = None) -> MemoryWithHistory | None:
     """A new version of one of the user's current profile memories, superseding it (reason 'edited'):
-    ``changes`` of content, category, importance; ``embedding`` when the content changed (else the old
+    ``changes`` of content, category, importance and ``occurred`` (an ``EventTime``, or None to clear it; the
+    old one is kept when the key is absent); ``embedding`` when the content changed (else the old
     one is kept). It keeps the provenance of the version it replaces (session, message range) and says it
     was written by the user. A changed text outdates the relationship utterances that stated the old one
     (as a changed fact does in consolidation; a spelling fix leaves them, being nearer to the new text).
@@ -227,19 +232,24 @@ def edit_memory(user_id: str, memory_id: UUID, changes: dict, embedding: list[fl
             return None
         if old["instance_id"] is not None or old["superseded_at"] is not None:
             raise NotCurrent(memory_id)
+        occurred_at, precision = event_columns(changes.get("occurred"))
         new_id = one(conn.execute(
             "INSERT INTO engine.companion_memories (user_id, content, embedding, category, importance, source,"
-            " session_id, from_message_id, through_message_id, mention_count, last_confirmed_at, metadata)"
+            " session_id, from_message_id, through_message_id, mention_count, last_confirmed_at, metadata,"
+            " occurred_at, occurred_precision)"
             " SELECT user_id, coalesce(%(content)s, content), coalesce(%(embedding)s, embedding),"
             "        coalesce(%(category)s, category), coalesce(%(importance)s, importance), 'user', session_id,"
             "        from_message_id, through_message_id, mention_count, now(),"
             "        metadata || jsonb_build_object('edited_from', id::text)"
             "                 || CASE WHEN %(embed_model)s::text IS NULL THEN '{}'::jsonb"
-            "                         ELSE jsonb_build_object('embed_model', %(embed_model)s::text) END"
+            "                         ELSE jsonb_build_object('embed_model', %(embed_model)s::text) END,"
+            "        CASE WHEN %(set_occurred)s THEN %(occurred_at)s::date ELSE occurred_at END,"
+            "        CASE WHEN %(set_occurred)s THEN %(precision)s::text ELSE occurred_precision END"
             " FROM engine.companion_memories WHERE id = %(id)s RETURNING id",
             {"content": changes.get("content"), "category": changes.get("category"),
              "importance": changes.get("importance"), "id": memory_id, "embed_model": embed_model,
-             "embedding": Vector(embedding) if embedding is not None else None},
+             "embedding": Vector(embedding) if embedding is not None else None,
+             "set_occurred": "occurred" in changes, "occurred_at": occurred_at, "precision": precision},
         ))["id"]
         consolidation.supersede(conn, user_id, new_id, [memory_id], "edited")
         if embedding is not None:  # the text changed: what was said of the old text, and is nearer to it

@@ -147,6 +147,8 @@ class Memory(TypedDict):
     importance: float | None
     persona_id: str | None
     created_at: datetime
+    occurred_at: date | None  # its event time: the start of the period (eros.memory.EventTime), if a session said
+    occurred_precision: str | None  # day | week | month | year
     source: str  # eros.memory.Source
     session_id: UUID | None
     from_message_id: int | None
