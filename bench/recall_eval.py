@@ -259,6 +259,20 @@ def embed_all(memories, queries, mode: str) -> str:
     return e.model
 
 
+def event_columns(m: dict) -> tuple:
+    """A memory's event time as the product stores it (eros.memory: the start of the period and its
+    precision), checked against the file's own precision."""
+    from eros.memory import event_columns, parse_event_time
+
+    if m.get("occurred_at") is None:
+        return None, None
+    start, precision = event_columns(parse_event_time(m["occurred_at"]))
+    if m.get("occurred_precision") not in (None, precision):
+        raise SystemExit(f"memory {m['id']}: occurred_at {m['occurred_at']} is a {precision}, not a "
+                         f"{m['occurred_precision']}")
+    return start, precision
+
+
 def load_database(conn, memories) -> dict[str, uuid.UUID]:
     """The memories as rows of the eval database; their lexemes are the generated column's, as in production."""
     from pgvector import Vector
@@ -272,10 +286,11 @@ def load_database(conn, memories) -> dict[str, uuid.UUID]:
     with conn.cursor() as cur:
         cur.executemany(
             "INSERT INTO engine.companion_memories (id, user_id, instance_id, content, embedding, category,"
-            " importance, created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            " importance, created_at, occurred_at, occurred_precision) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             [(row_uuid(m["id"]), m["user_id"],
               instances[m["user_id"]] if m.get("layer") == "relationship" else None, m["content"],
-              Vector(m["vector"]), m.get("category"), m.get("importance"), datetime.fromisoformat(m["created_at"]))
+              Vector(m["vector"]), m.get("category"), m.get("importance"), datetime.fromisoformat(m["created_at"]),
+              *event_columns(m))
              for m in memories])
     conn.execute("ANALYZE engine.companion_memories")
     return instances
