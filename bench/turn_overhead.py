@@ -553,7 +553,8 @@ def lexical_pass(one_pass, warmup: int) -> dict[str, list[float]]:
     from eros.config import settings
 
     configured = settings()
-    off = configured.model_copy(update={"recall": configured.recall.model_copy(update={"lexical_weight": 0.0})})
+    off = configured.model_copy(update={"recall": configured.recall.model_copy(update={"lexical_weight": 0.0,
+                                                                                  "lexical_year_weight": 0.0})})
     choice = {"on": configured}
     eros.recall.settings = lambda: choice["on"]  # type: ignore[assignment]  # recall's own reference, bench only
     try:

@@ -173,3 +173,26 @@ def test_any_message_ranks_without_an_error(db, message):
                                now=NOW)
     assert len(rows) == 2 and all(0 <= r["lexical_term"] <= RecallParams().lexical_weight for r in rows)
     assert db.execute("SELECT count(*) AS n FROM engine.companion_memories").fetchone()["n"] == 2
+
+
+def test_a_year_the_message_names_lifts_the_memory_of_that_year(db):
+    query = random_vector(random.Random(11))
+    wrist = insert(db, "alice", "Broke her wrist snowboarding", query, memory_id=uuid.UUID(int=6))
+    ankle = insert(db, "alice", "Sprained her ankle at football", query, memory_id=uuid.UUID(int=5))
+    insert(db, "alice", "Has a cat called Miso", query, memory_id=uuid.UUID(int=7))  # no event time
+    for row, year in ((wrist, 2008), (ankle, 2015)):
+        db.execute("UPDATE engine.companion_memories SET occurred_at = make_date(%s, 1, 1), occurred_precision = 'year'"
+                   " WHERE id = %s", (year, row["id"]))
+    params = RecallParams(lexical_weight=0.0, lexical_year_weight=0.05)
+    for message in ("What happened in 2008?", "2008年发生了什么？"):
+        rows = recall_store.ranked(MemoryLayer.PROFILE, params, "alice", query, k=3, cap=None, text=message, now=NOW)
+        assert rows[0]["id"] == wrist["id"] and rows[0]["lexical_term"] == 0.05
+        assert [r["lexical_term"] for r in rows[1:]] == [0.0, 0.0]
+    # A year no memory is about, and no year at all: nothing moves (the order is the one without the term:
+    # the newest event first, since recency runs from the event time).
+    for message in ("What happened in 1999?", "what happened to my wrist?"):
+        rows = recall_store.ranked(MemoryLayer.PROFILE, params, "alice", query, k=3, cap=None, text=message, now=NOW)
+        plain = recall_store.ranked(MemoryLayer.PROFILE, RecallParams(lexical_weight=0.0), "alice", query, k=3,
+                                    cap=None, text=message, now=NOW)
+        assert [r["id"] for r in rows] == [r["id"] for r in plain] and {r["lexical_term"] for r in rows} == {0.0}
+        assert rows[-1]["id"] == wrist["id"]

@@ -58,6 +58,8 @@ class RecallParams(BaseModel):
     # user's rows, scaled to [0, 1] by the best row's (0: off, and the statement carries none of it). On the
     # embedder's cosine scale like the rest: 0.01 is e5's best (recall_summary.md); re-tune with Voyage.
     lexical_weight: float = Field(0.01, ge=0, le=1, alias="RECALL_LEXICAL_WEIGHT")
+    # ... and what a memory gets whose event time is in a year the message names ("what happened in 2008?").
+    lexical_year_weight: float = Field(0.05, ge=0, le=1, alias="RECALL_LEXICAL_YEAR_WEIGHT")
 
     @property
     def demoting(self) -> bool:

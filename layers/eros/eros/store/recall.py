@@ -128,6 +128,10 @@ _NO_DEMOTION = ("", "0::float8")
 # * `lexical`: per row, the sum over its matched lexemes of idf = ln(1 + (n - df + 0.5) / (df + 0.5)) over
 #   the user's n rows (BM25's (k1 + 1) / (1 + k1) factor is 1 at term frequency 1 and b = 0), divided by
 #   the best row's sum.
+# * The year the message names: a row whose event time (occurred_at) falls in a year that is one of the
+#   message's lexemes ("what happened in 2008?", "2018年") gets ``lexical_year_weight`` on top. The year is
+#   a word of the row too, but at a tie-breaker's weight it cannot lift the one memory of 2008 over ten
+#   closer in meaning, and a year named in the question is rarely a coincidence.
 _LEXICAL = ("""
 terms AS (
     SELECT coalesce(array_agg(lexeme), '{}') AS terms FROM unnest(engine.lexemes(%(text)s))
@@ -143,7 +147,9 @@ terms AS (
     FROM matches JOIN frequencies USING (lexeme), (SELECT count(*)::float8 AS n FROM base) collection GROUP BY id
 ), lexical AS (
     SELECT id, raw / nullif(max(raw) OVER (), 0) AS lexical FROM bm25
-),""", "base LEFT JOIN lexical USING (id)", "%(lw)s::float8 * coalesce(lexical, 0)")
+),""", "base LEFT JOIN lexical USING (id) CROSS JOIN terms",
+            "(%(lw)s::float8 * coalesce(lexical, 0) + CASE WHEN extract(year FROM occurred_at)::int::text = ANY (terms)"
+            " THEN %(yw)s::float8 ELSE 0::float8 END)")
 _NO_LEXICAL = ("", "base", "0::float8")
 
 # The statement. Why it is shaped like this:
@@ -253,12 +259,12 @@ def _values(params: RecallParams, user_id: str, query: list[float], text: str | 
             "category": category, "lam": params.lam,
             "tau": params.tau_days, "floor": params.floor, "ifloor": params.importance_floor,
             "iw": params.importance_weight, "dsim": params.demote_similarity, "penalty": params.demote_penalty,
-            "pool": params.demote_pool, "lw": params.lexical_weight}
+            "pool": params.demote_pool, "lw": params.lexical_weight, "yw": params.lexical_year_weight}
 
 
 def _lexical(params: RecallParams, text: str | None) -> bool:
     """Whether the statement carries the lexical part: a weight, and a message with something to match."""
-    return params.lexical_weight > 0 and bool(text and text.strip())
+    return (params.lexical_weight > 0 or params.lexical_year_weight > 0) and bool(text and text.strip())
 
 
 def _cap(k: int, cap: int | None) -> int:
