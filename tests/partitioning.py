@@ -38,12 +38,11 @@ from psycopg.conninfo import make_conninfo
 from eros.db import connect
 from eros.migrate import grant_app_role, migrate
 
-# The user tables a turn, a recall, the claim and an extraction touch, but chat_messages: its unique key
-# (session_id, client_turn_id, role) is the conflict target of the store's INSERT ... ON CONFLICT, and with
-# user_id added to it (as partitioning forces) that target matches no constraint any more
-# (tests/test_partitioned_by_user.py shows it). Its foreign key to the sessions already carries user_id.
-TABLES = ("persona_instances", "chat_sessions", "companion_memories", "user_consolidation", "user_usage",
-          "user_model_usage")
+# The user tables a turn, a recall, the claim and an extraction touch. chat_messages joined them with
+# migration 0013, whose turn key (the conflict target of the store's INSERT ... ON CONFLICT) names user_id,
+# as partitioning forces every unique key to; its foreign key to the sessions already carried user_id.
+TABLES = ("persona_instances", "chat_sessions", "chat_messages", "companion_memories", "user_consolidation",
+          "user_usage", "user_model_usage")
 PARTITIONS = 4
 KEY = "user_id"
 

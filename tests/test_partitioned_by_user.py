@@ -14,8 +14,9 @@ unpartitioned: nothing here is a migration.
 * Whole turns (``eros.chat.take_turn``, offline providers) and their sessions' extractions (the sweep's claim,
   ``eros.dreaming.extract_session``, a supersession through the self-referencing key) give what they give on
   one table, every row in its user's partition; erasing the user empties them.
-* chat_messages stays unpartitioned: with user_id in its unique key, as partitioning forces, the store's
-  ``ON CONFLICT (session_id, client_turn_id, role)`` matches no constraint.
+* chat_messages is partitioned too since migration 0013 put user_id in its turn key, the conflict target of the
+  store's ``INSERT ... ON CONFLICT``: before it, partitioning forced user_id into that key and the turn's
+  statements matched no constraint. A retried turn is still a replay on the partitioned table.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-import psycopg
 import pytest
 from conftest import CLEAN_SCHEMA
 from helpers import go_idle, utcnow
@@ -115,6 +115,7 @@ def _catalog(conn) -> dict[str, set[str]]:
 CHANGED_KEYS = {
     "removed": {
         "persona_instances_pkey: PRIMARY KEY (id)", "chat_sessions_pkey: PRIMARY KEY (id)",
+        "chat_messages_pkey: PRIMARY KEY (id)",
         "companion_memories_pkey: PRIMARY KEY (id)", "chat_sessions_id_user_key: UNIQUE (id, user_id)",
         "chat_messages_session_id_fkey: FOREIGN KEY (session_id) REFERENCES engine.chat_sessions(id) ON DELETE CASCADE",
         "chat_sessions_instance_id_fkey: FOREIGN KEY (instance_id) REFERENCES engine.persona_instances(id)",
@@ -127,6 +128,7 @@ CHANGED_KEYS = {
     },
     "added": {
         "persona_instances_pkey: PRIMARY KEY (id, user_id)", "chat_sessions_pkey: PRIMARY KEY (id, user_id)",
+        "chat_messages_pkey: PRIMARY KEY (id, user_id)",
         "companion_memories_pkey: PRIMARY KEY (id, user_id)",
         "chat_sessions_instance_id_fkey: FOREIGN KEY (instance_id, user_id)"
         " REFERENCES engine.persona_instances(id, user_id)",
@@ -377,29 +379,21 @@ def test_turns_and_their_extraction_work_unchanged_and_stay_in_the_users_partiti
     # Erasure deletes through the composite keys and leaves nothing behind.
     erased = account.erase("alice")
     assert erased["sessions"] == 2 and erased["memories"] == len(hashed["memories"])
-    for table in (*TABLES, "chat_messages"):
+    for table in TABLES:
         assert partitioned.execute(f"SELECT count(*) AS n FROM engine.{table} WHERE user_id = 'alice'"
                                    ).fetchone()["n"] == 0, table
 
 
-def test_chat_messages_cannot_be_partitioned_while_the_stores_conflict_target_lacks_the_user(database_url, env, db):
-    """Partitioning forces user_id into chat_messages' UNIQUE (session_id, client_turn_id, role); the store's
-    INSERT ... ON CONFLICT (session_id, client_turn_id, role) then matches no constraint. Naming user_id in the
-    conflict target (store/chat.py, three statements) is the change that would let it be partitioned (or
-    distributed by Citus, which has the same rule); this test fails once that is done: then partition it too."""
-    url, conversion = create_database(database_url, "partitioned_messages", tables=(*TABLES, "chat_messages"))
-    try:
-        assert conversion is not None and any("UNIQUE (session_id, client_turn_id, role) -> UNIQUE (session_id,"
-                                              " client_turn_id, role, user_id)" in c for c in conversion.changes)
-        env(DATABASE_URL=url)
-        session = chat_store.create_session("alice", "luna")
-        with pytest.raises(psycopg.errors.InvalidColumnReference, match="no unique or exclusion constraint"):
-            chat.take_turn("alice", session["id"], "hello", "t1")
-        inserted = eros_db.connection().execute(
-            "INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id)"
-            " VALUES (%s, 'alice', 'user', 'hello', 't1')"
-            " ON CONFLICT (session_id, client_turn_id, role, user_id) DO NOTHING RETURNING id", (session["id"],))
-        assert len(inserted.fetchall()) == 1
-    finally:
-        env(DATABASE_URL=database_url)
-        drop_database(database_url, "partitioned_messages")
+def test_a_retried_turn_is_a_replay_on_partitioned_messages(partitioned, env, partitioned_url):
+    """Migration 0013's turn key names user_id, so it is a key the partitioned table can have, and the turn's
+    ON CONFLICT target matches it: the same client_turn_id again answers the stored reply, one pair of rows."""
+    env(DATABASE_URL=partitioned_url)
+    session = chat_store.create_session("alice", "luna")
+    first = chat.take_turn("alice", session["id"], "hello", "t1")
+    again = chat.take_turn("alice", session["id"], "hello", "t1")
+    assert not first.replayed and again.replayed and again.reply == first.reply
+    rows = partitioned.execute("SELECT role, tableoid::regclass::text AS p FROM engine.chat_messages"
+                               " WHERE user_id = 'alice' AND client_turn_id = 't1' ORDER BY role").fetchall()
+    assert [r["role"] for r in rows] == ["assistant", "user"]
+    home = partition_of(partitioned, "alice", "chat_sessions").rsplit("_p", 1)[1]
+    assert {r["p"] for r in rows} == {f"engine.chat_messages_p{home}"}  # with its session

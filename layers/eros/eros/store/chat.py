@@ -138,7 +138,7 @@ WITH session AS (
     INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id)
     SELECT id, %(user)s, 'user', %(content)s, %(turn)s FROM session
     WHERE NOT EXISTS (SELECT FROM earlier WHERE role = 'user') AND (NOT %(limited)s OR EXISTS (SELECT FROM admitted))
-    ON CONFLICT (session_id, client_turn_id, role) DO NOTHING
+    ON CONFLICT (session_id, client_turn_id, role, user_id) DO NOTHING
     RETURNING id
 ), touched AS (
     {_TOUCH} AND EXISTS (SELECT FROM claimed)
@@ -221,7 +221,7 @@ WITH {usage.spending()}, reply AS (
     INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id, metadata)
     SELECT %(session)s, %(user)s, 'assistant', %(reply)s, %(turn)s, %(metadata)s
     FROM (SELECT count(*) FROM itemised) usage_first
-    ON CONFLICT (session_id, client_turn_id, role) DO NOTHING
+    ON CONFLICT (session_id, client_turn_id, role, user_id) DO NOTHING
     RETURNING id
 ), touched AS (
     {_TOUCH} AND EXISTS (SELECT FROM reply)
@@ -257,7 +257,8 @@ def _insert_message(conn, user_id, session_id, role, content, client_turn_id, me
     """Insert one message of a turn; None if that turn already has a message of this role."""
     return conn.execute(
         "INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id, metadata)"
-        " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (session_id, client_turn_id, role) DO NOTHING RETURNING id",
+        " VALUES (%s, %s, %s, %s, %s, %s)"
+        " ON CONFLICT (session_id, client_turn_id, role, user_id) DO NOTHING RETURNING id",
         (session_id, user_id, role, content, client_turn_id, Jsonb(metadata)),
     ).fetchone()
 
