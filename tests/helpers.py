@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -79,3 +81,26 @@ def emitted_metrics(text: str) -> dict[str, float]:
                 found[metric["Name"]] = found.get(metric["Name"], 0) + (sum(value) if isinstance(value, list)
                                                                          else value)
     return found
+
+
+def claim_concurrently(workers: int, *, idle_before: datetime, stale_before: datetime, limit: int = 25
+                       ) -> list[list[Any]]:
+    """``workers`` threads, started together, each claiming batches of ``limit`` idle sessions until none is
+    left, each on its own connection; the session ids each one claimed."""
+    from eros import db as eros_db
+    from eros.store import dreaming as dreaming_store
+
+    start = threading.Barrier(workers)
+
+    def claimer(_):
+        got = []
+        start.wait()
+        try:
+            while rows := dreaming_store.claim(idle_before=idle_before, stale_before=stale_before, limit=limit):
+                got.extend(r["id"] for r in rows)
+        finally:
+            eros_db.reset()  # this thread's own connection
+        return got
+
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(claimer, range(workers)))

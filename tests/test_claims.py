@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from helpers import instance, utcnow
+from helpers import claim_concurrently, instance, utcnow
 
 from eros import db as eros_db
 from eros import dreaming
@@ -204,20 +204,7 @@ def test_a_deep_pass_claim_takes_no_more_than_its_limit_when_the_table_was_analy
 def test_16_concurrent_claimers_take_5000_sessions_exactly_once(db):
     now = utcnow()
     ids = bulk_sessions(db, 5000, newest=now - IDLE - timedelta(minutes=1), step_secs=0.5)
-    start = threading.Barrier(16)
-
-    def claimer(_):
-        got = []
-        start.wait()
-        try:
-            while rows := store.claim(idle_before=now - IDLE, stale_before=now - STALE, limit=25):
-                got.extend(r["id"] for r in rows)
-        finally:
-            eros_db.reset()  # this thread's own connection
-        return got
-
-    with ThreadPoolExecutor(16) as pool:
-        per_worker = list(pool.map(claimer, range(16)))
+    per_worker = claim_concurrently(16, idle_before=now - IDLE, stale_before=now - STALE)
 
     claimed = [sid for got in per_worker for sid in got]
     assert len(claimed) == len(set(claimed)), f"{len(claimed) - len(set(claimed))} sessions claimed twice"

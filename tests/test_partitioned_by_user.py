@@ -22,15 +22,13 @@ unpartitioned: nothing here is a migration.
 from __future__ import annotations
 
 import random
-import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
 from conftest import CLEAN_SCHEMA
-from helpers import go_idle, utcnow
+from helpers import claim_concurrently, go_idle, utcnow
 from partitioning import PARTITIONS, TABLES, create_database, drop_database, explaining, partitions_in
 from pgvector import Vector
 
@@ -296,20 +294,7 @@ def test_concurrent_claimers_take_every_idle_session_across_partitions_exactly_o
     assert len(ids) == 1000
     assert partitioned.execute("SELECT count(DISTINCT tableoid) AS n FROM engine.chat_sessions").fetchone()["n"] == 4
     env(DATABASE_URL=partitioned_url)
-    start = threading.Barrier(8)
-
-    def claimer(_):
-        got = []
-        start.wait()
-        try:
-            while rows := dreaming_store.claim(idle_before=now - IDLE, stale_before=now - STALE, limit=25):
-                got.extend(r["id"] for r in rows)
-        finally:
-            eros_db.reset()
-        return got
-
-    with ThreadPoolExecutor(8) as pool:
-        per_worker = list(pool.map(claimer, range(8)))
+    per_worker = claim_concurrently(8, idle_before=now - IDLE, stale_before=now - STALE)
     claimed = [sid for got in per_worker for sid in got]
     assert len(claimed) == len(set(claimed)), f"{len(claimed) - len(set(claimed))} sessions claimed twice"
     assert set(claimed) == ids
