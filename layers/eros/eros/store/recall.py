@@ -122,9 +122,11 @@ _NO_DEMOTION = ("", "0::float8")
 # frequency is taken as 1 and its length is not normalised (BM25 with b = 0): memories are a sentence or
 # two, a repeated word is not more evidence, and on the dev set b = 0.75 was no better (recall_summary.md).
 # * `terms`: the message's lexemes (none for no message: no row matches, every row's lexical part is 0).
-# * `matches`: (row, lexeme) for each row that has any of them; ts_delete() drops the message's lexemes
-#   from a row's in C, so the rows that match nothing (most of them) are never unnested. MATERIALIZED:
-#   it is read for the document frequencies and for the scores.
+#   MATERIALIZED, and in a turn's statement (``candidates``) one CTE that both layers read: engine.lexemes()
+#   of a bound message is folded into a constant while the statement is planned, once per reference.
+# * `matches`: (row, document frequency) for each of the message's lexemes a row has; ts_delete() drops the
+#   message's lexemes from a row's in C, so the rows that match nothing (most of them) are never unnested,
+#   and the frequency is a window over the matches, not a second pass and a join.
 # * `lexical`: per row, the sum over its matched lexemes of idf = ln(1 + (n - df + 0.5) / (df + 0.5)) over
 #   the user's n rows (BM25's (k1 + 1) / (1 + k1) factor is 1 at term frequency 1 and b = 0), divided by
 #   the best row's sum.
@@ -132,19 +134,19 @@ _NO_DEMOTION = ("", "0::float8")
 #   message's lexemes ("what happened in 2008?", "2018年") gets ``lexical_year_weight`` on top. The year is
 #   a word of the row too, but at a tie-breaker's weight it cannot lift the one memory of 2008 over ten
 #   closer in meaning, and a year named in the question is rarely a coincidence.
-_LEXICAL = ("""
-terms AS (
+_TERMS = """
+terms AS MATERIALIZED (
     SELECT coalesce(array_agg(lexeme), '{}') AS terms FROM unnest(engine.lexemes(%(text)s))
-), matches AS MATERIALIZED (
-    SELECT m.id, m.lexeme
+),"""
+_LEXICAL = ("""
+matches AS (
+    SELECT id, count(*) OVER (PARTITION BY lexeme)::float8 AS df
     FROM (SELECT id, unnest(tsvector_to_array(lexemes)) AS lexeme
           FROM base, terms WHERE length(ts_delete(lexemes, terms.terms)) < length(lexemes)) m, terms
     WHERE m.lexeme = ANY (terms.terms)
-), frequencies AS (
-    SELECT lexeme, count(*)::float8 AS df FROM matches GROUP BY lexeme
 ), bm25 AS (
     SELECT id, sum(ln(1 + (n - df + 0.5) / (df + 0.5))) AS raw
-    FROM matches JOIN frequencies USING (lexeme), (SELECT count(*)::float8 AS n FROM base) collection GROUP BY id
+    FROM matches, (SELECT count(*)::float8 AS n FROM base) collection GROUP BY id
 ), lexical AS (
     SELECT id, raw / nullif(max(raw) OVER (), 0) AS lexical FROM bm25
 ),""", "base LEFT JOIN lexical USING (id) CROSS JOIN terms",
@@ -204,11 +206,15 @@ LIMIT {k}
 """
 
 
-def _layer_statement(layer: MemoryLayer, strategy: str, demoting: bool, lexical: bool, prefix: str = "") -> str:
-    """One layer's statement; its k and cap parameters are named ``{prefix}k`` and ``{prefix}cap``."""
+def _layer_statement(layer: MemoryLayer, strategy: str, demoting: bool, lexical: bool, prefix: str = "",
+                     own_terms: bool = True) -> str:
+    """One layer's statement; its k and cap parameters are named ``{prefix}k`` and ``{prefix}cap``. With
+    ``own_terms`` False, its lexical part reads a `terms` CTE that the enclosing statement defines."""
     base, recency, importance = _SCORES[strategy]
     pool, demotion = _DEMOTION if demoting else _NO_DEMOTION
     ctes, scored_from, lexical_term = _LEXICAL if lexical else _NO_LEXICAL
+    if lexical and own_terms:
+        ctes = _TERMS + ctes
     return _TEMPLATE.format(layer=_LAYERS[layer], base=base, term=_TERM, recency=recency, importance=importance,
                             lexical=ctes, scored_from=scored_from, lexical_term=lexical_term,
                             pool=pool, demotion=demotion, k=f"%({prefix}k)s", cap=f"%({prefix}cap)s")
@@ -229,7 +235,7 @@ _STATEMENTS = {(layer, strategy, demoting, lexical): _layer_statement(layer, str
 # (2k + 2 relationship k)^2 / 2 distances, computed in C: ~435 at the defaults, instead of ~270 dot
 # products of 512 floats in Python over 60 KB of shipped vectors.
 _BOTH_TEMPLATE = """
-WITH profile AS MATERIALIZED ({profile}
+WITH {terms}profile AS MATERIALIZED ({profile}
 ), relationship AS MATERIALIZED ({relationship}
 ), candidates AS (
     SELECT 'profile' AS layer, row_number() OVER (ORDER BY score DESC, id) AS place, * FROM profile
@@ -247,8 +253,10 @@ FROM candidates c
 ORDER BY c.place
 """
 _BOTH = {(strategy, demoting, lexical): _BOTH_TEMPLATE.format(
-             profile=_layer_statement(MemoryLayer.PROFILE, strategy, demoting, lexical, "profile_"),
-             relationship=_layer_statement(MemoryLayer.RELATIONSHIP, strategy, False, lexical, "relationship_"))
+             terms=_TERMS.lstrip("\n") + "\n" if lexical else "",
+             profile=_layer_statement(MemoryLayer.PROFILE, strategy, demoting, lexical, "profile_", own_terms=False),
+             relationship=_layer_statement(MemoryLayer.RELATIONSHIP, strategy, False, lexical, "relationship_",
+                                           own_terms=False))
          for strategy in _SCORES for demoting in (False, True) for lexical in (False, True)}
 
 
