@@ -4,8 +4,8 @@ The user is the verified JWT's ``sub`` (checked by the HTTP API's JWT authorizer
 local dev server the same way); no route takes a user id from the request.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: pydantic and the resolver would then compile and evaluate
+# every annotation of the thirty models and routes from its text at import (~115 evaluations a cold start).
 import base64
 import binascii
 import json
@@ -97,7 +97,13 @@ def event_of(text: str | None) -> EventTime | None:
     return parse_event_time(text) if text else None
 
 
-class Strict(BaseModel):
+class ApiModel(BaseModel):
+    """A request or response shape of this API. Built when first used, not at import: a cold container
+    validates with the one or two models its first request needs, not with all thirty (bench/cold_start.py)."""
+    model_config = ConfigDict(defer_build=True)
+
+
+class Strict(ApiModel):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -110,7 +116,7 @@ class NewTurn(Strict):
     client_turn_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:-]{1,128}$")] | None = None
 
 
-class Memory(BaseModel):
+class Memory(ApiModel):
     """A memory as its owner sees it (never its embedding)."""
     id: UUID
     layer: MemoryLayer
@@ -148,7 +154,7 @@ class Memory(BaseModel):
         return row
 
 
-class MemoryPage(BaseModel):
+class MemoryPage(ApiModel):
     memories: list[Memory]
     next_before: str | None = Field(description="an opaque cursor: pass it as `before` for the next page (it stays "
                                                 "valid when the memory it was taken from is deleted); null on the "
@@ -235,20 +241,20 @@ def _documented(ok: tuple[int, str], *errors: tuple[int, str], public: bool = Fa
 _NOT_YOURS = (404, "no such memory of this user (another user's id answers the same)")
 
 
-class HealthReport(BaseModel):
+class HealthReport(ApiModel):
     status: Literal["ok", "degraded"]
     database: Literal["ok", "unreachable"]
     providers: dict[str, str] = Field(description="what the chat model and the embedder are (real or offline)")
     dreaming: dict[str, Any] = Field(description="ok, or held while a provider refuses our credentials (and why)")
 
 
-class Check(BaseModel):
+class Check(ApiModel):
     status: Literal["ok", "failed"]
     detail: str
     ms: float
 
 
-class DeepHealth(BaseModel):
+class DeepHealth(ApiModel):
     status: Literal["ok", "failed"]
     checks: dict[str, Check] = Field(description="database, schema, llm, embedder")
 
@@ -309,13 +315,13 @@ def docs():
     return Response(200, content_types.TEXT_HTML, page)
 
 
-class PersonaView(BaseModel):
+class PersonaView(ApiModel):
     id: str
     name: str
     description: str
 
 
-class PersonaList(BaseModel):
+class PersonaList(ApiModel):
     personas: list[PersonaView]
 
 
@@ -325,7 +331,7 @@ def personas() -> PersonaList:
     return PersonaList.model_validate({"personas": chat_store.list_personas()})
 
 
-class CreatedSession(BaseModel):
+class CreatedSession(ApiModel):
     id: UUID
     persona_id: str
     created_at: datetime
@@ -341,7 +347,7 @@ def create_session(body: NewSession) -> Response[CreatedSession]:
     return Response(201, content_types.APPLICATION_JSON, CreatedSession.model_validate(session))
 
 
-class DreamingState(BaseModel):
+class DreamingState(ApiModel):
     state: Literal["active", "waiting", "claimed", "retrying", "extracted", "failed"] = Field(
         description="active: not quiet long enough yet; waiting: for the next sweep; claimed: being extracted; "
                     "retrying: after a failure, at due_at; extracted: its memories are written; failed: given up "
@@ -356,7 +362,7 @@ class SessionView(CreatedSession):
     dreaming: DreamingState
 
 
-class SessionList(BaseModel):
+class SessionList(ApiModel):
     sessions: list[SessionView] = Field(description="newest first")
 
 
@@ -381,7 +387,7 @@ def take_turn(session_id: UUID, body: NewTurn) -> chat.TurnResult:
     return chat.take_turn(current_user(), session_id, body.content, body.client_turn_id)
 
 
-class MessageView(BaseModel):
+class MessageView(ApiModel):
     id: int
     role: Literal["user", "assistant"]
     content: str
@@ -392,7 +398,7 @@ class MessageView(BaseModel):
                     "own: look them up by id); null for the user's messages")
 
 
-class MessagePage(BaseModel):
+class MessagePage(ApiModel):
     messages: list[MessageView] = Field(description="newest first")
     next_before: int | None = Field(description="pass as `before` for the next (older) page; null on the last")
 
@@ -478,7 +484,7 @@ class SearchResult(Memory):
     parts: recall.ScoreParts
 
 
-class SearchResults(BaseModel):
+class SearchResults(ApiModel):
     results: list[SearchResult] = Field(description="best first")
 
 
@@ -542,7 +548,7 @@ def edit_memory(memory_id: UUID, body: MemoryEdit) -> MemoryWithHistory:
     return MemoryWithHistory.model_validate(curation.edit(current_user(), memory_id, body.changes()))
 
 
-class Deleted(BaseModel):
+class Deleted(ApiModel):
     deleted: int = Field(description="how many memories were deleted (0 when none matched)")
 
 
@@ -570,7 +576,7 @@ def delete_memory(memory_id: UUID):
     return Response(204, None, "")
 
 
-class Erased(BaseModel):
+class Erased(ApiModel):
     """What an erasure deleted, by kind (all 0 when there was nothing, e.g. the second time)."""
     memories: int = Field(description="both layers, superseded history included")
     messages: int
@@ -582,11 +588,11 @@ class Erased(BaseModel):
     exports: int = Field(description="export files not yet expired")
 
 
-class Erasure(BaseModel):
+class Erasure(ApiModel):
     erased: Erased
 
 
-class ExportLink(BaseModel):
+class ExportLink(ApiModel):
     url: str = Field(description="where the export is, a JSON document: sessions with their messages, memories with "
                                  "their history, usage per day")
     expires_at: datetime = Field(description="the link (and, within a day, the file) expires")
@@ -616,7 +622,7 @@ def erase_me() -> Erasure:
     return Erasure(erased=Erased(**erased))
 
 
-class CallsUsage(BaseModel):
+class CallsUsage(ApiModel):
     purpose: Literal["chat", "extraction", "deep_pass", "curation"] = Field(
         description="chat: turns (reply and query embedding); extraction and deep_pass: dreaming; curation: the "
                     "memory API's embeddings")
@@ -627,14 +633,14 @@ class CallsUsage(BaseModel):
     estimated_cost: float | None = Field(description="USD at the configured list prices; null: the model has no price")
 
 
-class DayUsage(BaseModel):
+class DayUsage(ApiModel):
     day: date = Field(description="a UTC day")
     tokens: int = Field(description="what the daily token budget counted")
     estimated_cost: float
     calls: list[CallsUsage]
 
 
-class PurposeUsage(BaseModel):
+class PurposeUsage(ApiModel):
     purpose: str
     calls: int
     input_tokens: int
@@ -642,7 +648,7 @@ class PurposeUsage(BaseModel):
     estimated_cost: float
 
 
-class UsageTotals(BaseModel):
+class UsageTotals(ApiModel):
     tokens: int
     calls: int
     input_tokens: int
@@ -650,7 +656,7 @@ class UsageTotals(BaseModel):
     estimated_cost: float
 
 
-class UsageReport(BaseModel):
+class UsageReport(ApiModel):
     model_config = ConfigDict(populate_by_name=True)
     first: date = Field(alias="from")
     last: date = Field(alias="to")

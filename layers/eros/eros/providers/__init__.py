@@ -10,6 +10,7 @@ container, so warm invocations reuse HTTP connections.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from ..config import settings
 from ..credentials import ConfigurationError, with_provider_keys
@@ -24,7 +25,9 @@ from .base import (
 )
 from .embed import VoyageEmbedder
 from .llm import ChatClient
-from .offline import HashingEmbedder, OfflineChat
+
+if TYPE_CHECKING:  # imported where chosen: a deployed container never runs the offline models
+    from .offline import HashingEmbedder, OfflineChat
 
 __all__ = ["Deadline", "ProviderConfigurationError", "ProviderError", "ProviderResponseError", "ProviderTimeout",
            "ProviderUnavailable", "chat_client", "embedder", "describe"]
@@ -38,6 +41,8 @@ def chat_client() -> ChatClient | OfflineChat:
         return ChatClient(s.llm_url, key, timeout=s.llm_timeout_secs, max_retries=s.provider_max_retries)
     _refuse_offline_in_deployment(s, "OPENROUTER_API_KEY")
     logger.warning("no LLM key or base URL configured: using the OFFLINE chat and extraction model")
+    from .offline import OfflineChat
+
     return OfflineChat()
 
 
@@ -50,6 +55,8 @@ def embedder() -> VoyageEmbedder | HashingEmbedder:
                               max_retries=s.provider_max_retries)
     _refuse_offline_in_deployment(s, "VOYAGE_API_KEY")
     logger.warning("no Voyage key or base URL configured: using the OFFLINE lexical hashing embedder")
+    from .offline import HashingEmbedder
+
     return HashingEmbedder()
 
 
