@@ -41,6 +41,27 @@ def test_lexemes_of_english_chinese_japanese_and_mixed_text(db):
     assert lexemes(db, "") == set() and lexemes(db, "  ,.!? ") == set()
 
 
+def test_the_linear_lexemes_equal_0012s_so_stored_columns_stay_valid(db):
+    """Migration 0014 replaced engine.lexemes()'s body without rewriting the stored column: sound only if every
+    text gets the same tsvector (lexemes and positions) as under 0012's definition, run here beside it."""
+    from eros.migrate import migration_files
+
+    original = dict(migration_files())["0012_lexical_recall"]
+    definition = re.search(r"CREATE FUNCTION engine\.lexemes\(body text\).*?;\n", original, re.S)
+    assert definition, "0012 defines engine.lexemes"
+    db.execute(definition.group(0).replace("engine.lexemes", "pg_temp.lexemes_0012"))
+    rng = random.Random(14)
+    alphabet = "猫狗我今天工作到十点のカタカナひらがな한국어 abcXYZ123,.!?'\"\\-_:*&|()<>年月日\t\n🙂𠀀ＭｅÉ"
+    texts = ["", " ", "猫", "猫狗", "a猫", "猫a狗", "猫" * 300, "养了一只猫，叫年糕", "カタカナの猫",
+             "和 Oksana 在 Wien 喝咖啡", "Lunch with Mehmet at Café Zürich, 2019!", "mehmet " * 50,
+             "a & b | !c:* <-> (d) 'e'"]
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 60))) for _ in range(500)]
+    rows = db.execute("SELECT t, pg_temp.lexemes_0012(t)::text AS before, engine.lexemes(t)::text AS now"
+                      " FROM unnest(%s::text[]) AS t", (texts,)).fetchall()
+    assert [r["now"] for r in rows] == [r["before"] for r in rows]
+    assert sum(1 for r in rows if r["now"]) > 450  # most of them have lexemes: the comparison is not of empties
+
+
 def test_every_writer_gets_the_lexemes_and_an_edit_recomputes_them(db, providers):
     api = Api()
     raw = insert(db, "alice", "Plays bouldering with Thabo", random_vector(random.Random(1)))
