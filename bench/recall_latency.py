@@ -29,8 +29,11 @@ Run (about 30-60 min on 2 cores, most of it index builds):
 At 10,000,000 rows (100,000 users; ~29 GB, more than this machine's page cache), recall and the exact query
 only, since the index builds would take hours here:
 
-    .venv/bin/python bench/recall_latency.py --users 100000 --exact-only --dir /tmp/eros-bench-recall-10m \
-        --out bench/results/recall_latency_10m.md
+    .venv/bin/python bench/recall_latency.py --users 100000 --exact-only --large-user-rows 100000 \
+        --dir /tmp/eros-bench-recall-10m --out bench/results/recall_latency_10m.md
+
+``--large-user-rows 100000`` adds one user with a very large memory beside the others and times recall for
+them: what the exact per-user scan costs where an approximate index would start to pay.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ NOISE = 4096
 TOPICS_PER_USER = 8
 PROFILE_PER_USER = 60
 ROWS_PER_USER = 100
+LARGE_USER = "u-large"  # --large-user-rows: one user with a very large memory, beside the others
 NOISE_SCALE = 0.6
 
 
@@ -117,6 +121,68 @@ def generate(conn, users: int, noise: int = NOISE, batch_users: int = 500) -> No
             rate = (last + 1) * ROWS_PER_USER / (time.perf_counter() - started)
             log(f"  {(last + 1) * ROWS_PER_USER:,} rows ({rate:,.0f} rows/s)")
     conn.execute("VACUUM ANALYZE engine.companion_memories")
+
+
+def large_user(conn, rows: int) -> None:
+    """LARGE_USER with ``rows`` profile rows made like every user's (8 topics, two noise vectors each), and a
+    persona instance; rewritten when the count differs."""
+    have = conn.execute("SELECT count(*) AS n FROM engine.companion_memories WHERE user_id = %s",
+                        (LARGE_USER,)).fetchone()["n"]
+    if have == rows:
+        return
+    log(f"adding {LARGE_USER} with {rows:,} profile rows")
+    conn.execute("DELETE FROM engine.companion_memories WHERE user_id = %s", (LARGE_USER,))
+    conn.execute("DELETE FROM engine.persona_instances WHERE user_id = %s", (LARGE_USER,))
+    conn.execute("INSERT INTO engine.persona_instances (user_id, persona_id)"
+                 " SELECT %s, (SELECT id FROM engine.personas ORDER BY id LIMIT 1)", (LARGE_USER,))
+    noise = conn.execute("SELECT count(*) AS n FROM bench_noise").fetchone()["n"]
+    conn.execute(
+        "INSERT INTO engine.companion_memories (user_id, content, embedding, category, importance, created_at)"
+        " SELECT %(user)s, 'memory large-' || k.j, t.v + a.v + b.v,"
+        "        (ARRAY['fact','preference','event','emotion','relation'])[1 + k.j %% 5], k.imp,"
+        "        now() - k.age * interval '365 days'"
+        " FROM (SELECT j, ((j %% %(tpu)s) * 37) %% %(topics)s AS topic, floor(random() * %(noise)s)::int AS na,"
+        "              floor(random() * %(noise)s)::int AS nb, random()::real AS imp, random() AS age"
+        "       FROM generate_series(0, %(rows)s - 1) j) k"
+        " JOIN bench_topics t ON t.id = k.topic JOIN bench_noise a ON a.id = k.na JOIN bench_noise b ON b.id = k.nb",
+        {"user": LARGE_USER, "tpu": TOPICS_PER_USER, "topics": TOPICS, "noise": noise, "rows": rows})
+    conn.execute("VACUUM ANALYZE engine.companion_memories")
+
+
+def large_user_queries(conn, n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    noise = conn.execute("SELECT count(*) AS n FROM bench_noise").fetchone()["n"]
+    instance = conn.execute("SELECT id FROM engine.persona_instances WHERE user_id = %s", (LARGE_USER,)).fetchone()
+    queries = []
+    for _ in range(n):
+        row = conn.execute("SELECT (t.v + a.v + b.v)::text AS v FROM bench_topics t, bench_noise a, bench_noise b"
+                           " WHERE t.id = %s AND a.id = %s AND b.id = %s",
+                           ((rng.randrange(TOPICS_PER_USER) * 37) % TOPICS, rng.randrange(noise),
+                            rng.randrange(noise))).fetchone()
+        queries.append({"user": LARGE_USER, "instance": instance["id"], "q": Vector.from_text(row["v"])})
+    return queries
+
+
+def time_large_user(conn, rows: int, n: int, seed: int, k: int) -> dict[str, list[float]]:
+    """Recall (each strategy) and the exact top-K for LARGE_USER, warm: what one very large memory costs."""
+    from eros import recall
+
+    queries = large_user_queries(conn, n, seed)
+    out: dict[str, list[float]] = {}
+    for strategy in ("grouped", "recency", "composite"):
+        params = recall.RecallParams(strategy=strategy, top_k=k)
+        recall.recall(LARGE_USER, queries[0]["instance"], queries[0]["q"].to_list(), params=params)  # warm
+        times = []
+        for q in queries:
+            t0 = time.perf_counter()
+            recall.recall(q["user"], q["instance"], q["q"].to_list(), params=params)
+            times.append(time.perf_counter() - t0)
+        out[f"recall, {strategy}"] = times
+        log(f"  {LARGE_USER} {strategy}: {ms(times)} ms")
+    _, exact = exact_truth(conn, queries, k, "engine.companion_memories")
+    out["exact per-user top-K (profile layer)"] = exact
+    log(f"  {LARGE_USER} exact: {ms(exact)} ms")
+    return out
 
 
 def make_queries(conn, users: int, n: int, seed: int) -> list[dict]:
@@ -234,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hnsw-timeout", type=int, default=2400, help="seconds for the full HNSW build")
     ap.add_argument("--hnsw-fallback-users", type=int, default=1000)
     ap.add_argument("--skip-hnsw", action="store_true")
+    ap.add_argument("--large-user-rows", type=int, default=0,
+                    help="add one more user with this many profile rows (e.g. 100000) and time recall for them")
     ap.add_argument("--exact-only", action="store_true",
                     help="no approximate indexes (IVFFlat, HNSW): recall and the exact query only, for sizes whose "
                          "index builds would take hours here")
@@ -258,7 +326,8 @@ def _main(args: argparse.Namespace, command: str) -> None:
 
 def _measure(args: argparse.Namespace, command: str, conn) -> None:
     rows_wanted = args.users * ROWS_PER_USER
-    have = conn.execute("SELECT count(*) AS n FROM engine.companion_memories").fetchone()["n"]
+    have = conn.execute("SELECT count(*) AS n FROM engine.companion_memories WHERE user_id <> %s",
+                        (LARGE_USER,)).fetchone()["n"]
     t_gen = None
     if args.fresh or have != rows_wanted:
         log(f"generating {rows_wanted:,} rows over {args.users:,} users")
@@ -270,6 +339,8 @@ def _measure(args: argparse.Namespace, command: str, conn) -> None:
         log(f"reusing {have:,} rows")
     for name in ("bench_ivfflat", "bench_hnsw"):
         conn.execute(f"DROP INDEX IF EXISTS engine.{name}")
+    if args.large_user_rows:
+        large_user(conn, args.large_user_rows)
     size = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('engine.companion_memories')) AS s"
                         ).fetchone()["s"]
     queries = make_queries(conn, args.users, args.queries, args.seed)
@@ -282,6 +353,7 @@ def _measure(args: argparse.Namespace, command: str, conn) -> None:
     exact_truth(conn, queries[:20], k, "engine.companion_memories")  # warm
     truth, exact_times = exact_truth(conn, queries, k, "engine.companion_memories")
     log(f"  exact: {ms(exact_times)} ms")
+    large = time_large_user(conn, args.large_user_rows, 50, args.seed + 2, k) if args.large_user_rows else {}
 
     conn.execute(f"SET maintenance_work_mem = '{args.maintenance_work_mem}'")
     conn.execute("SET max_parallel_maintenance_workers = 1")  # 2 cores: leader + 1 worker
@@ -293,7 +365,7 @@ def _measure(args: argparse.Namespace, command: str, conn) -> None:
     if not args.exact_only:
         hnsw_note = _approximate(args, conn, queries, truth, k, profile_rows, approx_rows, builds)
     _report(args, command, conn, rows_wanted, size, t_gen, k, strategies, exact_times, profile_rows, approx_rows,
-            builds, hnsw_note)
+            builds, hnsw_note, large)
 
 
 def _approximate(args, conn, queries, truth, k, profile_rows, approx_rows, builds) -> str:
@@ -355,7 +427,7 @@ def _approximate(args, conn, queries, truth, k, profile_rows, approx_rows, build
 
 
 def _report(args, command, conn, rows_wanted, size, t_gen, k, strategies, exact_times, profile_rows, approx_rows,
-            builds, hnsw_note) -> None:
+            builds, hnsw_note, large) -> None:
     lines: list[str] = []
     pg_version = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()["extversion"]
     lines += [
@@ -398,6 +470,12 @@ def _report(args, command, conn, rows_wanted, size, t_gen, k, strategies, exact_
     for name, n_rows, r in approx_rows:
         lines.append(f"| {name} | {n_rows} | {ms(r['times'])} | {r['short']:.0%} | {r['missing_per_query']:.2f} "
                      f"| {r['wrong_per_query']:.2f} | {r['recall']:.1%} |")
+    if large:
+        lines += ["", f"## One user with a very large memory: {args.large_user_rows:,} profile rows", "",
+                  f"`{LARGE_USER}`, beside the other users, made like them; 50 queries on their topics, warm. The "
+                  "exact per-user scan reads every one of the user's rows.", "",
+                  "| query | p50 ms | p95 ms | max ms |", "| --- | --- | --- | --- |"]
+        lines += [f"| {name} | {ms(times)} |" for name, times in large.items()]
     if builds:
         lines += ["", "Index builds (maintenance_work_mem "
                   f"{args.maintenance_work_mem}, 1 parallel maintenance worker):", ""]

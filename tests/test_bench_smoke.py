@@ -195,12 +195,18 @@ def test_recall_latency(bench_url, tmp_path):
     assert queries == ["exact per-user (btree on user_id, all the user's rows)", "IVFFlat probes=1",
                        "HNSW ef_search=40"]
     # --exact-only (the size whose index builds would take hours): the same data, the exact query alone.
+    # --large-user-rows: one more user with a very large memory, whose rows the others' count leaves out.
     assert recall_latency.main(["--users", "10", "--queries", "4", "--exact-only", "--noise-vectors", "64",
-                                "--database-url", bench_url, "--out", str(out)]) == 0
+                                "--large-user-rows", "300", "--database-url", bench_url, "--out", str(out)]) == 0
     report = out.read_text()
     assert [r[0] for r in table_rows(report, "| query | rows indexed |")] == [
         "exact per-user (btree on user_id, all the user's rows)"]
     assert "No approximate index was built (`--exact-only`)." in report
+    assert "## One user with a very large memory: 300 profile rows" in report
+    large = table_rows(report, "| query | p50 ms | p95 ms | max ms |")
+    assert [r[0] for r in large] == ["recall, grouped", "recall, recency", "recall, composite",
+                                     "exact per-user top-K (profile layer)"]
+    assert all(re.fullmatch(NUMBER, c) for r in large for c in r[1:])
 
 
 def test_recall_eval(bench_url, tmp_path):
