@@ -186,14 +186,16 @@ def free_port() -> int:
 
 
 def start_stack(data: str, port: int, *, in_background: bool = False) -> subprocess.Popen:
-    """`make run` in a fresh data folder; ``in_background``: as `make run &` starts it, with SIGINT ignored."""
+    """`make run` in a fresh data folder: in a terminal's foreground, SIGINT at its default whatever this run
+    inherited (a test run started in the background, `cmd &` from a script, has it ignored); ``in_background``:
+    as `make run &` starts it, with SIGINT ignored."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "LLM_", "EMBED_", "OPENROUTER",
                                                                       "VOYAGE"))}
     env |= {"EROS_DATA_DIR": data, "PORT": str(port), "DREAMING_TICK_SECS": "3600"}
-    ignore_sigint = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if in_background else None
+    disposition = signal.SIG_IGN if in_background else signal.SIG_DFL
     process = subprocess.Popen([sys.executable, "-m", "eros.cli", "serve"], cwd=ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               preexec_fn=ignore_sigint)  # noqa: PLW1509 - a signal disposition, nothing else
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, disposition))  # noqa: PLW1509
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
