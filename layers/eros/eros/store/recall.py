@@ -129,7 +129,8 @@ _NO_DEMOTION = ("", "0::float8")
 #   and the frequency is a window over the matches, not a second pass and a join.
 # * `lexical`: per row, the sum over its matched lexemes of idf = ln(1 + (n - df + 0.5) / (df + 0.5)) over
 #   the user's n rows (BM25's (k1 + 1) / (1 + k1) factor is 1 at term frequency 1 and b = 0), divided by
-#   the best row's sum.
+#   the best row's sum. n is `collection`, MATERIALIZED: joined to the bare count, the plan re-counted the
+#   rows once per match.
 # * The year the message names: a row whose event time (occurred_at) falls in a year that is one of the
 #   message's lexemes ("what happened in 2008?", "2018年") gets ``lexical_year_weight`` on top. The year is
 #   a word of the row too, but at a tie-breaker's weight it cannot lift the one memory of 2008 over ten
@@ -144,9 +145,10 @@ matches AS (
     FROM (SELECT id, unnest(tsvector_to_array(lexemes)) AS lexeme
           FROM base, terms WHERE length(ts_delete(lexemes, terms.terms)) < length(lexemes)) m, terms
     WHERE m.lexeme = ANY (terms.terms)
+), collection AS MATERIALIZED (
+    SELECT count(*)::float8 AS n FROM base
 ), bm25 AS (
-    SELECT id, sum(ln(1 + (n - df + 0.5) / (df + 0.5))) AS raw
-    FROM matches, (SELECT count(*)::float8 AS n FROM base) collection GROUP BY id
+    SELECT id, sum(ln(1 + (n - df + 0.5) / (df + 0.5))) AS raw FROM matches, collection GROUP BY id
 ), lexical AS (
     SELECT id, raw / nullif(max(raw) OVER (), 0) AS lexical FROM bm25
 ),""", "base LEFT JOIN lexical USING (id) CROSS JOIN terms",
