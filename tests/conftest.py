@@ -307,3 +307,13 @@ def _unit_isolation(request):
         patch.setattr(multiprocessing.process.BaseProcess, "start", _refuse("started a process"))
         patch.setattr(os, "fork", _refuse("forked"))
         yield
+
+
+def pytest_collection_finish(session):
+    """What collection imported (the package, boto3, moto, hypothesis, the test modules) lives until the run
+    ends: move it out of the garbage collector's generations, so that each full collection during the run
+    no longer walks it again: the two workers' collections took 6.6 s of a run before, 4.9 s after."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
