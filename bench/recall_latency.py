@@ -153,14 +153,7 @@ def large_user_queries(conn, n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
     noise = conn.execute("SELECT count(*) AS n FROM bench_noise").fetchone()["n"]
     instance = conn.execute("SELECT id FROM engine.persona_instances WHERE user_id = %s", (LARGE_USER,)).fetchone()
-    queries = []
-    for _ in range(n):
-        row = conn.execute("SELECT (t.v + a.v + b.v)::text AS v FROM bench_topics t, bench_noise a, bench_noise b"
-                           " WHERE t.id = %s AND a.id = %s AND b.id = %s",
-                           ((rng.randrange(TOPICS_PER_USER) * 37) % TOPICS, rng.randrange(noise),
-                            rng.randrange(noise))).fetchone()
-        queries.append({"user": LARGE_USER, "instance": instance["id"], "q": Vector.from_text(row["v"])})
-    return queries
+    return [query(conn, rng, noise, LARGE_USER, instance["id"], 0) for _ in range(n)]
 
 
 def time_large_user(conn, rows: int, n: int, seed: int, k: int) -> dict[str, list[float]]:
@@ -171,13 +164,8 @@ def time_large_user(conn, rows: int, n: int, seed: int, k: int) -> dict[str, lis
     out: dict[str, list[float]] = {}
     for strategy in ("grouped", "recency", "composite"):
         params = recall.RecallParams(strategy=strategy, top_k=k)
-        recall.recall(LARGE_USER, queries[0]["instance"], queries[0]["q"].to_list(), params=params)  # warm
-        times = []
-        for q in queries:
-            t0 = time.perf_counter()
-            recall.recall(q["user"], q["instance"], q["q"].to_list(), params=params)
-            times.append(time.perf_counter() - t0)
-        out[f"recall, {strategy}"] = times
+        timed_recalls(queries[:1], params)  # warm
+        out[f"recall, {strategy}"] = times = timed_recalls(queries, params)
         log(f"  {LARGE_USER} {strategy}: {ms(times)} ms")
     _, exact = exact_truth(conn, queries, k, "engine.companion_memories")
     out["exact per-user top-K (profile layer)"] = exact
@@ -191,17 +179,34 @@ def make_queries(conn, users: int, n: int, seed: int) -> list[dict]:
     queries = []
     for _ in range(n):
         u = rng.randrange(users)
-        topic = (u * 7 + rng.randrange(TOPICS_PER_USER) * 37) % TOPICS
-        row = conn.execute("SELECT (t.v + a.v + b.v)::text AS v FROM bench_topics t, bench_noise a, bench_noise b"
-                           " WHERE t.id = %s AND a.id = %s AND b.id = %s",
-                           (topic, rng.randrange(noise), rng.randrange(noise))).fetchone()
         instance = conn.execute("SELECT id FROM engine.persona_instances WHERE user_id = %s",
                                 (f"u{u}",)).fetchone()
-        queries.append({"user": f"u{u}", "instance": instance["id"], "q": Vector.from_text(row["v"])})
+        queries.append(query(conn, rng, noise, f"u{u}", instance["id"], u))
     return queries
 
 
+def query(conn, rng: random.Random, noise: int, user: str, instance, u: int) -> dict:
+    """A query for user number ``u``: one of their topics (as ``generate`` assigns them) plus fresh noise."""
+    topic = (u * 7 + rng.randrange(TOPICS_PER_USER) * 37) % TOPICS
+    row = conn.execute("SELECT (t.v + a.v + b.v)::text AS v FROM bench_topics t, bench_noise a, bench_noise b"
+                       " WHERE t.id = %s AND a.id = %s AND b.id = %s",
+                       (topic, rng.randrange(noise), rng.randrange(noise))).fetchone()
+    return {"user": user, "instance": instance, "q": Vector.from_text(row["v"])}
+
+
 # --- measurements -------------------------------------------------------------------------------
+
+def timed_recalls(queries: list[dict], params) -> list[float]:
+    """Seconds of ``eros.recall.recall`` for each query, in order."""
+    from eros import recall
+
+    times = []
+    for q in queries:
+        t0 = time.perf_counter()
+        recall.recall(q["user"], q["instance"], q["q"].to_list(), params=params)
+        times.append(time.perf_counter() - t0)
+    return times
+
 
 def time_strategies(queries: list[dict], k: int) -> dict[str, list[float]]:
     from eros import recall
@@ -209,23 +214,13 @@ def time_strategies(queries: list[dict], k: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     # Warm-up: one pass over every query's user, so that no strategy pays for reading the users'
     # rows into the cache first (warm-cache figures; a cold user costs a few ms of I/O more).
-    first = []
-    for q in queries:
-        t0 = time.perf_counter()
-        recall.recall(q["user"], q["instance"], q["q"].to_list(), params=recall.RecallParams(strategy="grouped"))
-        first.append(time.perf_counter() - t0)
+    first = timed_recalls(queries, recall.RecallParams(strategy="grouped"))
     out["grouped, each user's first read (rows not yet in the cache, or some of them)"] = first
     log(f"  first reads: p50/p95/max {ms(first)} ms")
     for strategy in ("grouped", "recency", "composite"):
         params = recall.RecallParams(strategy=strategy, top_k=k)
-        for q in queries[:20]:
-            recall.recall(q["user"], q["instance"], q["q"].to_list(), params=params)
-        times = []
-        for q in queries:
-            t0 = time.perf_counter()
-            recall.recall(q["user"], q["instance"], q["q"].to_list(), params=params)
-            times.append(time.perf_counter() - t0)
-        out[strategy] = times
+        timed_recalls(queries[:20], params)
+        out[strategy] = times = timed_recalls(queries, params)
         log(f"  {strategy}: p50/p95/max {ms(times)} ms")
     return out
 
