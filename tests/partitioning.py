@@ -37,6 +37,7 @@ from psycopg.conninfo import make_conninfo
 
 from eros.db import connect
 from eros.migrate import grant_app_role, migrate
+from eros.store import recall as recall_store
 
 # The user tables a turn, a recall, the claim and an extraction touch. chat_messages joined them with
 # migration 0013, whose turn key (the conflict target of the store's INSERT ... ON CONFLICT) names user_id,
@@ -220,29 +221,64 @@ def drop_database(server_url: str, name: str) -> None:
 
 # --- what a statement scans ------------------------------------------------------------------------------
 
+# engine.turn_recall() is engine.recall_candidates() run from PL/pgSQL, which keeps its plan; EXPLAIN cannot see
+# into PL/pgSQL, so a turn's recall is explained as the SQL function the planner inlines, the same statement.
+_SEEN_THROUGH = {recall_store.TURN_RECALL: recall_store.CANDIDATES}
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
 class _Explained(psycopg.Cursor[Any]):
     """A cursor that runs EXPLAIN of each statement instead of the statement: what it returns is the plan."""
 
     options = ""
+    generic = False
 
     def execute(self, query: Query, params: Params | None = None, *, prepare: bool | None = None,
                 binary: bool | None = None) -> Self:
         if not isinstance(query, str):
             raise TypeError("only statements given as text are explained")
-        return super().execute(f"EXPLAIN {self.options}{query}", params, prepare=prepare, binary=binary)
+        query = _SEEN_THROUGH.get(query, query)
+        if not self.generic:
+            return super().execute(f"EXPLAIN {self.options}{query}", params, prepare=prepare, binary=binary)
+        # The generic plan, as PL/pgSQL keeps it: prepared with $n for the named placeholders (their casts give
+        # the types), planned without the values, executed with them (partitions are pruned at executor start).
+        if not isinstance(params, Mapping):
+            raise TypeError("a generic plan is explained for named parameters only")
+        names = list(dict.fromkeys(_PLACEHOLDER.findall(query)))
+        numbered = _PLACEHOLDER.sub(lambda m: f"${names.index(m[1]) + 1}", query)
+        # Not this class (its statements are not explained) and with the values as literals: the server infers no
+        # parameter's type in a utility statement such as EXPLAIN EXECUTE.
+        side = psycopg.ClientCursor(self.connection)
+        side.execute(f"PREPARE explained_generic AS {numbered}")
+        try:
+            with self.connection.transaction(force_rollback=True):
+                side.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+                plan = [row["QUERY PLAN"] for row in side.execute(
+                    f"EXPLAIN {self.options}EXECUTE explained_generic({', '.join(['%s'] * len(names))})",
+                    [params[n] for n in names]).fetchall()]
+        finally:
+            side.execute("DEALLOCATE explained_generic")
+        return super().execute('SELECT unnest(%s::text[]) AS "QUERY PLAN"', [plan], binary=binary)
 
 
 class _Analysed(_Explained):
     options = "(ANALYZE) "
 
 
+class _Generic(_Explained):
+    generic = True
+
+
 @contextmanager
-def explaining(conn: psycopg.Connection[Any], *, analyse: bool = False) -> Iterator[None]:
+def explaining(conn: psycopg.Connection[Any], *, analyse: bool = False, generic: bool = False) -> Iterator[None]:
     """In the block, every statement the code runs on ``conn`` is EXPLAINed with its own bound values (and,
-    ``analyse``, run: EXPLAIN ANALYZE), and what the code gets back is the plan's lines ({"QUERY PLAN": line}):
-    the store's own call shows the plan of exactly the statement it sends."""
+    ``analyse``, run: EXPLAIN ANALYZE; or, ``generic``, planned without its values, as a statement a connection
+    keeps is), and what the code gets back is the plan's lines ({"QUERY PLAN": line}): the store's own call
+    shows the plan of exactly the statement it sends."""
+    if analyse and generic:
+        raise ValueError("explain either the analysed or the generic plan")
     saved = conn.cursor_factory
-    conn.cursor_factory = _Analysed if analyse else _Explained
+    conn.cursor_factory = _Analysed if analyse else _Generic if generic else _Explained
     try:
         yield
     finally:

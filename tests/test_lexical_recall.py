@@ -140,7 +140,9 @@ def test_the_lexical_part_is_bm25_over_the_users_rows(db, wordy, strategy, layer
     off = recall_store.ranked(MemoryLayer(layer), replace(params, lexical_weight=0.0), "alice", wordy["query"],
                               k=100, cap=None, text=message, instance_id=wordy["instance"], now=NOW)
     assert {r["lexical_term"] for r in off} == {0.0}
-    assert "bm25" not in recall_store._STATEMENTS[(MemoryLayer(layer), strategy, False, False)]
+    on = {r["id"]: r for r in got}
+    for r in off:  # each row keeps the rest of its score
+        assert r["score"] == pytest.approx(on[r["id"]]["score"] - on[r["id"]]["lexical_term"], abs=1e-12)
 
 
 def two_colleagues(db, first: str, second: str, query: list[float]) -> tuple[dict, dict]:

@@ -8,8 +8,8 @@ unpartitioned: nothing here is a migration.
 * Recall (``ranked`` for both layers and every strategy, with and without the demotion and the lexical part, and
   ``candidates``) returns the same rows in the same order with the same scores as the unpartitioned test
   database holding the same rows.
-* A recall statement reads one partition, its user's (EXPLAIN of the store's own call); the claim, cross-user by
-  design, reads all of them.
+* A recall statement reads one partition, its user's (EXPLAIN of the store's own call, and of the generic plan
+  that engine.turn_recall keeps); the claim, cross-user by design, reads all of them.
 * Concurrent claimers take every idle session exactly once, across partitions.
 * Whole turns (``eros.chat.take_turn``, offline providers) and their sessions' extractions (the sweep's claim,
   ``eros.dreaming.extract_session``, a supersession through the self-referencing key) give what they give on
@@ -268,6 +268,12 @@ def test_a_recall_statement_reads_only_its_users_partition(partitioned, env, par
                      recall_store.ranked(MemoryLayer.PROFILE, params, user, query, k=8, cap=None, text=message),
                      recall_store.ranked(MemoryLayer.RELATIONSHIP, params, user, query, k=5, cap=None,
                                          instance_id=instance)]
+        # And the plan a turn's recall keeps (engine.turn_recall: planned once without the values): the
+        # partitions are pruned when it starts, by the user it is given.
+        with explaining(eros_db.connection(), generic=True):
+            plans.append(recall_store.candidates(params, user, query, k=8, cap=None, relationship_k=5,
+                                                 instance_id=instance, dedupe=0.97, text=message))
+        assert any("Subplans Removed" in r["QUERY PLAN"] for r in plans[-1])
         for plan in plans:
             assert partitions_in(plan, "companion_memories") == {own}, "\n".join(r["QUERY PLAN"] for r in plan)
     assert len(seen) >= 2  # the users asked live in different partitions

@@ -35,7 +35,6 @@ NOT_YET_SCOPED: set[str] = set()
 # Parts of statements, not statements: every statement built from them adds the user's condition.
 FRAGMENTS = {
     "memories.FROM": "the memory listing's FROM; each use adds WHERE m.user_id = ...",
-    "recall._TEMPLATE": "the recall statement's shape; its layer filters (_LAYER_FILTER) name the user",
 }
 
 
