@@ -574,16 +574,20 @@ def explain(statements: list[tuple[str, Any]]) -> list[tuple[str, str]]:
     user's pages are as warm as the turn left them), on the turn's own connection, in a transaction that is
     rolled back: the turn is stored by then, so its writing statements find it there and write nothing."""
     from eros.db import connection
+    from eros.store import recall as recall_store
 
     out = []
     conn = connection()
     for sql, params in statements:
         if not str(sql).lstrip().upper().startswith(("SELECT", "WITH")):
             continue
-        with conn.transaction(force_rollback=True):
-            rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + str(sql), params).fetchall()
-        plan = _VECTOR_LITERAL.sub("'[...]'", "\n".join(r["QUERY PLAN"] for r in rows))
-        out.append((" ".join(str(sql).split()), plan))
+        # EXPLAIN cannot see into PL/pgSQL: the turn's recall is shown as the call the turn makes (what it costs
+        # with its plan kept) and then as the SQL function that call runs, which the planner inlines (its plan).
+        for each in (sql, recall_store.CANDIDATES) if sql == recall_store.TURN_RECALL else (sql,):
+            with conn.transaction(force_rollback=True):
+                rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + str(each), params).fetchall()
+            plan = _VECTOR_LITERAL.sub("'[...]'", "\n".join(r["QUERY PLAN"] for r in rows))
+            out.append((" ".join(str(each).split()), plan))
     return out
 
 

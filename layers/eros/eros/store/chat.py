@@ -50,12 +50,6 @@ _SESSION_COLUMNS = (
     "s.id, s.instance_id, i.persona_id, s.created_at, s.last_active_at, s.extracted_at"
 )
 
-# New messages: the session is active again and, if it was extracted (or given up on), eligible for dreaming
-# again with a fresh attempts budget; extraction resumes after its watermark. (Completed with a WHERE.)
-_TOUCH = ("UPDATE engine.chat_sessions SET last_active_at = now(), extracted_at = NULL,"
-          " extraction_attempts = 0 WHERE user_id = %(user)s AND id = %(session)s")
-
-
 # Where a session is in dreaming, from its bookkeeping columns (migrations 0002, 0005, 0008), first match:
 # failed (given up; its error says why), extracted (through its last message), claimed (a sweep took it),
 # retrying (a failure's backoff), active (not quiet for DREAMING_IDLE_SECS yet), else waiting for a sweep.
@@ -106,58 +100,20 @@ def find_turn(user_id: str, session_id: UUID, client_turn_id: str) -> TurnMessag
     return {row["role"]: row for row in rows}
 
 
-# A turn's first statement (``open_turn``): everything a turn does before its model calls, in one round
-# trip and one implicit transaction. Its parts:
-# * session: the session with its persona, only if it belongs to this user (another user's is not found:
-#   nothing below runs for it, since every part reads `session`);
-# * earlier: the messages already stored under this turn id (a retry's first attempt);
-# * to_admit / admitted (usage.ADMISSION): the turn counted against the spend limits, when they are on and
-#   the turn is not the retry of an answered turn with the same message (a replay is never limited);
-# * claimed: the user's message, stored before any model call, claiming the turn id (the UNIQUE
-#   (session_id, client_turn_id, role) constraint decides between concurrent senders), only when there is
-#   none yet and the turn was admitted; touched: the session's activity, when the message was stored;
-# * the history the prompt carries (the last `history` messages, the turn's own excluded), oldest first.
-# The admission locks the usage row before the session row is touched, as record_turn does: concurrent turns
-# of one user take the two locks in one order. Reads see the statement's snapshot: a concurrent sender that
-# stored its message after it began is neither in `earlier` nor beaten by `claimed` (ON CONFLICT waits for it,
-# then does nothing); the caller then finds it with claim_turn.
-_OPEN_TURN = f"""
-WITH session AS (
-    SELECT {_SESSION_COLUMNS}, p.name AS persona_name, p.system_prompt FROM engine.chat_sessions s
-    JOIN engine.persona_instances i ON i.id = s.instance_id
-    JOIN engine.personas p ON p.id = i.persona_id
-    WHERE s.id = %(session)s AND s.user_id = %(user)s
-), earlier AS (
-    SELECT m.id, m.role, m.content, m.metadata FROM engine.chat_messages m
-    WHERE m.user_id = %(user)s AND m.session_id = (SELECT id FROM session) AND m.client_turn_id = %(turn)s
-), to_admit AS (
-    SELECT FROM session
-    WHERE %(limited)s AND NOT EXISTS (SELECT FROM earlier a JOIN earlier u ON u.role = 'user'
-                                      WHERE a.role = 'assistant' AND u.content = %(content)s)
-), {usage.ADMISSION}, claimed AS (
-    INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id)
-    SELECT id, %(user)s, 'user', %(content)s, %(turn)s FROM session
-    WHERE NOT EXISTS (SELECT FROM earlier WHERE role = 'user') AND (NOT %(limited)s OR EXISTS (SELECT FROM admitted))
-    ON CONFLICT (session_id, client_turn_id, role, user_id) DO NOTHING
-    RETURNING id
-), touched AS (
-    {_TOUCH} AND EXISTS (SELECT FROM claimed)
-)
-SELECT session.*, (SELECT id FROM claimed) AS claimed_id,
-       NOT %(limited)s OR EXISTS (SELECT FROM admitted) AS admitted,
-       (SELECT coalesce(jsonb_object_agg(role, to_jsonb(earlier)), '{{}}') FROM earlier) AS earlier,
-       (SELECT coalesce(jsonb_agg(h ORDER BY h.id), '[]') FROM (
-            SELECT id, role, content FROM engine.chat_messages
-            WHERE user_id = %(user)s AND session_id = %(session)s AND client_turn_id <> %(turn)s
-            ORDER BY id DESC LIMIT %(history)s) h
-       ) AS history
-FROM session
-"""
+# A turn's first and last statements are functions in the database (migration 0016, which says what each part
+# does and why), so that a connection plans them once, not on every turn; recall's is engine.turn_recall.
+_OPEN_TURN = ("SELECT * FROM engine.open_turn(%(user)s::text, %(session)s::uuid, %(turn)s::text, %(content)s::text,"
+              " %(history)s::int, %(limited)s::boolean, %(day)s::date, %(window)s::timestamptz, %(rate)s::int,"
+              " %(budget)s::bigint)")
+_RECORD_TURN = ("SELECT engine.record_turn(%(user)s::text, %(session)s::uuid, %(instance)s::uuid, %(turn)s::text,"
+                " %(reply)s::text, %(metadata)s::jsonb, %(content)s::text, %(message)s::bigint, %(embedding)s::vector,"
+                " %(utterance_metadata)s::jsonb, %(day)s::date, %(purposes)s::text[], %(models)s::text[],"
+                " %(inputs)s::bigint[], %(outputs)s::bigint[]) AS id")
 
 
 def open_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str, *, history: int,
               now: datetime, turns_per_minute: int = 0, daily_budget: int = 0) -> OpenedTurn | None:
-    """Open a turn in one statement (see ``_OPEN_TURN``): the session (None: not this user's, or none), the
+    """Open a turn in one statement (engine.open_turn): the session (None: not this user's, or none), the
     messages stored under the turn id (the user's message just stored, or a retry's earlier attempt; empty
     when a concurrent sender's came first: see ``claim_turn``), whether the spend limits admitted the turn
     (counting it), and the prompt's history."""
@@ -208,37 +164,10 @@ def claim_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str
     raise RuntimeError(f"could not claim turn {client_turn_id!r}")
 
 
-# A turn's last statement (``record_turn``): its reply and what goes with it, in one round trip and one
-# implicit transaction (a statement's data-modifying CTEs commit or fail together). Its parts:
-# * spent, itemised (usage.spending): the turn's provider calls, recorded even if a concurrent sender's
-#   reply wins (they were paid for); they run first (`reply` reads them), so that the usage rows are locked
-#   before the session row, in the order open_turn takes them;
-# * reply: the assistant's message, unless a concurrent sender of the same message stored one first;
-# * touched and utterance, only with the reply: the session's activity, and the user's message in the
-#   relationship layer (with the embedding recall already paid for).
-_RECORD_TURN = f"""
-WITH {usage.spending()}, reply AS (
-    INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id, metadata)
-    SELECT %(session)s, %(user)s, 'assistant', %(reply)s, %(turn)s, %(metadata)s
-    FROM (SELECT count(*) FROM itemised) usage_first
-    ON CONFLICT (session_id, client_turn_id, role, user_id) DO NOTHING
-    RETURNING id
-), touched AS (
-    {_TOUCH} AND EXISTS (SELECT FROM reply)
-), utterance AS (
-    INSERT INTO engine.companion_memories (session_id, user_id, instance_id, content, embedding, source,
-                                           from_message_id, through_message_id, metadata)
-    SELECT %(session)s, %(user)s, %(instance)s, %(content)s, %(embedding)s, 'utterance', %(message)s,
-           %(message)s, %(utterance_metadata)s FROM reply
-)
-SELECT id FROM reply
-"""
-
-
 def record_turn(session: SessionWithPersona, user_id: str, user_message_id: int, content: str, client_turn_id: str,
                 reply: str, reply_metadata: dict, embedding: list[float], embed_model: str,
                 spent: Sequence[usage.Call] = ()) -> RecordedTurn:
-    """One statement (see ``_RECORD_TURN``): the ``spent`` provider calls of the turn, the reply to the
+    """One statement (engine.record_turn): the ``spent`` provider calls of the turn, the reply to the
     user's message (stored by ``open_turn``), the session's activity and the utterance in the relationship
     layer. Returns both message ids, or ``replayed`` when a concurrent sender of the same message recorded
     its reply first (keep that one)."""
@@ -248,7 +177,7 @@ def record_turn(session: SessionWithPersona, user_id: str, user_message_id: int,
         "message": user_message_id, "utterance_metadata": Jsonb({"message_id": user_message_id,
                                                                  "embed_model": embed_model}),
     }).fetchone()
-    if assistant is None:
+    if assistant is None or assistant["id"] is None:
         return {"replayed": True}
     return {"replayed": False, "user_message_id": user_message_id, "assistant_message_id": assistant["id"]}
 
@@ -264,4 +193,4 @@ def _insert_message(conn, user_id, session_id, role, content, client_turn_id, me
 
 
 def _touch(conn, user_id, session_id) -> None:
-    conn.execute(_TOUCH, {"user": user_id, "session": session_id})
+    conn.execute("SELECT engine.touch_session(%s::text, %s::uuid)", (user_id, session_id))

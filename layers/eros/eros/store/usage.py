@@ -3,7 +3,7 @@
 Every change is one atomic SQL statement: the limit is checked by the same statement that counts against
 it, on the row's latest version (ON CONFLICT DO UPDATE locks it), so concurrent turns of one user cannot
 overshoot a limit. A chat turn runs the admission and the spending as parts of its own statements
-(``ADMISSION``, ``spending``), so that they cost no round trip of their own."""
+(engine.open_turn, engine.record_turn: migration 0016), so that they cost no round trip of their own."""
 
 from __future__ import annotations
 
@@ -29,10 +29,9 @@ def next_day(moment: datetime) -> datetime:
 
 # Why a provider call was made (migration 0009): a turn's reply and query embedding are "chat"; the
 # memory API's embeddings "curation"; dreaming's calls "extraction" or "deep_pass". The last two are what
-# user_usage counts as dream_tokens, the first two as chat_tokens.
+# user_usage counts as dream_tokens, the first two as chat_tokens (engine.spend, migration 0016).
 Purpose = Literal["chat", "extraction", "deep_pass", "curation"]
 PURPOSES: tuple[Purpose, ...] = ("chat", "extraction", "deep_pass", "curation")
-_DREAMING = ("extraction", "deep_pass")
 
 
 class ProviderAnswer(Protocol):
@@ -69,27 +68,9 @@ def _count(usage: dict, key: str) -> int:
     return max(value, 0) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-# The admission of one turn, a data-modifying CTE of the statement that opens it (``store.chat.open_turn``),
-# so that counting the turn costs no round trip of its own. That statement defines ``to_admit``: one row when
-# the turn is to be counted, none otherwise (no session, a replay, no limit on). ``admitted`` has a row when
-# the turn was admitted and counted. Parameters: ``admission()``'s, and ``user``.
-ADMISSION = """
-admitted AS (
-    INSERT INTO engine.user_usage AS u (user_id, day, turns, window_start, window_turns)
-    SELECT %(user)s, %(day)s, 1, %(window)s, 1 FROM to_admit
-    ON CONFLICT (user_id, day) DO UPDATE SET
-        turns = u.turns + 1,
-        window_turns = CASE WHEN u.window_start = EXCLUDED.window_start THEN u.window_turns + 1 ELSE 1 END,
-        window_start = EXCLUDED.window_start
-    WHERE (%(rate)s = 0 OR u.window_start IS DISTINCT FROM EXCLUDED.window_start OR u.window_turns < %(rate)s)
-      AND (%(budget)s = 0 OR u.tokens < %(budget)s)
-    RETURNING u.turns
-)"""
-
-
 def admission(now: datetime, turns_per_minute: int, daily_budget: int) -> dict:
-    """The parameters of ``ADMISSION`` for a turn at ``now``; ``limited`` is false when no limit is on (then
-    nothing is counted and every turn is admitted)."""
+    """The spend limits' parameters of engine.open_turn for a turn at ``now``; ``limited`` is false when no
+    limit is on (then nothing is counted and every turn is admitted)."""
     return {"limited": bool(turns_per_minute or daily_budget), "day": now.astimezone(UTC).date(),
             "window": _window(now), "rate": turns_per_minute, "budget": daily_budget}
 
@@ -100,7 +81,7 @@ def _window(now: datetime) -> datetime:
 
 
 def refusal(user_id: str, now: datetime, daily_budget: int) -> tuple[str, datetime]:
-    """Why a turn that ``ADMISSION`` did not admit was refused, and until when: ``"budget_exhausted"`` until
+    """Why a turn that the spend limits did not admit was refused, and until when: ``"budget_exhausted"`` until
     midnight UTC, else ``"rate_limited"`` until the rate window ends (a refused turn was not counted)."""
     if daily_budget and usage(user_id, now)["tokens"] >= daily_budget:
         return "budget_exhausted", next_day(now)
@@ -117,41 +98,8 @@ _HELD_BY = {
 }
 
 
-def spending(held_by: str | None = None) -> str:
-    """The CTEs that count provider calls: ``record``'s statement, and part of the statement that records a
-    chat turn (``store.chat.record_turn``). ``spent`` adds the calls' tokens to the user's day (the row the
-    budget reads; nothing when they reported none), then ``itemised`` adds each call to its purpose and
-    model's row (migration 0009); a statement reads ``itemised`` to run both, in that order (the order a
-    turn locks usage rows in). Parameters: ``calls()``'s (and held, with ``held_by``: "session" or
-    "deep_pass", counted only while that row exists)."""
-    held = f" WHERE EXISTS ({_HELD_BY[held_by]})" if held_by is not None else ""
-    dreaming = ", ".join(f"'{p}'" for p in _DREAMING)
-    return f"""spent_calls AS (
-    SELECT c.purpose, c.model, c.input_tokens, c.output_tokens
-    FROM unnest(%(purposes)s::text[], %(models)s::text[], %(inputs)s::bigint[], %(outputs)s::bigint[])
-         AS c(purpose, model, input_tokens, output_tokens){held}
-), spent AS (
-    INSERT INTO engine.user_usage AS u (user_id, day, tokens, chat_tokens, dream_tokens)
-    SELECT %(user)s, %(day)s, t.tokens, t.tokens - t.dream, t.dream FROM (
-        SELECT coalesce(sum(input_tokens + output_tokens), 0) AS tokens,
-               coalesce(sum(input_tokens + output_tokens) FILTER (WHERE purpose IN ({dreaming})), 0) AS dream
-        FROM spent_calls) t
-    WHERE t.tokens > 0
-    ON CONFLICT (user_id, day) DO UPDATE SET tokens = u.tokens + EXCLUDED.tokens,
-        chat_tokens = u.chat_tokens + EXCLUDED.chat_tokens, dream_tokens = u.dream_tokens + EXCLUDED.dream_tokens
-    RETURNING 1
-), itemised AS (
-    INSERT INTO engine.user_model_usage AS m (user_id, day, purpose, model, calls, input_tokens, output_tokens)
-    SELECT %(user)s, %(day)s, purpose, model, count(*), sum(input_tokens), sum(output_tokens)
-    FROM spent_calls, (SELECT count(*) FROM spent) usage_first GROUP BY purpose, model
-    ON CONFLICT (user_id, day, purpose, model) DO UPDATE SET calls = m.calls + EXCLUDED.calls,
-        input_tokens = m.input_tokens + EXCLUDED.input_tokens, output_tokens = m.output_tokens + EXCLUDED.output_tokens
-    RETURNING 1
-)"""
-
-
 def calls(user_id: str, now: datetime, spent: Sequence[Call]) -> dict:
-    """The parameters of ``spending`` for ``spent`` calls of ``user_id`` at ``now``."""
+    """The parameters of engine.spend (and of a turn's record) for ``spent`` calls of ``user_id`` at ``now``."""
     return {"user": user_id, "day": now.astimezone(UTC).date(), "purposes": [c.purpose for c in spent],
             "models": [c.model for c in spent], "inputs": [c.input_tokens for c in spent],
             "outputs": [c.output_tokens for c in spent]}
@@ -161,9 +109,12 @@ def record(user_id: str, call: Call, now: datetime, *, held_by: tuple[str, objec
     """Count one provider call of the user's (its tokens, by purpose and model); ``held_by``:
     ("session", id) or ("deep_pass", user id), counted only while that row exists."""
     values = calls(user_id, now, [call])
+    held = ""
     if held_by is not None:
         values["held"] = held_by[1]
-    connection().execute(f"WITH {spending(held_by[0] if held_by else None)} SELECT count(*) FROM itemised", values)
+        held = f" WHERE EXISTS ({_HELD_BY[held_by[0]]})"  # evaluated (and the row locked) before the call
+    connection().execute("SELECT engine.spend(%(user)s::text, %(day)s::date, %(purposes)s::text[], %(models)s::text[],"
+                         f" %(inputs)s::bigint[], %(outputs)s::bigint[]){held}", values)
 
 
 def usage(user_id: str, now: datetime) -> dict:
