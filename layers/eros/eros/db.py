@@ -4,7 +4,9 @@ Opened lazily on first use, reopened when it is found closed or broken. Autocomm
 no transaction stays open between statements unless ``transaction()`` asks for one.
 ``prepare_threshold=None`` turns off server-side prepared statements: RDS Proxy multiplexes
 connections between transactions, and a session that prepares a statement gets pinned to one backend
-connection for its lifetime, which defeats the pooling.
+connection for its lifetime, which defeats the pooling. The statements a chat turn runs keep their plans
+another way: they are PL/pgSQL functions (migrations 0015, 0016), whose plans the backend caches unseen by
+the proxy.
 """
 
 from __future__ import annotations
