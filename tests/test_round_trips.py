@@ -1,10 +1,12 @@
 """A chat turn's database round trips (issue 10), counted on the wire by bench/_wire.py's proxy: every turn
 path costs at most its number here, with the spend limits off and on, so that a round trip added back is a
 decision someone makes here, not an accident. Through RDS Proxy each one costs a Lambda far more than on
-this machine's Unix socket."""
+this machine's Unix socket. And each statement of a turn is the call of a PL/pgSQL function, whose plan the
+database keeps (migrations 0015, 0016): what the turn sends is a call, not SQL to parse and plan again."""
 
 from __future__ import annotations
 
+import re
 import sys
 import uuid
 from pathlib import Path
@@ -17,6 +19,7 @@ from eros.errors import NotFound
 from eros.store import chat as chat_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from _stages import capture_statements  # noqa: E402
 from _wire import RoundTrips  # noqa: E402
 
 TURN = 3  # open_turn (session, earlier messages, spend limits, the message, history), the recall, record_turn
@@ -86,6 +89,22 @@ def test_a_turn_and_its_replay(wire, limits, db):
     assert db.execute("SELECT count(*) AS n FROM engine.companion_memories").fetchone()["n"] == 2
     spent = db.execute("SELECT turns, chat_tokens FROM engine.user_usage WHERE user_id = 'alice'").fetchone()
     assert spent["chat_tokens"] > 0 and spent["turns"] == (2 if limits else 0)
+
+
+def test_a_turns_statements_are_calls_of_functions_that_keep_their_plans(limits, providers, db):
+    session = chat_store.create_session("alice", "luna")["id"]
+    with capture_statements() as sent:
+        chat.take_turn("alice", session, "I adopted a cat named Miso", "t-1")
+        chat.take_turn("alice", session, "I adopted a cat named Miso", "t-1")  # the replay
+    called = [re.fullmatch(r"SELECT (?:\* FROM )?engine\.(\w+)\(.*\)(?: AS \w+)?", str(sql), re.S) for sql, _ in sent]
+    assert all(called), [str(sql)[:80] for (sql, _), match in zip(sent, called, strict=True) if not match]
+    names = [match[1] for match in called if match]
+    assert names == ["open_turn", "turn_recall", "record_turn", "open_turn"]
+    kept = db.execute("SELECT p.proname AS name, l.lanname AS language, p.proconfig AS config FROM pg_proc p"
+                      " JOIN pg_language l ON l.oid = p.prolang WHERE p.pronamespace = 'engine'::regnamespace"
+                      " AND p.proname = ANY (%s)", (names,)).fetchall()
+    assert {(f["name"], f["language"], tuple(f["config"] or ())) for f in kept} == {
+        (name, "plpgsql", ("plan_cache_mode=force_generic_plan",)) for name in names}
 
 
 def test_a_retry_of_a_turn_the_model_failed(wire, limits, providers, db):
