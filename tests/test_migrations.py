@@ -131,6 +131,10 @@ def test_the_app_user_reads_and_writes_rows(db, app_user):
     "CREATE ROLE intruder LOGIN",
     "INSERT INTO engine.schema_migrations (name) VALUES ('9999_intruder')",
     "DELETE FROM engine.schema_migrations",
+    # The turn's statements are functions (migrations 0015, 0016): the app cannot rewrite one to skip a check.
+    "CREATE OR REPLACE FUNCTION engine.touch_session(of_user text, of_session uuid) RETURNS void"
+    " LANGUAGE sql AS 'SELECT'",
+    "ALTER FUNCTION engine.turn_recall RESET plan_cache_mode",
 ])
 def test_the_app_user_cannot_change_the_schema(db, app_user, statement):
     _, dsn = app_user
