@@ -178,6 +178,13 @@ ORDER BY score DESC, capped.id
 LIMIT k
 $$;
 
+-- A row of a turn's recall (eros.store.rows.RecallCandidate): what both functions below return.
+CREATE TYPE engine.recall_candidate AS (
+    layer text, id uuid, content text, category text, importance real, created_at timestamptz, occurred_at date,
+    occurred_precision text, distance float8, decay float8, similarity float8, recency_term float8,
+    importance_term float8, lexical_term float8, demotion float8, score float8, near uuid[]
+);
+
 -- Both layers, as a turn recalls them: the profile's top profile_k (at most profile_cap per category), then the
 -- relationship layer's top relationship_k of the instance, each exactly as recall_layer() ranks it, without
 -- embeddings, each with `near`: the rows placed before it (the profile's first, each layer by score) at least
@@ -187,10 +194,7 @@ $$;
 CREATE FUNCTION engine.recall_candidates(
     of_user text, of_instance uuid, query vector, message text, as_of timestamptz, knobs engine.recall_knobs,
     profile_k int, profile_cap int, relationship_k int, dedupe float8)
-RETURNS TABLE (layer text, id uuid, content text, category text, importance real, created_at timestamptz,
-               occurred_at date, occurred_precision text, distance float8, decay float8, similarity float8,
-               recency_term float8, importance_term float8, lexical_term float8, demotion float8, score float8,
-               near uuid[])
+RETURNS SETOF engine.recall_candidate
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
 WITH profile AS MATERIALIZED (
@@ -220,10 +224,7 @@ $$;
 CREATE FUNCTION engine.turn_recall(
     of_user text, of_instance uuid, query vector, message text, as_of timestamptz, knobs engine.recall_knobs,
     profile_k int, profile_cap int, relationship_k int, dedupe float8)
-RETURNS TABLE (layer text, id uuid, content text, category text, importance real, created_at timestamptz,
-               occurred_at date, occurred_precision text, distance float8, decay float8, similarity float8,
-               recency_term float8, importance_term float8, lexical_term float8, demotion float8, score float8,
-               near uuid[])
+RETURNS SETOF engine.recall_candidate
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET plan_cache_mode = force_generic_plan
 AS $$

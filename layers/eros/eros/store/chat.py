@@ -171,13 +171,13 @@ def record_turn(session: SessionWithPersona, user_id: str, user_message_id: int,
     user's message (stored by ``open_turn``), the session's activity and the utterance in the relationship
     layer. Returns both message ids, or ``replayed`` when a concurrent sender of the same message recorded
     its reply first (keep that one)."""
-    assistant = connection().execute(_RECORD_TURN, usage.calls(user_id, usage.utcnow(), spent) | {
+    assistant = one(connection().execute(_RECORD_TURN, usage.calls(user_id, usage.utcnow(), spent) | {
         "session": session["id"], "instance": session["instance_id"], "turn": client_turn_id, "reply": reply,
         "metadata": Jsonb(reply_metadata), "content": content, "embedding": Vector(embedding),
         "message": user_message_id, "utterance_metadata": Jsonb({"message_id": user_message_id,
                                                                  "embed_model": embed_model}),
-    }).fetchone()
-    if assistant is None or assistant["id"] is None:
+    }))
+    if assistant["id"] is None:
         return {"replayed": True}
     return {"replayed": False, "user_message_id": user_message_id, "assistant_message_id": assistant["id"]}
 
