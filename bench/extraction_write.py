@@ -113,9 +113,14 @@ def forget_this_run(url: str) -> None:
     from eros.db import connect
 
     with connect(url) as conn:
+        # The version chains the run joined (migration 0017) come apart first: the run's rows leave them, then
+        # the rows they superseded are current again, each a chain of its own.
+        conn.execute("UPDATE engine.companion_memories SET chain_id = NULL WHERE source = 'dreaming'"
+                     " AND content LIKE %s AND chain_id IS NOT NULL", (MEMORY_TEXT + "%",))
         conn.execute("UPDATE engine.companion_memories SET superseded_at = NULL, superseded_by = NULL,"
-                     " superseded_reason = NULL WHERE superseded_by IN (SELECT id FROM engine.companion_memories"
-                     " WHERE source = 'dreaming' AND content LIKE %s)", (MEMORY_TEXT + "%",))
+                     " superseded_reason = NULL, chain_id = NULL WHERE superseded_by IN (SELECT id FROM"
+                     " engine.companion_memories WHERE source = 'dreaming' AND content LIKE %s)",
+                     (MEMORY_TEXT + "%",))
         conn.execute("DELETE FROM engine.companion_memories WHERE source = 'dreaming' AND content LIKE %s",
                      (MEMORY_TEXT + "%",))
         conn.execute("DELETE FROM engine.user_model_usage WHERE user_id LIKE 'bench-u%'")

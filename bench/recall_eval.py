@@ -187,6 +187,10 @@ class State:
         if self.applied.get(user) == key:
             return
         with self.conn.transaction():
+            # Every version chain of the user comes apart before every row is current again (migration 0017
+            # allows one current row per chain); the supersessions below join them again.
+            self.conn.execute("UPDATE engine.companion_memories SET chain_id = NULL WHERE user_id = %s"
+                              " AND chain_id IS NOT NULL", (user,))
             self.conn.execute("UPDATE engine.companion_memories SET superseded_at = NULL, superseded_by = NULL,"
                               " superseded_reason = NULL WHERE user_id = %s AND superseded_at IS NOT NULL", (user,))
             with self.conn.cursor() as cur:

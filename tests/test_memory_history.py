@@ -187,8 +187,9 @@ def test_a_malformed_memory_cursor_is_422(api, world, cursor):
 
 
 def test_listing_and_history_statements_use_the_indexes(db, world):
-    """With realistic statistics (many users, some history), the page is read through the listing index
-    and ``supersedes`` / the history walk through the successor index: no per-row scan of a user's rows."""
+    """With realistic statistics (many users, some history), the page is read through the listing index,
+    a history through the chain index and ``supersedes`` through the successor index: no per-row scan of a
+    user's rows."""
     from eros.store import memories as memory_store
 
     db.execute("INSERT INTO engine.companion_memories (user_id, content, embedding, category, created_at)"
@@ -219,8 +220,9 @@ def test_listing_and_history_statements_use_the_indexes(db, world):
     successor = db.execute("SELECT id FROM engine.companion_memories m WHERE user_id = 'user7' AND EXISTS"
                            " (SELECT 1 FROM engine.companion_memories p WHERE p.superseded_by = m.id)"
                            " LIMIT 1").fetchone()["id"]
-    history = plan(memory_store._HISTORY, {"id": successor, "user": "user7", "depth": memory_store.MAX_CHAIN_DEPTH})
-    assert "companion_memories_superseded_by_idx" in history, history
+    history = plan(memory_store._HISTORY, {"id": successor, "user": "user7"})
+    assert "companion_memories_chain_idx" in history, history  # the chain's rows, by its name
+    assert "companion_memories_superseded_by_idx" in history, history  # each version's ``supersedes``
     assert "Seq Scan on companion_memories" not in history, history
 
 
@@ -246,9 +248,9 @@ def test_history_of_a_duplicate_and_of_a_stable_fact(api, world):
     assert status == 200 and ids(rel["history"]) == [world.rel] and rel["layer"] == "relationship"
 
 
-def test_a_merge_shows_what_it_replaced_and_each_merged_row_its_successor(api, db, world):
-    # Two copies merged into one: the survivor's history holds both; a copy's history is what replaced it
-    # (its sibling copy is neither its predecessor nor its successor).
+def test_a_merge_makes_one_fact_whose_history_every_copy_shows(api, db, world):
+    # Two copies merged into one are versions of one fact (one version chain, migration 0017): the survivor's
+    # history holds both, and so does each copy's (with its sibling, which is a version of the same fact).
     one = insert(db, "alice", "runs on Sundays", days_ago=7)
     two = insert(db, "alice", "runs every Sunday", days_ago=6)
     merged = insert(db, "alice", "goes running on Sundays", days_ago=5)
@@ -256,7 +258,7 @@ def test_a_merge_shows_what_it_replaced_and_each_merged_row_its_successor(api, d
     supersede(db, two, merged, "duplicate")
     status, body = api.call("GET", f"/v1/memories/{merged}")
     assert status == 200 and ids(body["history"]) == [one, two, merged] and body["supersedes"] == [one, two]
-    assert ids(api.call("GET", f"/v1/memories/{one}")[1]["history"]) == [one, merged]
+    assert ids(api.call("GET", f"/v1/memories/{one}")[1]["history"]) == [one, two, merged]
 
 
 def test_a_cycle_in_the_links_does_not_hang(api, db, world):
@@ -270,14 +272,15 @@ def test_a_cycle_in_the_links_does_not_hang(api, db, world):
     assert time.monotonic() - started < 5
 
 
-def test_a_long_chain_is_cut_at_the_depth_cap(api, db, world):
-    from eros.store.memories import MAX_CHAIN_DEPTH
-
-    chain = [insert(db, "alice", f"version {i}", days_ago=100 - i / 10) for i in range(MAX_CHAIN_DEPTH + 20)]
+def test_a_long_chain_is_read_whole_from_its_name_not_walked(api, db, world):
+    # History reads the chain by its name (no walk of links that a cap would have to cut): 120 versions, from
+    # either end, are all there.
+    chain = [insert(db, "alice", f"version {i}", days_ago=100 - i / 10) for i in range(120)]
     for old, new in zip(chain, chain[1:], strict=False):
         supersede(db, old, new)
-    status, body = api.call("GET", f"/v1/memories/{chain[0]}")
-    assert status == 200 and ids(body["history"]) == chain[:MAX_CHAIN_DEPTH + 1]
+    for end in (chain[0], chain[-1]):
+        status, body = api.call("GET", f"/v1/memories/{end}")
+        assert status == 200 and ids(body["history"]) == chain
 
 
 # --- restore --------------------------------------------------------------------------------------

@@ -456,7 +456,9 @@ def memory(memory_id: UUID) -> MemoryWithHistory:
 
 @app.post("/v1/memories/<memory_id>/restore", summary="undo a supersession",
           description="The memory is active again and confirmed now. Unless it had been merged as a duplicate, "
-                      "the current version of the fact that replaced it is superseded by it (reason 'reverted').",
+                      "its fact's current version, whichever it is by then, is superseded by it (reason "
+                      "'reverted'): a fact never has two current versions. A merged duplicate becomes a fact of "
+                      "its own again.",
           responses=_documented((200, "the restored memory with its history"), _NOT_YOURS,
                                 (409, "the memory is active: nothing to restore")))
 def restore_memory(memory_id: UUID) -> MemoryWithHistory:
@@ -752,6 +754,11 @@ def turn_failed(error: chat.TurnFailed):
 
 @app.exception_handler(psycopg.OperationalError)
 def database_unavailable(error: psycopg.OperationalError):
+    if isinstance(error, psycopg.errors.DeadlockDetected | psycopg.errors.SerializationFailure):
+        # Not an outage: the change conflicted with another one each of the times it was tried (eros.db.retried).
+        logger.warning("a change kept conflicting with another", extra={"error": type(error).__name__})
+        return _error(503, "this change conflicted with another one each time it was tried; nothing of it was"
+                      " written: retry", "database_busy", retryable=True)
     logger.warning("database unavailable", extra={"error": type(error).__name__})
     return _error(503, "the database is unavailable; retry later", "database_unavailable", retryable=True)
 

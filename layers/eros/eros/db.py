@@ -11,8 +11,11 @@ the proxy.
 
 from __future__ import annotations
 
+import functools
+import random
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -23,10 +26,13 @@ from psycopg.types import TypeInfo
 
 from .config import settings
 from .credentials import database_dsn
+from .observability import logger, metrics
 
 _local = threading.local()
 # Rows come back as dicts (dict_row); their shapes are the TypedDicts of eros.store.rows.
 Connection = psycopg.Connection[Any]
+# How many times one transaction is tried when the database aborts it to break a deadlock.
+ATTEMPTS = 3
 
 
 def connect(dsn: str, *, vector: bool = True) -> Connection:
@@ -76,3 +82,31 @@ def transaction() -> Iterator[Connection]:
     conn = connection()
     with conn.transaction():
         yield conn
+
+
+def retried[**P, R](work: Callable[P, R]) -> Callable[P, R]:
+    """``work`` -- a function whose whole effect is one transaction -- tried again, up to ATTEMPTS times in all,
+    when the database aborted it to break a deadlock (or a serialization failure): nothing of it was written,
+    and the other transaction went on, so the next attempt waits for that one's locks and runs after it. The
+    lock order (eros.store.consolidation.hold_user) makes a user's own writes never deadlock; this is the net
+    for what it cannot order, so that a request answers after a bounded number of tries (and at most ~60 ms of
+    waiting between them) instead of failing with what looks like an outage. Each retry is logged and counted
+    (the DatabaseRetries metric)."""
+
+    @functools.wraps(work)
+    def attempt(*args: P.args, **kwargs: P.kwargs) -> R:
+        for n in range(1, ATTEMPTS + 1):
+            try:
+                return work(*args, **kwargs)
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
+                if n == ATTEMPTS or connection().info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    raise  # out of tries, or inside a caller's transaction, which is aborted: the caller decides
+                logger.warning("a transaction was aborted by the database; trying it again",
+                               extra={"work": work.__qualname__, "attempt": n, "error_type": type(exc).__name__})
+                metrics.add_metric(name="DatabaseRetries", unit="Count", value=1)
+                # A few milliseconds, more each time, at random: the transaction that went on gets to finish
+                # before this one takes its first lock again (an immediate retry can close the same cycle).
+                time.sleep(random.uniform(0.005, 0.02) * n)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    return attempt

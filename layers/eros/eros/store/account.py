@@ -7,7 +7,9 @@ held open between them, which RDS Proxy would pin to one connection), so a user 
 exported in bounded memory.
 
 ``erase`` runs in one transaction and locks before it deletes, so that no dreaming work in flight can
-write after it:
+write after it. It takes the user's memory lock first, as every writer of the user's memories does
+(``consolidation.hold_user``, docs/DESIGN.md "the lock order"): it waits for the one such write in progress,
+never deadlocks with one, and the user's writes queued behind it find nothing. Then:
 
 * the user's sessions (``FOR UPDATE``): an extraction's final transaction locks its session row and
   re-checks its claim (``store.dreaming.finish``), so it either committed before the erasure (and its
@@ -28,8 +30,9 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from ..db import connection, one, transaction
+from ..db import connection, one, retried, transaction
 from ..memory import event_time_text
+from . import consolidation
 from .memories import FIELDS as MEMORY_FIELDS
 from .memories import FROM as MEMORY_FROM
 
@@ -134,9 +137,22 @@ def export_document(user_id: str, now: datetime) -> Iterator[str]:
 
 def erase(user_id: str) -> dict[str, int]:
     """Delete every row of ``user_id``; returns how many of each kind went (all 0 the second time)."""
+    erased = _erase_rows(user_id)
+    usage = _erase_usage(user_id)
+    return erased | {"usage_days": usage["days"], "usage_by_model": usage["itemised"]}
+
+
+@retried
+def _erase_rows(user_id: str) -> dict[str, int]:
+    # The user's memory lock first, as every writer of the user's memories takes it (consolidation.hold_user):
+    # erasure waits for the one such write in progress, and those that come after it find nothing.
     with transaction() as conn:
+        consolidation.hold_user(conn, user_id)
         conn.execute("SELECT id FROM engine.chat_sessions WHERE user_id = %s ORDER BY id FOR UPDATE", (user_id,))
         conn.execute("SELECT user_id FROM engine.user_consolidation WHERE user_id = %s FOR UPDATE", (user_id,))
-        erased = {kind: conn.execute(statement, {"user": user_id}).rowcount for kind, statement in _ERASE}
-    usage = one(connection().execute(_ERASE_USAGE, {"user": user_id}))
-    return erased | {"usage_days": usage["days"], "usage_by_model": usage["itemised"]}
+        return {kind: conn.execute(statement, {"user": user_id}).rowcount for kind, statement in _ERASE}
+
+
+@retried
+def _erase_usage(user_id: str) -> dict[str, int]:
+    return one(connection().execute(_ERASE_USAGE, {"user": user_id}))

@@ -85,11 +85,21 @@ _HAND_OVER_RANGES = ("UPDATE engine.companion_memories SET metadata = "
                      + " WHERE id = %(successor)s AND user_id = %(user)s")
 
 
+def hold_user(conn: Connection, user_id: str) -> None:
+    """Take the user's memory lock for the rest of the transaction: the first lock of every transaction that
+    changes the user's memories (dreaming's write, the deep pass, the memory API's restore, edit, add and
+    delete, erasure), before any row. One lock, first, is the lock order (docs/DESIGN.md, "Locks"): two such
+    transactions of one user run one after the other and never wait on each other in a cycle, and a version
+    chain is only ever changed by the one transaction that holds it, so a restore cannot miss the head an
+    edit is replacing. A transaction-level advisory lock: released at commit or rollback, where RDS Proxy
+    multiplexes, so it pins no connection. Users whose keys collide only wait for each other."""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('eros.user:' || %s::text, 0))", (user_id,))
+
+
 def lock(conn: Connection, user_id: str, ids: Iterable[UUID]) -> dict[UUID, EventTime | None]:
-    """Row-lock the user's memory rows a transaction is about to change, in id order. Every writer
-    (dreaming, the deep pass, restore) takes memory rows in this one order before the user's
-    consolidation row, so two writers never wait on each other in a cycle. Returns each locked row's
-    event time as it is now (what a repeat's is merged with)."""
+    """Row-lock the user's memory rows a transaction is about to change, in id order (under ``hold_user``,
+    which already orders the user's writers). Returns each locked row's event time as it is now (what a
+    repeat's is merged with)."""
     ids = sorted(set(ids))
     if not ids:
         return {}
@@ -100,7 +110,8 @@ def lock(conn: Connection, user_id: str, ids: Iterable[UUID]) -> dict[UUID, Even
 
 def supersede(conn: Connection, user_id: str, successor: UUID | None, old_ids: Iterable[UUID],
               reason: str) -> list[UUID]:
-    """Give the user's active profile rows ``old_ids`` a validity end, replaced by ``successor``.
+    """Give the user's active profile rows ``old_ids`` a validity end, replaced by ``successor``: the database
+    joins their version chains and the successor's into one (migration 0017). The caller holds ``hold_user``.
 
     Returns the ids actually superseded (not another user's, not a relationship row, not already
     history, never the successor itself)."""

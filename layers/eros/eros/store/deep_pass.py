@@ -14,7 +14,7 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from ..db import connection, one, transaction
+from ..db import connection, one, retried, transaction
 from ..memory import EventTime, event_columns, event_time, later_telling
 from . import consolidation
 from .rows import ClaimedUser, UserClaim
@@ -197,6 +197,7 @@ def _stamp(conn, user_id: str, consolidated_at, error: str | None) -> None:
     )
 
 
+@retried
 def apply(user_id: str, claim_token: datetime, actions: list[tuple[str, UUID, list[UUID]]],
           snap: Snapshot, error: str | None = None, lease: datetime | None = None) -> Applied | None:
     """ONE transaction: apply the plan and stamp the user, only if the claim still holds.
@@ -210,8 +211,9 @@ def apply(user_id: str, claim_token: datetime, actions: list[tuple[str, UUID, li
     """
     applied = Applied()
     with transaction() as conn:
-        # The memory rows first, then the user's row: the order session-end dreaming takes them in
-        # (it supersedes rows, then marks the user changed), so the two never wait on each other in a cycle.
+        # The user's memory lock first (consolidation.hold_user), then the memory rows, then the user's row: the
+        # order session-end dreaming takes them in (it supersedes rows, then marks the user changed).
+        consolidation.hold_user(conn, user_id)
         ids = list({i for _, survivor, targets in actions for i in (survivor, *targets)})
         live = {r["id"]: r for r in conn.execute(
             "SELECT id, mention_count, importance, created_at, occurred_at, occurred_precision"

@@ -18,7 +18,7 @@ from uuid import UUID, uuid4
 from pgvector import Vector
 from psycopg.types.json import Jsonb
 
-from ..db import Connection, connection, one, transaction
+from ..db import Connection, connection, one, retried, transaction
 from ..memory import EventTime, event_columns, later_telling
 from . import consolidation
 from .rows import Claim, ClaimedSession, KnownMemory, Message
@@ -234,6 +234,7 @@ def _locked(conn: Connection, session: ClaimedSession, claim_token: datetime) ->
     ).fetchone() is not None
 
 
+@retried
 def finish(session: ClaimedSession, claim_token: datetime, memories: list[dict], watermark: int | None,
            error: str | None, confirm: Sequence[tuple[UUID, float]] = (), first_message_id: int | None = None,
            told: Mapping[UUID, EventTime] | None = None) -> dict | None:
@@ -252,6 +253,7 @@ def finish(session: ClaimedSession, claim_token: datetime, memories: list[dict],
     counts = {"inserted": len(memories), "superseded": 0, "confirmed": 0, "ignored": 0}
     user = session["user_id"]
     with transaction() as conn:
+        consolidation.hold_user(conn, user)  # the lock order: the user's memory lock, then the session, then rows
         if not _locked(conn, session, claim_token):
             return None
         held = consolidation.lock(conn, user, [i for m in memories for i in m.get("supersedes") or []]

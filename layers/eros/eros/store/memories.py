@@ -5,8 +5,11 @@ Recall ranking lives in ``eros.store.recall``; consolidation's writes in ``eros.
 
 A memory is *active* while ``superseded_at`` IS NULL. A superseded row is history: it names the row
 that replaced it (``superseded_by``, NULL once that row is deleted: the validity end stays, so a row
-replaced once never silently becomes current again) and why (``superseded_reason``). Every query here
-is scoped to the user: another user's id is "not found", never a different answer.
+replaced once never silently becomes current again) and why (``superseded_reason``). The versions of one
+fact are a *version chain* (``chain_id``, migration 0017), which has at most one active row: the database
+keeps the chains and enforces that, and every write here takes the user's memory lock first
+(``consolidation.hold_user``). Every query here is scoped to the user: another user's id is "not found",
+never a different answer.
 """
 
 from __future__ import annotations
@@ -17,14 +20,13 @@ from uuid import UUID
 from pgvector import Vector
 from psycopg.types.json import Jsonb
 
-from ..db import Connection, connection, one, transaction
+from ..db import Connection, connection, one, retried, transaction
 from ..memory import EventTime, event_columns
 from . import consolidation
 from .rows import Memory, MemoryWithHistory
 
-# A history walk follows superseded_by links at most this many steps each way: a cycle (nothing
-# forbids one in the data: supersede() does not check its successor) or a very long chain cannot hang
-# a request.
+# Restoring a merged duplicate follows superseded_by links back from it at most this many steps: a cycle
+# (nothing forbids one in the data) or a very long chain cannot hang a request.
 MAX_CHAIN_DEPTH = 100
 
 # What every memory in an answer carries. ``supersedes`` is one correlated lookup per row through
@@ -52,42 +54,50 @@ _LIST = ("SELECT" + FIELDS + FROM +
 _LIST_ACTIVE = _LIST.format(active="AND m.superseded_at IS NULL")
 _LIST_ALL = _LIST.format(active="")
 
-# The versions of one memory: what it replaced, recursively (``earlier``), and what replaced it,
-# recursively (``later``), the memory itself included, oldest first. Only the user's rows are
-# followed. UNION keeps (id, depth) pairs distinct; the depth cap ends any cycle.
+# The versions of one memory: the rows of its version chain (migration 0017), oldest first, the memory itself
+# included; a relationship-layer row is a chain of its own.
 _HISTORY = ("""
-WITH RECURSIVE earlier(id, depth) AS (
-    SELECT id, 0 FROM engine.companion_memories WHERE id = %(id)s AND user_id = %(user)s
-  UNION
-    SELECT p.id, e.depth + 1 FROM earlier e
-    JOIN engine.companion_memories p ON p.superseded_by = e.id AND p.user_id = %(user)s
-         AND p.superseded_reason <> 'outdated'
-    WHERE e.depth < %(depth)s
-), later(id, next, depth) AS (
-    SELECT id, superseded_by, 0 FROM engine.companion_memories WHERE id = %(id)s AND user_id = %(user)s
-  UNION
-    SELECT s.id, s.superseded_by, l.depth + 1 FROM later l
-    JOIN engine.companion_memories s ON s.id = l.next AND s.user_id = %(user)s
-    WHERE l.depth < %(depth)s
+WITH named AS (
+    SELECT coalesce(chain_id, id) AS chain FROM engine.companion_memories
+    WHERE id = %(id)s AND user_id = %(user)s AND instance_id IS NULL
 ), chain AS (
-    SELECT id FROM earlier UNION SELECT id FROM later
+    SELECT c.id FROM engine.companion_memories c, named
+    WHERE c.user_id = %(user)s AND c.chain_id = named.chain
+    UNION
+    SELECT c.id FROM engine.companion_memories c, named
+    WHERE c.id = named.chain AND c.user_id = %(user)s AND c.chain_id IS NULL
+    UNION
+    SELECT %(id)s::uuid
 )
 SELECT""" + FIELDS + FROM + """
-WHERE m.id IN (SELECT id FROM chain)
+WHERE m.user_id = %(user)s AND m.id IN (SELECT id FROM chain)
 ORDER BY m.created_at, m.id
 """)
 
-# The current version of a fact: from a row, follow superseded_by to the first active row.
-_ACTIVE_HEAD = """
-WITH RECURSIVE later(id, next, active, depth) AS (
-    SELECT id, superseded_by, superseded_at IS NULL, 0
-    FROM engine.companion_memories WHERE id = %(id)s AND user_id = %(user)s
-  UNION ALL
-    SELECT s.id, s.superseded_by, s.superseded_at IS NULL, l.depth + 1 FROM later l
-    JOIN engine.companion_memories s ON s.id = l.next AND s.user_id = %(user)s
-    WHERE NOT l.active AND l.depth < %(depth)s
+# A restored row's chain as restore changes it: ``chain`` its name, ``active`` its current version (if any).
+_CHAIN_OF = """
+SELECT coalesce(r.chain_id, r.id) AS chain,
+       (SELECT a.id FROM engine.companion_memories a
+        WHERE a.user_id = r.user_id AND a.instance_id IS NULL AND a.superseded_at IS NULL
+          AND coalesce(a.chain_id, a.id) = coalesce(r.chain_id, r.id)) AS active
+FROM engine.companion_memories r WHERE r.id = %(id)s AND r.user_id = %(user)s
+"""
+
+# Restoring a merged duplicate says it was not the same fact: it leaves its twin's chain with the versions it
+# had itself (the rows whose successor links lead to it), under a new name.
+_SPLIT_OFF = """
+WITH RECURSIVE own(id, depth) AS (
+    SELECT %(id)s::uuid, 0
+  UNION
+    SELECT p.id, o.depth + 1 FROM own o
+    JOIN engine.companion_memories p ON p.superseded_by = o.id AND p.user_id = %(user)s AND p.instance_id IS NULL
+    WHERE o.depth < %(depth)s
+), named AS MATERIALIZED (
+    SELECT gen_random_uuid() AS chain
 )
-SELECT id FROM later WHERE active ORDER BY depth LIMIT 1
+UPDATE engine.companion_memories m SET chain_id = named.chain
+FROM named
+WHERE m.user_id = %(user)s AND m.instance_id IS NULL AND m.id IN (SELECT id FROM own)
 """
 
 
@@ -141,7 +151,7 @@ def position_of(user_id: str, memory_id: UUID) -> tuple[datetime, UUID] | None:
 
 
 def _with_history(conn: Connection, user_id: str, memory_id: UUID) -> MemoryWithHistory | None:
-    chain = conn.execute(_HISTORY, {"id": memory_id, "user": user_id, "depth": MAX_CHAIN_DEPTH}).fetchall()
+    chain = conn.execute(_HISTORY, {"id": memory_id, "user": user_id}).fetchall()
     memory = next((row for row in chain if row["id"] == memory_id), None)
     if memory is None:
         return None
@@ -154,26 +164,34 @@ def get_memory(user_id: str, memory_id: UUID) -> MemoryWithHistory | None:
     return _with_history(connection(), user_id, memory_id)
 
 
+@retried
 def restore_memory(user_id: str, memory_id: UUID) -> MemoryWithHistory | None:
     """Undo a supersession: the user says the old version is still true.
 
-    In one transaction, with the row locked (a concurrent restore of the same row waits, then finds
-    it active) and the user's restores serialised (two restores of versions of one fact, at once,
-    would each retire the version that was current when they looked and leave both active; in turn,
-    the second retires the first): the row becomes active and confirmed now. Unless it was merged as a duplicate, the
-    current version of the fact (the first active row following superseded_by from it) is superseded
-    by the restored row with reason 'reverted', so that two versions of one fact are never both
-    active. A duplicate is only reactivated: its twin stays as it is. The user's profile is marked
-    changed for the deep pass. Returns the restored memory with its history; None if the user has no
-    such memory; raises ``NotSuperseded`` if it is active.
+    One transaction under the user's memory lock (``consolidation.hold_user``: an edit, a merge or another
+    restore of the same user runs before or after it, never in between), so the version chain is read as it
+    is: the chain's active version, whichever it is now, is superseded by the restored row with reason
+    'reverted' first, then the row becomes active and confirmed now, so that the chain keeps one current
+    version (migration 0017 makes a second one an error). A merged duplicate is different: the user says it
+    was not the same fact, so it leaves its twin's chain with its own earlier versions and only it is
+    reactivated (its twin stays as it is); so is an utterance ('outdated'), which is no version of anything.
+    The utterances that stated the restored fact come back with it. The user's profile is marked changed for
+    the deep pass. Returns the restored memory with its history; None if the user has no such memory; raises
+    ``NotSuperseded`` if it is active.
     """
     with transaction() as conn:
-        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"eros.memories.restore:{user_id}",))
-        row = _locked_row(conn, user_id, memory_id, "superseded_at, superseded_by, superseded_reason")
+        consolidation.hold_user(conn, user_id)
+        row = _locked_row(conn, user_id, memory_id, "superseded_at, superseded_reason, instance_id")
         if row is None:
             return None
         if row["superseded_at"] is None:
             raise NotSuperseded(f"memory {memory_id} is active (not superseded): there is nothing to restore")
+        if row["superseded_reason"] == "duplicate":
+            conn.execute(_SPLIT_OFF, {"id": memory_id, "user": user_id, "depth": MAX_CHAIN_DEPTH})
+        elif row["instance_id"] is None:
+            chain = one(conn.execute(_CHAIN_OF, {"id": memory_id, "user": user_id}))
+            if chain["active"] is not None:
+                consolidation.supersede(conn, user_id, memory_id, [chain["active"]], "reverted")
         conn.execute(
             "UPDATE engine.companion_memories SET superseded_at = NULL, superseded_by = NULL,"
             " superseded_reason = NULL, last_confirmed_at = now() WHERE id = %s AND user_id = %s", (memory_id, user_id),
@@ -183,12 +201,6 @@ def restore_memory(user_id: str, memory_id: UUID) -> MemoryWithHistory | None:
             "UPDATE engine.companion_memories SET superseded_at = NULL, superseded_by = NULL, superseded_reason = NULL"
             " WHERE superseded_by = %s AND user_id = %s AND superseded_reason = 'outdated'", (memory_id, user_id),
         )
-        # An utterance restored on its own ('outdated') or a merged duplicate is only reactivated.
-        if row["superseded_reason"] not in ("duplicate", "outdated") and row["superseded_by"] is not None:
-            head = conn.execute(_ACTIVE_HEAD, {"id": row["superseded_by"], "user": user_id,
-                                               "depth": MAX_CHAIN_DEPTH}).fetchone()
-            if head is not None:
-                consolidation.supersede(conn, user_id, memory_id, [head["id"]], "reverted")
         consolidation.mark_changed(conn, user_id)
         return _with_history(conn, user_id, memory_id)
 
@@ -199,11 +211,13 @@ def _locked_row(conn, user_id: str, memory_id: UUID, columns: str) -> dict | Non
                         " FOR UPDATE", (memory_id, user_id)).fetchone()
 
 
+@retried
 def add_memory(user_id: str, content: str, category: str, importance: float, embedding: list[float],
                embed_model: str, occurred: EventTime | None = None) -> MemoryWithHistory:
     """A profile memory the user states (source 'user'), with its event time if they give one: confirmed now;
     the user's profile is marked changed (the deep pass merges it with a memory that says the same)."""
     with transaction() as conn:
+        consolidation.hold_user(conn, user_id)
         memory_id = one(conn.execute(
             "INSERT INTO engine.companion_memories (user_id, content, embedding, category, importance, source,"
             " last_confirmed_at, metadata, occurred_at, occurred_precision)"
@@ -215,6 +229,7 @@ def add_memory(user_id: str, content: str, category: str, importance: float, emb
         return _with_history(conn, user_id, memory_id)  # type: ignore[return-value]  # just inserted
 
 
+@retried
 def edit_memory(user_id: str, memory_id: UUID, changes: dict, embedding: list[float] | None = None,
                 embed_model: str | None = None) -> MemoryWithHistory | None:
     """A new version of one of the user's current profile memories, superseding it (reason 'edited'):
@@ -227,6 +242,7 @@ def edit_memory(user_id: str, memory_id: UUID, changes: dict, embedding: list[fl
     superseded). Returns the new version with its history; None: no such memory of this user; raises
     ``NotCurrent`` for history or a relationship row."""
     with transaction() as conn:
+        consolidation.hold_user(conn, user_id)
         old = _locked_row(conn, user_id, memory_id, "instance_id, superseded_at")
         if old is None:
             return None
@@ -258,21 +274,27 @@ def edit_memory(user_id: str, memory_id: UUID, changes: dict, embedding: list[fl
         return _with_history(conn, user_id, new_id)
 
 
+@retried
 def delete_memories(user_id: str, layer: str | None, category: str | None) -> int:
     """Delete the user's memories of a layer and/or a category, history included; returns how many.
-    A memory of another layer or category that one of them had replaced stays history."""
-    return connection().execute(
-        "DELETE FROM engine.companion_memories m WHERE m.user_id = %(user)s"
-        "   AND (%(layer)s::text IS NULL OR (%(layer)s = 'profile') = (m.instance_id IS NULL))"
-        "   AND (%(category)s::text IS NULL OR m.category = %(category)s)",
-        {"user": user_id, "layer": layer, "category": category},
-    ).rowcount
+    A memory of another layer or category that one of them had replaced stays history, in its chain."""
+    with transaction() as conn:
+        consolidation.hold_user(conn, user_id)
+        return conn.execute(
+            "DELETE FROM engine.companion_memories m WHERE m.user_id = %(user)s"
+            "   AND (%(layer)s::text IS NULL OR (%(layer)s = 'profile') = (m.instance_id IS NULL))"
+            "   AND (%(category)s::text IS NULL OR m.category = %(category)s)",
+            {"user": user_id, "layer": layer, "category": category},
+        ).rowcount
 
 
+@retried
 def delete_memory(user_id: str, memory_id: UUID) -> bool:
-    """Delete one of the user's memories. Rows it had superseded keep their validity end (the foreign
-    key only clears their superseded_by): they stay history."""
-    row = connection().execute(
-        "DELETE FROM engine.companion_memories WHERE id = %s AND user_id = %s RETURNING id", (memory_id, user_id)
-    ).fetchone()
-    return row is not None
+    """Delete one of the user's memories. Rows it had superseded keep their validity end and their version
+    chain (the foreign key only clears their superseded_by): they stay history of the versions that remain,
+    and restoring one of them retires the chain's current version."""
+    with transaction() as conn:
+        consolidation.hold_user(conn, user_id)
+        return conn.execute(
+            "DELETE FROM engine.companion_memories WHERE id = %s AND user_id = %s RETURNING id", (memory_id, user_id)
+        ).fetchone() is not None
