@@ -706,13 +706,20 @@ def turn_conflict(error: chat.TurnConflict):
     return _error(409, str(error), "turn_conflict")
 
 
-@app.exception_handler(chat.OverLimit)
-def over_limit(error: chat.OverLimit):
+@app.exception_handler(usage.OverLimit)
+def over_limit(error: usage.OverLimit):
     # code: rate_limited or budget_exhausted; Retry-After: seconds until the limit lifts.
     response = _error(429, str(error), error.code, limit=error.limit, retry_after=error.retry_after,
                       retryable=True)
     response.headers["Retry-After"] = str(error.retry_after)
     return response
+
+
+@app.exception_handler(chat.SessionGone)
+def session_gone(error: chat.SessionGone):
+    # The turn lost to an erasure of its session (DELETE /v1/me while it ran): it stored and counted nothing.
+    return _error(409, "the session was deleted while this turn was running (the user's data was erased); nothing"
+                  " was stored", "session_gone", retryable=False)
 
 
 @app.exception_handler(records.ExportsNotConfigured)
