@@ -184,7 +184,8 @@ class ExtractResult:
     #   retry-later   -- a failure; the claim is back with a backoff (``fault`` says whose)
     #   blocked       -- a provider refused our credentials; nothing counted, dreaming held until fixed
     #   gave-up       -- stamped without extracting (``fault``: own = attempts cap, world = retry window)
-    #   deferred      -- the user's daily token budget is spent: back with retry_at = midnight UTC, uncounted
+    #   deferred      -- the daily token budget is spent (or held by turns in flight): back with retry_at =
+    #                    midnight UTC (or when those reservations expire), uncounted
     #   duplicate     -- another delivery of this claim holds its lease: returned before any provider call
     #   not-claimed   -- this claim no longer holds the session (done, released, re-claimed, unknown)
     #   lost-claim    -- the claim was lost while working (it went stale and was re-taken): nothing written
