@@ -252,6 +252,8 @@ class Check(ApiModel):
     status: Literal["ok", "failed"]
     detail: str
     ms: float
+    age_s: float = Field(description="seconds since the check ran: 0, but for the providers' checks, which a "
+                                     "container makes at most once per DEEP_HEALTH_CACHE_SECS")
 
 
 class DeepHealth(ApiModel):
@@ -272,7 +274,10 @@ def health() -> Response[HealthReport]:
 
 @app.get("/v1/health/deep", summary="check the database, the schema and each provider",
          description="Times a query, compares the applied migrations with the ones this build ships and makes one "
-                     "tiny call to the chat model and the embedder. Needs a token (it spends a few tokens).",
+                     "tiny call to the chat model and the embedder, at most once per DEEP_HEALTH_CACHE_SECS per "
+                     "container: meanwhile it answers the provider checks it made last, with their age. Needs a "
+                     "token; the provider calls are the deployment's, no user's usage (`eros doctor` always makes "
+                     "them).",
          responses=_documented((200, "every check passed"), (503, "a check failed: its detail says why")))
 def deep_health() -> Response[DeepHealth]:
     current_user()

@@ -130,6 +130,9 @@ class Settings(BaseModel):
     # DailyTokenBudget parameters).
     turns_per_minute: int = Field(0, ge=0)
     daily_token_budget: int = Field(0, ge=0)
+    # GET /v1/health/deep: a container calls the providers for it at most once in this many seconds and answers
+    # the checks it made meanwhile (eros.health): a token holder cannot make the deployment pay by repeating it.
+    deep_health_cache_secs: int = Field(300, ge=1)
     # MODEL_PRICES: a JSON object {"<model>": {"input": <USD per 1M tokens>, "output": ...}}, added to
     # DEFAULT_PRICES (eros.usage turns usage into estimated cost with ``prices``).
     model_prices: dict[str, ModelPrice] = Field(default_factory=dict)
