@@ -383,7 +383,8 @@ def sessions() -> SessionList:
                       "retry with the same content replays the reply; other content with that id is a 409. On a "
                       "model failure the message is kept; the answer says whether a retry can help (`retryable`).",
           responses=_documented((200, "the reply"), (404, "no such session of this user"),
-                                (409, "turn_conflict: client_turn_id already used for another message"),
+                                (409, "turn_conflict: client_turn_id already used for another message; "
+                                      "session_gone: the user was erased while the turn ran"),
                                 (429, "rate_limited or budget_exhausted: over a per-user limit (Retry-After)"),
                                 (502, "model_error: the provider refused the request (not retryable)"),
                                 (503, "model_unavailable (retryable) or database_unavailable"),
@@ -471,7 +472,8 @@ def restore_memory(memory_id: UUID) -> MemoryWithHistory:
     return MemoryWithHistory.model_validate(restored)
 
 
-_MODEL_FAILURES = ((502, "the embedder refused the text (retrying will not help)"),
+_MODEL_FAILURES = ((429, "rate_limited or budget_exhausted: over a per-user limit, as a chat turn (Retry-After)"),
+                   (502, "the embedder refused the text (retrying will not help)"),
                    (503, "the embedder is unavailable (retryable)"), (504, "the embedder timed out (retryable)"))
 
 
