@@ -130,6 +130,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # a real provider takes many connections at once (socketserver's default backlog: 5)
     block_on_close = False  # never wait for idle keep-alive connections on close
     allow_reuse_address = True
     fake: FakeServer

@@ -177,6 +177,38 @@ def test_the_deep_health_check_needs_a_token_and_names_a_schema_behind(online, d
         db.execute("INSERT INTO engine.schema_migrations (name) VALUES ('0009_usage_by_model')")
 
 
+def test_a_token_holder_cannot_make_the_deep_health_check_pay_the_providers_at_will(online, db, monkeypatch, capsys):
+    """Issue 25, item 4: each GET /v1/health/deep paid one completion and one embedding, counted nowhere. Now a
+    container calls the providers at most once per DEEP_HEALTH_CACHE_SECS; the database and schema checks still
+    run on every request, and `eros doctor` (an operator's) always calls."""
+    from eros import health
+
+    fake_llm, fake_voyage = online
+    clock = [1000.0]
+    monkeypatch.setattr(health, "monotonic", lambda: clock[0], raising=False)
+    api = Api()
+    for _ in range(5):
+        status, report = api.call("GET", "/v1/health/deep", user="mallory")
+        assert status == 200 and report["checks"]["llm"]["status"] == "ok"
+        clock[0] += 10
+    assert (fake_llm.calls, fake_voyage.calls) == (1, 1)
+    assert report["checks"]["llm"]["age_s"] == report["checks"]["embedder"]["age_s"] == 40.0
+    assert report["checks"]["schema"]["age_s"] == 0.0  # the free checks are not kept
+    assert db.execute("SELECT count(*) AS n FROM engine.user_usage").fetchone()["n"] == 0  # nobody's usage
+
+    assert cli.main(["doctor", "--json"]) == 0  # the operator's check calls, whatever a container kept
+    assert json.loads(capsys.readouterr().out)["checks"]["llm"]["age_s"] == 0.0
+    assert (fake_llm.calls, fake_voyage.calls) == (2, 2)
+
+    clock[0] += 300  # DEEP_HEALTH_CACHE_SECS after the last calls: the next request calls again
+    fake_llm.push(Status(401))
+    status, report = api.call("GET", "/v1/health/deep")
+    assert status == 503 and "401" in report["checks"]["llm"]["detail"] and report["checks"]["llm"]["age_s"] == 0.0
+    assert (fake_llm.calls, fake_voyage.calls) == (3, 3)
+    assert api.call("GET", "/v1/health/deep")[0] == 503  # a failure is kept as long: asking again costs nothing
+    assert (fake_llm.calls, fake_voyage.calls) == (3, 3)
+
+
 # --- stop and Ctrl-C -------------------------------------------------------------------------------------------------
 
 def free_port() -> int:

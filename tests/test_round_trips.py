@@ -24,7 +24,7 @@ from _wire import RoundTrips  # noqa: E402
 
 TURN = 3  # open_turn (session, earlier messages, spend limits, the message, history), the recall, record_turn
 REPLAY = 1  # open_turn finds the answered turn (so does a conflicting message, and another user's session)
-FAILED = 2  # open_turn and the recall; the chat model fails
+FAILED = 3  # open_turn and the recall; the chat model fails: what it paid counted, its reservation released
 REFUSED = 2  # open_turn, and the usage that says which limit refused the turn
 LIMITS = {"TURNS_PER_MINUTE": 100, "DAILY_TOKEN_BUDGET": 10**9}
 

@@ -231,3 +231,73 @@ def test_a_user_over_budget_has_the_deep_pass_deferred_then_run_and_recorded_aft
     result = deep_pass.run(settings(), "alice", again["claim_token"])
     assert result.outcome != "deferred" and result.llm_calls == 1
     assert usage_row(db, "alice", midnight.date())["dream_tokens"] > 0
+
+
+# --- the memory API's embeddings: admitted and counted as turns are (issue 25, item 4) -----------------------
+def request(method: str, path: str, body: dict | None = None, user: str = "alice") -> tuple[int, dict, dict | None]:
+    """One request through the chat handler: (status, headers, body)."""
+    event = http_api_event(method, path, {"content-type": "application/json"},
+                           json.dumps(body).encode() if body is not None else b"",
+                           {"sub": user, "iss": "test", "aud": "test"})
+    result = load_function("chat").lambda_handler(event, LambdaContext("chat"))
+    return result["statusCode"], result.get("headers") or {}, json.loads(result["body"]) if result["body"] else None
+
+
+SEARCH = ("POST", "/v1/memories/search", {"query": "where do I live?"})
+STATE = ("POST", "/v1/memories", {"content": "I live in Lisbon", "category": "fact"})
+
+
+def test_memory_requests_that_embed_share_the_turn_rate_and_a_refusal_is_the_turns_429(online, db, env, clock):
+    fake_llm, fake_voyage = online
+    env(TURNS_PER_MINUTE=3)
+    status, _, memory = request(*STATE)
+    assert status == 201
+    assert request(*SEARCH)[0] == 200
+    assert turn(Api().session())[0] == 200  # three paying requests in this minute: the rate is spent
+    assert usage_row(db, "alice", NOON.date())["window_turns"] == 3
+    paid = provider_calls(fake_llm, fake_voyage)
+    edit = ("PATCH", f"/v1/memories/{memory['id']}", {"content": "I live in Porto"})
+    for method, path, body in (SEARCH, STATE, edit):
+        status, headers, answer = request(method, path, body)
+        assert status == 429, (path, answer)
+        assert answer["code"] == "rate_limited" and answer["limit"] == 3 and answer["retry_after"] == 50
+        assert headers["Retry-After"] == "50" and answer["retryable"] is True
+    assert provider_calls(fake_llm, fake_voyage) == paid  # refused before the embedding
+    # Nothing of the refused requests was stored; an edit that pays nothing is not limited.
+    stated = db.execute("SELECT content FROM engine.companion_memories WHERE source = 'user'").fetchall()
+    assert [m["content"] for m in stated] == ["I live in Lisbon"]
+    assert request("PATCH", f"/v1/memories/{memory['id']}", {"importance": 0.9})[0] == 200
+    clock.moment = NOON + timedelta(seconds=50)  # the next window
+    assert request(*SEARCH)[0] == 200
+
+
+def test_memory_requests_that_embed_obey_the_budget_and_are_counted(online, db, env, clock):
+    fake_llm, fake_voyage = online
+    env(DAILY_TOKEN_BUDGET=40)
+    assert request(*SEARCH)[0] == 200
+    assert request(*STATE)[0] == 201
+    curation = db.execute("SELECT calls, input_tokens FROM engine.user_model_usage WHERE purpose = 'curation'"
+                          ).fetchone()
+    used = usage_row(db, "alice", NOON.date())
+    assert curation["calls"] == 2 and used["tokens"] == curation["input_tokens"] > 0
+    assert used["reservations"] == {}  # each settled its reservation
+    db.execute("UPDATE engine.user_usage SET tokens = 40")  # the day's budget is spent
+    paid = provider_calls(fake_llm, fake_voyage)
+    for method, path, body in (SEARCH, STATE):
+        status, headers, answer = request(method, path, body)
+        assert status == 429 and answer["code"] == "budget_exhausted" and answer["limit"] == 40
+        assert int(headers["Retry-After"]) == answer["retry_after"] == (datetime(2026, 3, 15, tzinfo=UTC) - NOON
+                                                                         ).total_seconds()
+    assert provider_calls(fake_llm, fake_voyage) == paid
+
+
+def test_a_memory_embedding_that_fails_releases_its_reservation(online, db, env, clock):
+    from fakes import Status
+
+    _, fake_voyage = online
+    env(DAILY_TOKEN_BUDGET=1000)
+    fake_voyage.push(Status(503))
+    status, _, answer = request(*SEARCH)
+    assert status == 503 and answer["code"] == "model_unavailable"
+    row = usage_row(db, "alice", NOON.date())
+    assert row["reservations"] == {} and row["tokens"] == 0

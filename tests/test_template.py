@@ -163,6 +163,15 @@ def test_the_chat_turn_fits_in_api_gateways_time(template):
     assert budget == Settings().turn_budget_secs and budget < chat["Timeout"]
 
 
+def test_a_spend_reservation_outlives_the_request_that_made_it(template):
+    """A reservation (migration 0018) that expired under a live turn or memory request would let its tokens be
+    spent twice over; one that a killed container leaves must lapse soon. Lambda kills the chat function at its
+    Timeout, so a reservation lasts longer than that, and not much longer."""
+    from eros.store.usage import RESERVATION_SECS
+
+    assert props(template, "ChatFunction")["Timeout"] < RESERVATION_SECS <= 120
+
+
 # --- IAM --------------------------------------------------------------------------------------
 def test_no_wildcard_actions_or_resources(template):
     for name in FUNCTIONS:

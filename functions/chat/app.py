@@ -252,6 +252,8 @@ class Check(ApiModel):
     status: Literal["ok", "failed"]
     detail: str
     ms: float
+    age_s: float = Field(description="seconds since the check ran: 0, but for the providers' checks, which a "
+                                     "container makes at most once per DEEP_HEALTH_CACHE_SECS")
 
 
 class DeepHealth(ApiModel):
@@ -272,7 +274,10 @@ def health() -> Response[HealthReport]:
 
 @app.get("/v1/health/deep", summary="check the database, the schema and each provider",
          description="Times a query, compares the applied migrations with the ones this build ships and makes one "
-                     "tiny call to the chat model and the embedder. Needs a token (it spends a few tokens).",
+                     "tiny call to the chat model and the embedder, at most once per DEEP_HEALTH_CACHE_SECS per "
+                     "container: meanwhile it answers the provider checks it made last, with their age. Needs a "
+                     "token; the provider calls are the deployment's, no user's usage (`eros doctor` always makes "
+                     "them).",
          responses=_documented((200, "every check passed"), (503, "a check failed: its detail says why")))
 def deep_health() -> Response[DeepHealth]:
     current_user()
@@ -378,7 +383,8 @@ def sessions() -> SessionList:
                       "retry with the same content replays the reply; other content with that id is a 409. On a "
                       "model failure the message is kept; the answer says whether a retry can help (`retryable`).",
           responses=_documented((200, "the reply"), (404, "no such session of this user"),
-                                (409, "turn_conflict: client_turn_id already used for another message"),
+                                (409, "turn_conflict: client_turn_id already used for another message; "
+                                      "session_gone: the user was erased while the turn ran"),
                                 (429, "rate_limited or budget_exhausted: over a per-user limit (Retry-After)"),
                                 (502, "model_error: the provider refused the request (not retryable)"),
                                 (503, "model_unavailable (retryable) or database_unavailable"),
@@ -468,7 +474,8 @@ def restore_memory(memory_id: UUID) -> MemoryWithHistory:
     return MemoryWithHistory.model_validate(restored)
 
 
-_MODEL_FAILURES = ((502, "the embedder refused the text (retrying will not help)"),
+_MODEL_FAILURES = ((429, "rate_limited or budget_exhausted: over a per-user limit, as a chat turn (Retry-After)"),
+                   (502, "the embedder refused the text (retrying will not help)"),
                    (503, "the embedder is unavailable (retryable)"), (504, "the embedder timed out (retryable)"))
 
 
@@ -708,13 +715,20 @@ def turn_conflict(error: chat.TurnConflict):
     return _error(409, str(error), "turn_conflict")
 
 
-@app.exception_handler(chat.OverLimit)
-def over_limit(error: chat.OverLimit):
+@app.exception_handler(usage.OverLimit)
+def over_limit(error: usage.OverLimit):
     # code: rate_limited or budget_exhausted; Retry-After: seconds until the limit lifts.
     response = _error(429, str(error), error.code, limit=error.limit, retry_after=error.retry_after,
                       retryable=True)
     response.headers["Retry-After"] = str(error.retry_after)
     return response
+
+
+@app.exception_handler(chat.SessionGone)
+def session_gone(error: chat.SessionGone):
+    # The turn lost to an erasure of its session (DELETE /v1/me while it ran): it stored and counted nothing.
+    return _error(409, "the session was deleted while this turn was running (the user's data was erased); nothing"
+                  " was stored", "session_gone", retryable=False)
 
 
 @app.exception_handler(records.ExportsNotConfigured)

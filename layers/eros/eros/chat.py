@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import math
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
-from typing import NoReturn
 from uuid import UUID
 
 from pydantic import BaseModel, Field
@@ -22,44 +19,25 @@ from .providers.llm import Completion
 from .recall import ScoreParts
 from .store import chat as chat_store
 from .store import usage as usage_store
-from .store.rows import Message, SessionWithPersona, TurnMessages
+from .store.rows import Message, OpenedTurn, SessionWithPersona, TurnMessages
+from .usage import OverLimit, refuse, release
+
+__all__ = ["OverLimit", "SessionGone", "TurnConflict", "TurnFailed", "TurnResult", "take_turn"]
+SessionGone = chat_store.SessionGone  # the turn lost to an erasure of its session (DELETE /v1/me)
 
 
 class TurnConflict(Exception):
     """A client_turn_id reused for different content."""
 
 
-class OverLimit(Exception):
-    """The user is over a spend limit: ``code`` names it ("rate_limited", "budget_exhausted"),
-    ``retry_after`` is the seconds until it lifts. Nothing was stored or paid for."""
-
-    def __init__(self, code: str, message: str, retry_after: int, limit: int):
-        super().__init__(message)
-        self.code = code
-        self.retry_after = retry_after
-        self.limit = limit
-
-
-def _refuse(cfg: Settings, user_id: str, now: datetime) -> NoReturn:
-    """The turn the spend limits did not admit: say which limit and until when (raises OverLimit)."""
-    code, until = usage_store.refusal(user_id, now, cfg.daily_token_budget)
-    wait = max(1, math.ceil((until - now).total_seconds()))
-    metrics.add_metric(name="TurnsRefused", unit="Count", value=1)
-    logger.info("turn refused by a spend limit", extra={"code": code, "retry_after": wait})
-    if code == "rate_limited":
-        raise OverLimit(code, f"too many turns: at most {cfg.turns_per_minute} per minute", wait,
-                        cfg.turns_per_minute)
-    raise OverLimit(code, f"the daily token budget ({cfg.daily_token_budget} tokens) is spent; it resets at"
-                    " midnight UTC", wait, cfg.daily_token_budget)
-
-
 class TurnFailed(ModelFailed):
     """The model (or embedder) failed a turn; the user's message is kept and the turn can be retried with
     its ``client_turn_id`` (``ModelFailed`` says what the client is told)."""
 
-    def __init__(self, cause: ProviderError, client_turn_id: str):
+    def __init__(self, cause: ProviderError, client_turn_id: str, paid: list[usage_store.Call]):
         super().__init__(cause)
         self.client_turn_id = client_turn_id
+        self.paid = paid  # the calls that answered before the one that failed (counted all the same)
 
 
 class RecalledMemory(BaseModel):
@@ -110,27 +88,54 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
     answered turn replays its reply; a model failure keeps the message and raises ``TurnFailed``.
 
     Three database round trips: ``open_turn`` (the session, the turn id's earlier messages, the spend
-    limits, the message, the history), the recall, and ``record_turn``; a replay costs the first alone."""
+    limits and the turn's reservation, the message, the history), the recall, and ``record_turn`` (which
+    settles the reservation); a replay costs the first alone, a failure the release of its reservation instead
+    of the record."""
     cfg = settings()
     turn_id = client_turn_id or str(uuid.uuid4())
     now = usage_store.utcnow()
     # Of concurrent senders of one turn id, exactly one stores its message; the others are a conflict or,
     # with the same message, its replay.
+    reserve = usage_store.turn_reserve(cfg.chat_max_tokens, recall.most_recalled(cfg.recall))
     opened = chat_store.open_turn(user_id, session_id, content, turn_id, history=cfg.history_messages, now=now,
-                                  turns_per_minute=cfg.turns_per_minute, daily_budget=cfg.daily_token_budget)
+                                  turns_per_minute=cfg.turns_per_minute, daily_budget=cfg.daily_token_budget,
+                                  reserve=reserve)
     if opened is None:
         raise NotFound("session not found")
     turn = opened["turn"]
     if _answered(turn, content):
         return _replay(turn, turn_id)  # a retry of an answered turn costs nothing: never limited
+    _check_conflict(turn, content)  # neither counted nor limited: it pays nothing
     if not opened["admitted"]:
-        _refuse(cfg, user_id, now)  # nothing was stored or paid for
+        refuse(cfg, user_id, now)  # nothing was stored or paid for
+    paid: list[usage_store.Call] = []
+    recorded = False
+    try:
+        result, recorded = _admitted_turn(cfg, user_id, session_id, content, turn_id, opened)
+        return result
+    except TurnFailed as failed:
+        paid = failed.paid
+        raise
+    finally:
+        if not recorded:  # it ended before its record: release the reservation (counting what it paid)
+            release(user_id, opened["reserved"], paid)
+
+
+def _check_conflict(turn: TurnMessages, content: str) -> None:
+    if "user" in turn and turn["user"]["content"] != content:
+        raise TurnConflict("client_turn_id was already used in this session for a different message")
+
+
+def _admitted_turn(cfg: Settings, user_id: str, session_id: UUID, content: str, turn_id: str,
+                   opened: OpenedTurn) -> tuple[TurnResult, bool]:
+    """The turn once admitted: the model's answer, recorded (settling the reservation); the result, and whether
+    it was recorded (a replay of a concurrent sender's reply is not)."""
+    turn = opened["turn"]
     if "user" not in turn:  # a concurrent sender's message came first, after open_turn's snapshot
         turn = chat_store.claim_turn(user_id, session_id, content, turn_id)
-    if turn["user"]["content"] != content:
-        raise TurnConflict("client_turn_id was already used in this session for a different message")
+        _check_conflict(turn, content)
     if "assistant" in turn:
-        return _replay(turn, turn_id)
+        return _replay(turn, turn_id), False
     session = opened["session"]
     answer = _answer(cfg, user_id, session, content, turn_id, opened["history"])
     spent = [usage_store.Call.of("chat", answer.completion), usage_store.Call.of("chat", answer.query)]
@@ -140,18 +145,19 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
          "model": answer.completion.model,
          "usage": answer.completion.usage, "offline": answer.completion.offline},
         answer.query.vectors[0], answer.query.model,
-        spent,
+        spent, opened["reserved"],
     )
+    metrics.add_metric(name="ProviderTokens", unit="Count", value=sum(c.tokens for c in spent))
     if stored["replayed"]:  # a concurrent duplicate of this turn finished first
-        return _replay(chat_store.find_turn(user_id, session_id, turn_id), turn_id)
+        return _replay(chat_store.find_turn(user_id, session_id, turn_id), turn_id), True
     metrics.add_metric(name="Turns", unit="Count", value=1)
     metrics.add_metric(name="RecallRows", unit="Count", value=len(answer.recalled))
-    metrics.add_metric(name="ProviderTokens", unit="Count", value=sum(c.tokens for c in spent))
     logger.info("chat turn", extra={"session_id": str(session_id), "recalled": len(answer.recalled),
-                                    "model": answer.completion.model, "usage": answer.completion.usage})
+                                    "model": answer.completion.model, "usage": answer.completion.usage,
+                                    "reserved": opened["tokens_reserved"]})
     return TurnResult(reply=answer.completion.text, client_turn_id=turn_id,
                       user_message_id=stored["user_message_id"], assistant_message_id=stored["assistant_message_id"],
-                      recalled=answer.recalled, model=answer.completion.model)
+                      recalled=answer.recalled, model=answer.completion.model), True
 
 
 @dataclass
@@ -166,9 +172,10 @@ def _answer(cfg: Settings, user_id: str, session: SessionWithPersona, content: s
     """Embed the message, recall, build the prompt (with ``history``) and call the chat model, within the
     turn's budget."""
     deadline = Deadline.after(cfg.turn_budget_secs)
-    stage = "embed"
+    stage, paid = "embed", []
     try:
         query = embedder().embed([content], "query", deadline=deadline)
+        paid.append(usage_store.Call.of("chat", query))
         memories = recall.recall(user_id, session["instance_id"], query.vectors[0], history=history,
                                  message=content)
         messages = prompt.build_messages(session["system_prompt"], memories.profile, memories.relationship,
@@ -177,7 +184,7 @@ def _answer(cfg: Settings, user_id: str, session: SessionWithPersona, content: s
         completion = chat_client().complete(cfg.chat_model, messages, max_tokens=cfg.chat_max_tokens,
                                             deadline=deadline)
     except ProviderError as exc:
-        failed = TurnFailed(exc, turn_id)
+        failed = TurnFailed(exc, turn_id, paid)
         metrics.add_metric(name="TurnProviderFailures", unit="Count", value=1)
         # The provider's status and error type, never its text: an error body can echo the user's message.
         logger.warning("chat turn failed at a provider", extra={

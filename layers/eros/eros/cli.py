@@ -199,7 +199,7 @@ def cmd_doctor(args) -> int:
 
     _database()
     with _answer_only():
-        report = deep_report()
+        report = deep_report(fresh=True)  # an operator's check: never an answer kept from earlier
     if args.json:
         print(json.dumps(report, default=str, indent=2))
     else:

@@ -122,14 +122,19 @@ class Settings(BaseModel):
     chat_max_tokens: int = Field(600, ge=16)
 
     # --- spend (issue 8 item 10; eros.store.usage, migration 0007) ---------------------------
-    # Per user, kept in Postgres (every container sees the same counts); 0 = off. A turn over either
-    # limit is refused with 429 and Retry-After before any provider call. The budget counts the tokens
-    # of every provider call of the user's UTC day (chat, extraction, deep pass, embeddings); a user
-    # over it is not dreamt about until midnight UTC (the session waits, it is not lost or counted).
+    # Per user, kept in Postgres (every container sees the same counts); 0 = off. A turn, or a memory
+    # request that embeds, over either limit is refused with 429 and Retry-After before any provider call.
+    # The budget counts the tokens of every provider call of the user's UTC day (chat, extraction, deep pass,
+    # embeddings) and, while a request runs, its reservation (migration 0018: the day overshoots the budget by
+    # less than one request's reservation); a user over it is not dreamt about until midnight UTC (the session
+    # waits, it is not lost or counted).
     # Off by default here (local runs, tests); the SAM template turns both on (TurnsPerMinute,
     # DailyTokenBudget parameters).
     turns_per_minute: int = Field(0, ge=0)
     daily_token_budget: int = Field(0, ge=0)
+    # GET /v1/health/deep: a container calls the providers for it at most once in this many seconds and answers
+    # the checks it made meanwhile (eros.health): a token holder cannot make the deployment pay by repeating it.
+    deep_health_cache_secs: int = Field(300, ge=1)
     # MODEL_PRICES: a JSON object {"<model>": {"input": <USD per 1M tokens>, "output": ...}}, added to
     # DEFAULT_PRICES (eros.usage turns usage into estimated cost with ``prices``).
     model_prices: dict[str, ModelPrice] = Field(default_factory=dict)

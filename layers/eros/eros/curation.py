@@ -2,8 +2,9 @@
 turn's ranking, and why each result ranks where it does), state a memory, or edit one.
 
 The text is embedded once, as a document (what dreaming's memories are embedded as), with the same
-embedder and within a turn-sized time budget; a provider failure is ``errors.ModelFailed`` and nothing is
-stored. The SQL is ``eros.store.memories``'."""
+embedder and within a turn-sized time budget, admitted by the user's spend limits as a chat turn is (a refusal
+is ``usage.OverLimit``, before the call); a provider failure is ``errors.ModelFailed`` and nothing is stored.
+The SQL is ``eros.store.memories``'."""
 
 from __future__ import annotations
 
@@ -75,11 +76,15 @@ def edit(user_id: str, memory_id: UUID, changes: dict[str, Any]) -> MemoryWithHi
 
 
 def _embed(user_id: str, content: str, input_type: InputType = "document") -> Embeddings:
-    try:
-        vectors = embedder().embed([content], input_type, deadline=Deadline.after(settings().turn_budget_secs))
-    except ProviderError as exc:
-        failed = ModelFailed(exc)
-        logger.warning("a memory's embedding failed", extra={"error_type": type(exc).__name__, "code": failed.code})
-        raise failed from None
-    usage.spend(user_id, usage_store.Call.of("curation", vectors))
+    """The text's embedding, paid within the user's spend limits: admitted as a chat turn is (the same rate
+    window and budget; refused with OverLimit before the call), and counted after it."""
+    with usage.admitted(user_id, usage_store.embedding_reserve(content)) as paid:
+        try:
+            vectors = embedder().embed([content], input_type, deadline=Deadline.after(settings().turn_budget_secs))
+        except ProviderError as exc:
+            failed = ModelFailed(exc)
+            logger.warning("a memory's embedding failed", extra={"error_type": type(exc).__name__,
+                                                                  "code": failed.code})
+            raise failed from None
+        paid.append(usage_store.Call.of("curation", vectors))
     return vectors

@@ -246,9 +246,12 @@ def run(cfg: Settings, user_id: str, claim_token: datetime, time_budget_secs: fl
                            unit="Count", value=1)
         return DeepPassResult(user_id, state)
     lease = claimed["lease"]
-    if usage_store.over_budget(user_id, moment, cfg.daily_token_budget):  # waits for midnight UTC, uncounted
+    # Spent (or held by turns in flight, as a turn's admission reads it): waits for midnight UTC (or for those
+    # reservations), uncounted.
+    retry_at = usage_store.held_until(user_id, moment, cfg.daily_token_budget)
+    if retry_at is not None:
         if not store.retry_later(user_id, claim_token, lease, "deferred: the user's daily token budget is spent",
-                                 usage_store.next_day(moment), None, moment):
+                                 retry_at, None, moment):
             return DeepPassResult(user_id, "lost-claim")
         metrics.add_metric(name="DeepPassDeferredOverBudget", unit="Count", value=1)
         logger.info("deep pass deferred: daily token budget spent", extra={"user_id": user_id})

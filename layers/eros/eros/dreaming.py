@@ -184,7 +184,8 @@ class ExtractResult:
     #   retry-later   -- a failure; the claim is back with a backoff (``fault`` says whose)
     #   blocked       -- a provider refused our credentials; nothing counted, dreaming held until fixed
     #   gave-up       -- stamped without extracting (``fault``: own = attempts cap, world = retry window)
-    #   deferred      -- the user's daily token budget is spent: back with retry_at = midnight UTC, uncounted
+    #   deferred      -- the daily token budget is spent (or held by turns in flight): back with retry_at =
+    #                    midnight UTC (or when those reservations expire), uncounted
     #   duplicate     -- another delivery of this claim holds its lease: returned before any provider call
     #   not-claimed   -- this claim no longer holds the session (done, released, re-claimed, unknown)
     #   lost-claim    -- the claim was lost while working (it went stale and was re-taken): nothing written
@@ -245,10 +246,11 @@ def extract_session(cfg: Settings, user_id: str, session_id: UUID, claim_token: 
     state, session = store.start(user_id, session_id, claim_token, moment)
     if session is None:  # a duplicate delivery, a retry after success, or a claim taken over by another
         return _report(ExtractResult(sid, state))
-    if usage_store.over_budget(session["user_id"], moment, cfg.daily_token_budget):
-        # The user's daily token budget is spent: the session waits for midnight UTC, counted as nobody's
-        # failure (not an attempt, not a retry), and is extracted then.
-        retry_at = usage_store.next_day(moment)
+    retry_at = usage_store.held_until(session["user_id"], moment, cfg.daily_token_budget)
+    if retry_at is not None:
+        # The user's daily token budget is spent (or held by turns in flight: what a turn's admission reads): the
+        # session waits for midnight UTC (or for those reservations), counted as nobody's failure (not an
+        # attempt, not a retry), and is extracted then.
         if not store.retry_later(session, claim_token, "deferred: the user's daily token budget is spent",
                                  retry_at, None, moment):
             return _report(ExtractResult(sid, "lost-claim"))

@@ -3,12 +3,20 @@ is dreaming held because a provider refuses our credentials (401/402/403: a bad 
 
 ``deep_report`` (``GET /v1/health/deep``, ``eros doctor``) goes further: it times a query, compares the
 schema's applied migrations with the ones this code ships, and makes one tiny call to each provider (a
-one-token completion, a one-word embedding), so a wrong URL, key or model shows before a user finds it."""
+one-token completion, a one-word embedding), so a wrong URL, key or model shows before a user finds it.
+
+The provider calls are paid by the deployment, not by a user (they are no user's usage), so the route, which
+any token holder can call, must not let one make them be paid at will: a container answers the provider checks
+it made within ``DEEP_HEALTH_CACHE_SECS`` (with their age), at most one pair of calls per container per period,
+whoever asks and however often. The database and schema checks cost nothing and always run. An operator's
+``eros doctor`` always calls the providers (``fresh``)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from time import monotonic
+from typing import Any
 
 import psycopg
 
@@ -52,11 +60,30 @@ def _dreaming() -> dict:
                          "since": b["since"].isoformat()} for b in blocks]}
 
 
-def deep_report() -> dict:
-    """Each check's status ("ok" or "failed") and a line of detail; ``status`` is "ok" when all are."""
-    checks = {"database": _check(_database), "schema": _check(_schema), "llm": _check(_llm),
-              "embedder": _check(_embedder)}
+def deep_report(*, fresh: bool = False) -> dict:
+    """Each check's status ("ok" or "failed"), a line of detail, how long it took and its age (``age_s``: 0 but
+    for the providers' checks a container kept; ``fresh``: none is kept); ``status`` is "ok" when all are."""
+    checks = {"database": _check(_database), "schema": _check(_schema), **_provider_checks(fresh)}
     return {"status": "ok" if all(c["status"] == "ok" for c in checks.values()) else "failed", "checks": checks}
+
+
+_probed: dict[str, Any] = {}  # this container's last provider checks: when, with which clients, what they said
+
+
+def _provider_checks(fresh: bool) -> dict[str, dict]:
+    """The providers' checks: those made within DEEP_HEALTH_CACHE_SECS by this container with the same clients
+    (new settings or credentials make new clients, and so a new probe), else a new pair of calls."""
+    try:
+        clients = (providers.chat_client(), providers.embedder())
+    except ConfigurationError:
+        clients = None  # the checks below fail and say why
+    last, now = _probed.get("last"), monotonic()
+    if not fresh and last and clients and last["clients"] == clients and now - last["at"] < settings(
+            ).deep_health_cache_secs:
+        return {name: check | {"age_s": round(now - last["at"], 1)} for name, check in last["checks"].items()}
+    checks = {"llm": _check(_llm), "embedder": _check(_embedder)}
+    _probed["last"] = {"at": now, "clients": clients, "checks": checks}
+    return checks
 
 
 def _check(probe: Callable[[], str]) -> dict:
@@ -65,7 +92,7 @@ def _check(probe: Callable[[], str]) -> dict:
         detail, status = probe(), "ok"
     except (psycopg.Error, ConfigurationError, ProviderError, SchemaMismatch) as exc:
         detail, status = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", "failed"
-    return {"status": status, "detail": detail, "ms": round((time.perf_counter() - started) * 1000, 1)}
+    return {"status": status, "detail": detail, "ms": round((time.perf_counter() - started) * 1000, 1), "age_s": 0.0}
 
 
 class SchemaMismatch(Exception):

@@ -95,6 +95,18 @@ class Hygiene:
 
 # --- the use-case -------------------------------------------------------------------------------
 
+def _quota(p: RecallParams) -> tuple[int, int]:
+    """The profile rows a prompt gets, and at most how many of a category (0: no cap)."""
+    if p.strategy == "grouped":
+        return p.per_category * len(CATEGORIES), p.per_category
+    return p.top_k, p.category_cap
+
+
+def most_recalled(p: RecallParams) -> int:
+    """The most memories a turn's prompt can carry, both layers (what a turn's reservation allows for)."""
+    return _quota(p)[0] + p.relationship_top_k
+
+
 def recall(user_id: str, instance_id: UUID | None, query: list[float], *, history: Iterable[Mapping[str, Any]] = (),
            message: str | None = None, now: datetime | None = None,
            params: RecallParams | None = None) -> Recalled:
@@ -105,10 +117,7 @@ def recall(user_id: str, instance_id: UUID | None, query: list[float], *, histor
     rows created after it are not recalled.
     """
     p = params or settings().recall
-    if p.strategy == "grouped":
-        k, cap = p.per_category * len(CATEGORIES), p.per_category
-    else:
-        k, cap = p.top_k, p.category_cap  # 0: no cap
+    k, cap = _quota(p)
     rel_k = p.relationship_top_k if instance_id is not None else 0
     # Over-fetch: hygiene may drop a few rows, and the prompt should still get its full quota.
     # The SQL's cost is the scan of the user's rows, not the length of the answer. Both layers, and the

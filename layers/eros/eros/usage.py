@@ -9,13 +9,17 @@ price counts nothing towards a cost and is named in ``unpriced_models``; the off
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from datetime import UTC, date, timedelta
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, date, datetime, timedelta
+from typing import Any, NoReturn
 
-from .config import ModelPrice, settings
-from .observability import metrics
+import psycopg
+
+from .config import ModelPrice, Settings, settings
+from .observability import logger, metrics
 from .store import usage as usage_store
 from .store.rows import UsageCalls, UsageCount
 
@@ -31,6 +35,60 @@ class BadRange(ValueError):
     def __init__(self, field: str, problem: str):
         super().__init__(f"{field}: {problem}")
         self.field, self.problem = field, problem
+
+
+class OverLimit(Exception):
+    """The user is over a spend limit: ``code`` names it ("rate_limited", "budget_exhausted"),
+    ``retry_after`` is the seconds until it lifts. Nothing was stored or paid for."""
+
+    def __init__(self, code: str, message: str, retry_after: int, limit: int):
+        super().__init__(message)
+        self.code = code
+        self.retry_after = retry_after
+        self.limit = limit
+
+
+def refuse(cfg: Settings, user_id: str, now: datetime) -> NoReturn:
+    """A request the spend limits did not admit: say which limit and until when (raises OverLimit)."""
+    code, until = usage_store.refusal(user_id, now, cfg.daily_token_budget)
+    wait = max(1, math.ceil((until - now).total_seconds()))
+    metrics.add_metric(name="TurnsRefused", unit="Count", value=1)
+    logger.info("request refused by a spend limit", extra={"code": code, "retry_after": wait})
+    if code == "rate_limited":
+        raise OverLimit(code, f"too many turns: at most {cfg.turns_per_minute} per minute (chat turns and the memory"
+                        " API's searches, additions and edits count together)", wait, cfg.turns_per_minute)
+    if until == usage_store.next_day(now):
+        raise OverLimit(code, f"the daily token budget ({cfg.daily_token_budget} tokens) is spent; it resets at"
+                        " midnight UTC", wait, cfg.daily_token_budget)
+    raise OverLimit(code, f"the daily token budget ({cfg.daily_token_budget} tokens) is held by requests in progress;"
+                    " retry when they have finished", wait, cfg.daily_token_budget)
+
+
+def release(user_id: str, admitted: usage_store.Admitted, paid: Sequence[usage_store.Call] = ()) -> None:
+    """Settle a request that ended without recording its usage with the rest of its work: count what it ``paid``
+    and release its reservation. A database that fails this leaves the reservation to expire
+    (``store.usage.RESERVATION_SECS``): the request's own error is the one to report."""
+    try:
+        usage_store.settle(user_id, admitted, paid)
+    except psycopg.Error as exc:
+        logger.warning("a reservation was not released; it expires by itself", extra={"error": type(exc).__name__})
+
+
+@contextmanager
+def admitted(user_id: str, reserve: int) -> Iterator[list[usage_store.Call]]:
+    """Admit a request that pays a provider outside a chat turn (the memory API's embeddings) with the turn's
+    limits and admission (``store.usage.admit``; raises OverLimit), then count what it paid, which the body
+    appends to the list it is given, and release its reservation, however the body ends."""
+    cfg, now = settings(), usage_store.utcnow()
+    held = usage_store.admit(user_id, now, cfg.turns_per_minute, cfg.daily_token_budget, reserve)
+    if held is None:
+        refuse(cfg, user_id, now)
+    paid: list[usage_store.Call] = []
+    try:
+        yield paid
+    finally:
+        release(user_id, held, paid)
+        metrics.add_metric(name="ProviderTokens", unit="Count", value=sum(c.tokens for c in paid))
 
 
 def spend(user_id: str, call: usage_store.Call, *, held_by: tuple[str, object] | None = None) -> None:

@@ -59,7 +59,8 @@ $$;
 -- * to_admit / counted: the turn counted against the spend limits (limited: one is on; rate turns per minute,
 --   budget tokens a day, 0 for off), when the turn is not the retry of an answered turn with the same message (a
 --   replay is never limited). The count and the check are one upsert on the row's latest version (ON CONFLICT DO
---   UPDATE locks it), so concurrent turns of one user cannot overshoot a limit; `counted` has a row when the turn
+--   UPDATE locks it), so concurrent turns of one user cannot overshoot the rate (nor the budget by more than one
+--   turn's reservation since 0018, which replaces this function); `counted` has a row when the turn
 --   was admitted and counted;
 -- * claimed: the user's message, stored before any model call, claiming the turn id (the turn key decides between
 --   concurrent senders), only when there is none yet and the turn was admitted; touched: the session's activity

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from uuid import UUID
 
+import psycopg
 from pgvector import Vector
 from psycopg.types.json import Jsonb
 
@@ -104,28 +105,38 @@ def find_turn(user_id: str, session_id: UUID, client_turn_id: str) -> TurnMessag
 # does and why), so that a connection plans them once, not on every turn; recall's is engine.turn_recall.
 _OPEN_TURN = ("SELECT * FROM engine.open_turn(%(user)s::text, %(session)s::uuid, %(turn)s::text, %(content)s::text,"
               " %(history)s::int, %(limited)s::boolean, %(day)s::date, %(window)s::timestamptz, %(rate)s::int,"
-              " %(budget)s::bigint)")
+              " %(budget)s::bigint, %(at)s::timestamptz, %(reserve)s::bigint, %(until)s::timestamptz)")
 _RECORD_TURN = ("SELECT engine.record_turn(%(user)s::text, %(session)s::uuid, %(instance)s::uuid, %(turn)s::text,"
                 " %(reply)s::text, %(metadata)s::jsonb, %(content)s::text, %(message)s::bigint, %(embedding)s::vector,"
                 " %(utterance_metadata)s::jsonb, %(day)s::date, %(purposes)s::text[], %(models)s::text[],"
-                " %(inputs)s::bigint[], %(outputs)s::bigint[]) AS id")
+                " %(inputs)s::bigint[], %(outputs)s::bigint[], %(reservation)s::uuid) AS id")
+# What engine.record_turn raises when the turn's session is gone (an erasure deleted it meanwhile: migration 0018).
+SESSION_GONE = "EG409"
+
+
+class SessionGone(Exception):
+    """The turn's session was deleted while the turn ran (DELETE /v1/me): nothing of the turn was stored or
+    counted."""
 
 
 def open_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str, *, history: int,
-              now: datetime, turns_per_minute: int = 0, daily_budget: int = 0) -> OpenedTurn | None:
+              now: datetime, turns_per_minute: int = 0, daily_budget: int = 0, reserve: int = 0) -> OpenedTurn | None:
     """Open a turn in one statement (engine.open_turn): the session (None: not this user's, or none), the
     messages stored under the turn id (the user's message just stored, or a retry's earlier attempt; empty
     when a concurrent sender's came first: see ``claim_turn``), whether the spend limits admitted the turn
-    (counting it), and the prompt's history."""
+    (counting it, and reserving ``reserve`` tokens plus its prompt's text under a budget), and the prompt's
+    history."""
     values = {"user": user_id, "session": session_id, "turn": client_turn_id, "content": content,
-              "history": history} | usage.admission(now, turns_per_minute, daily_budget)
+              "history": history} | usage.admission(now, turns_per_minute, daily_budget, reserve)
     row = connection().execute(_OPEN_TURN, values).fetchone()
     if row is None:
         return None
-    claimed, admitted, turn, messages = (row.pop(k) for k in ("claimed_id", "admitted", "earlier", "history"))
+    claimed, admitted, reservation, reserved, turn, messages = (
+        row.pop(k) for k in ("claimed_id", "admitted", "reservation", "reserved", "earlier", "history"))
     if claimed is not None:
         turn = {"user": {"id": claimed, "role": "user", "content": content, "metadata": {}}}
-    return {"session": row, "turn": turn, "admitted": admitted, "history": messages}
+    return {"session": row, "turn": turn, "admitted": admitted, "history": messages,
+            "reserved": usage.Admitted(values["day"], reservation), "tokens_reserved": reserved}
 
 
 def list_messages(user_id: str, session_id: UUID, limit: int, before: int | None) -> list[Message]:
@@ -166,17 +177,24 @@ def claim_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str
 
 def record_turn(session: SessionWithPersona, user_id: str, user_message_id: int, content: str, client_turn_id: str,
                 reply: str, reply_metadata: dict, embedding: list[float], embed_model: str,
-                spent: Sequence[usage.Call] = ()) -> RecordedTurn:
-    """One statement (engine.record_turn): the ``spent`` provider calls of the turn, the reply to the
-    user's message (stored by ``open_turn``), the session's activity and the utterance in the relationship
-    layer. Returns both message ids, or ``replayed`` when a concurrent sender of the same message recorded
-    its reply first (keep that one)."""
-    assistant = one(connection().execute(_RECORD_TURN, usage.calls(user_id, usage.utcnow(), spent) | {
+                spent: Sequence[usage.Call], admitted: usage.Admitted) -> RecordedTurn:
+    """One statement (engine.record_turn): the ``spent`` provider calls of the turn (on the day that admitted
+    it, settling its reservation), the reply to the user's message (stored by ``open_turn``), the session's
+    activity and the utterance in the relationship layer. Returns both message ids, or ``replayed`` when a
+    concurrent sender of the same message recorded its reply first (keep that one). Raises ``SessionGone``
+    when an erasure deleted the session meanwhile: then nothing was written or counted."""
+    values = usage.calls(user_id, admitted.day, spent) | {
         "session": session["id"], "instance": session["instance_id"], "turn": client_turn_id, "reply": reply,
         "metadata": Jsonb(reply_metadata), "content": content, "embedding": Vector(embedding),
         "message": user_message_id, "utterance_metadata": Jsonb({"message_id": user_message_id,
                                                                  "embed_model": embed_model}),
-    }))
+        "reservation": admitted.reservation}
+    try:
+        assistant = one(connection().execute(_RECORD_TURN, values))
+    except psycopg.DatabaseError as exc:
+        if exc.sqlstate == SESSION_GONE:
+            raise SessionGone(str(session["id"])) from None
+        raise
     if assistant["id"] is None:
         return {"replayed": True}
     return {"replayed": False, "user_message_id": user_message_id, "assistant_message_id": assistant["id"]}

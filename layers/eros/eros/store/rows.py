@@ -8,8 +8,11 @@ query results. A use-case reads ``session["instance_id"]`` knowing the key exist
 from __future__ import annotations
 
 from datetime import date, datetime
-from typing import Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 from uuid import UUID
+
+if TYPE_CHECKING:
+    from .usage import Admitted
 
 
 class Persona(TypedDict):
@@ -65,6 +68,8 @@ class OpenedTurn(TypedDict):
     session: SessionWithPersona
     turn: TurnMessages  # this turn id's messages: the user's just stored, or a retry's earlier attempt
     admitted: bool  # the spend limits let the turn through (and counted it); always true with no limit on
+    reserved: Admitted  # its day and reservation, which record_turn settles (or settle releases)
+    tokens_reserved: int  # what it reserved (0: no budget, no reservation)
     history: list[Message]  # the prompt's history, oldest first, the turn's own messages excluded
 
 

@@ -1,9 +1,14 @@
-"""Per-user spend: the turn rate window and the daily token budget (migration 0007).
+"""Per-user spend: the rate window and the daily token budget (migrations 0007 and 0018).
 
-Every change is one atomic SQL statement: the limit is checked by the same statement that counts against
-it, on the row's latest version (ON CONFLICT DO UPDATE locks it), so concurrent turns of one user cannot
-overshoot a limit. A chat turn runs the admission and the spending as parts of its own statements
-(engine.open_turn, engine.record_turn: migration 0016), so that they cost no round trip of their own."""
+Every request that pays a provider is admitted by one atomic SQL statement (engine.admit): the limits are
+checked by the same upsert that counts against them, on the row's latest version (ON CONFLICT DO UPDATE locks
+it), and under a budget it *reserves* an upper estimate of the request's tokens. The statement that counts the
+real usage releases the reservation (engine.spend). Concurrent requests of one user are admitted one after
+the other, each counting what the others spent and reserved: the day's tokens end below the budget plus the
+reservation of the last request admitted, as long as no request spends more than it reserved (migration 0018
+and docs/DESIGN.md, "Usage", state the bound and its one assumption). A chat turn runs the admission and the
+settlement inside its own statements (engine.open_turn, engine.record_turn), so that they cost no round trip
+of their own."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Literal, Protocol
+from uuid import UUID
 
 from ..db import connection
 from .rows import UsageCalls, UsageCount, UsageDay
@@ -68,11 +74,56 @@ def _count(usage: dict, key: str) -> int:
     return max(value, 0) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def admission(now: datetime, turns_per_minute: int, daily_budget: int) -> dict:
-    """The spend limits' parameters of engine.open_turn for a turn at ``now``; ``limited`` is false when no
-    limit is on (then nothing is counted and every turn is admitted)."""
+# How long a reservation holds: longer than any request that made it can run (the chat function's Timeout is 29 s,
+# template.yaml; tests/test_template.py checks it is shorter), so that it never expires under a live request, and
+# short enough that a reservation left by a killed container holds the user's budget back for a minute only.
+RESERVATION_SECS = 60
+# What a turn's reservation adds to the bytes of its prompt's text (engine.open_turn counts those): the prompt's
+# own fixed text (the data rule, headings, category labels) and an allowance per recalled memory, whose text is
+# not known before the turn's recall. A memory written by dreaming is one short sentence (~20-40 tokens).
+PROMPT_OVERHEAD = 256
+PER_MEMORY = 128
+
+
+def turn_reserve(chat_max_tokens: int, recalled_at_most: int) -> int:
+    """The part of a turn's reservation that its prompt's text does not tell: the reply's cap, the prompt's
+    fixed text and the recalled memories' allowance (engine.open_turn adds the text's bytes)."""
+    return chat_max_tokens + PROMPT_OVERHEAD + PER_MEMORY * recalled_at_most
+
+
+def embedding_reserve(text: str) -> int:
+    """An embedding's reservation: its text's UTF-8 bytes (a token spans at least one), and some framing."""
+    return len(text.encode("utf-8")) + 8
+
+
+def admission(now: datetime, turns_per_minute: int, daily_budget: int, reserve: int = 0) -> dict:
+    """The spend limits' parameters of engine.admit (and engine.open_turn) for a request at ``now``; ``limited``
+    is false when no limit is on (then nothing is counted or reserved and every request is admitted)."""
     return {"limited": bool(turns_per_minute or daily_budget), "day": now.astimezone(UTC).date(),
-            "window": _window(now), "rate": turns_per_minute, "budget": daily_budget}
+            "window": _window(now), "rate": turns_per_minute, "budget": daily_budget, "at": now,
+            "reserve": reserve, "until": now + timedelta(seconds=RESERVATION_SECS)}
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request the limits admitted: the day it counts on (the admission's, also when it ends after midnight)
+    and its reservation (None: none was made), which its settlement releases."""
+
+    day: date
+    reservation: UUID | None = None
+
+
+def admit(user_id: str, now: datetime, turns_per_minute: int, daily_budget: int, reserve: int) -> Admitted | None:
+    """Admit a request that will pay a provider, reserving ``reserve`` tokens under a budget (engine.admit, the
+    admission a chat turn makes inside engine.open_turn); None: a limit refused it (nothing was counted)."""
+    values = admission(now, turns_per_minute, daily_budget, reserve)
+    if not values["limited"]:
+        return Admitted(values["day"])
+    row = connection().execute(
+        "SELECT reservation FROM engine.admit(%(user)s::text, %(day)s::date, %(at)s::timestamptz,"
+        " %(window)s::timestamptz, %(rate)s::int, %(budget)s::bigint, %(reserve)s::bigint, %(until)s::timestamptz, 0)",
+        values | {"user": user_id}).fetchone()
+    return None if row is None else Admitted(values["day"], row["reservation"])
 
 
 def _window(now: datetime) -> datetime:
@@ -81,11 +132,31 @@ def _window(now: datetime) -> datetime:
 
 
 def refusal(user_id: str, now: datetime, daily_budget: int) -> tuple[str, datetime]:
-    """Why a turn that the spend limits did not admit was refused, and until when: ``"budget_exhausted"`` until
-    midnight UTC, else ``"rate_limited"`` until the rate window ends (a refused turn was not counted)."""
-    if daily_budget and usage(user_id, now)["tokens"] >= daily_budget:
-        return "budget_exhausted", next_day(now)
+    """Why a request that the spend limits did not admit was refused, and until when: ``"budget_exhausted"`` until
+    the budget has room again (``held_until``), else ``"rate_limited"`` until the rate window ends (a refused
+    request was not counted)."""
+    until = held_until(user_id, now, daily_budget)
+    if until is not None:
+        return "budget_exhausted", until
     return "rate_limited", _window(now) + timedelta(minutes=1)
+
+
+def held_until(user_id: str, now: datetime, daily_budget: int) -> datetime | None:
+    """Until when the budget has no room for the user's next request: None when it has room (or there is no
+    budget); midnight UTC when the day's tokens reach it; else, when only reservations of requests in flight
+    fill it, the latest of their expiries (they are settled sooner, when their requests end). What admission
+    reads, so that dreaming, which pays without reserving, waits exactly when a turn would be refused."""
+    if not daily_budget:
+        return None
+    row = connection().execute(
+        "SELECT tokens, engine.reserved(reservations, %(at)s) AS reserved,"
+        " (SELECT max((r.value->>'until')::timestamptz) FROM jsonb_each(reservations) r"
+        "  WHERE (r.value->>'until')::timestamptz > %(at)s) AS until"
+        " FROM engine.user_usage WHERE user_id = %(user)s AND day = %(day)s",
+        {"user": user_id, "day": now.astimezone(UTC).date(), "at": now}).fetchone()
+    if row is None or row["tokens"] + row["reserved"] < daily_budget:
+        return None
+    return next_day(now) if row["tokens"] >= daily_budget else row["until"]
 
 
 # Dreaming's calls are counted only while what the work is for still exists: the session (extraction)
@@ -98,36 +169,34 @@ _HELD_BY = {
 }
 
 
-def calls(user_id: str, now: datetime, spent: Sequence[Call]) -> dict:
-    """The parameters of engine.spend (and of a turn's record) for ``spent`` calls of ``user_id`` at ``now``."""
-    return {"user": user_id, "day": now.astimezone(UTC).date(), "purposes": [c.purpose for c in spent],
+def calls(user_id: str, day: date, spent: Sequence[Call]) -> dict:
+    """The parameters of engine.spend (and of a turn's record) for ``spent`` calls of ``user_id`` on ``day``."""
+    return {"user": user_id, "day": day, "purposes": [c.purpose for c in spent],
             "models": [c.model for c in spent], "inputs": [c.input_tokens for c in spent],
             "outputs": [c.output_tokens for c in spent]}
+
+
+_SPEND = ("SELECT engine.spend(%(user)s::text, %(day)s::date, %(purposes)s::text[], %(models)s::text[],"
+          " %(inputs)s::bigint[], %(outputs)s::bigint[], %(reservation)s::uuid)")
 
 
 def record(user_id: str, call: Call, now: datetime, *, held_by: tuple[str, object] | None = None) -> None:
     """Count one provider call of the user's (its tokens, by purpose and model); ``held_by``:
     ("session", id) or ("deep_pass", user id), counted only while that row exists."""
-    values = calls(user_id, now, [call])
+    values = calls(user_id, now.astimezone(UTC).date(), [call]) | {"reservation": None}
     held = ""
     if held_by is not None:
         values["held"] = held_by[1]
         held = f" WHERE EXISTS ({_HELD_BY[held_by[0]]})"  # evaluated (and the row locked) before the call
-    connection().execute("SELECT engine.spend(%(user)s::text, %(day)s::date, %(purposes)s::text[], %(models)s::text[],"
-                         f" %(inputs)s::bigint[], %(outputs)s::bigint[]){held}", values)
+    connection().execute(_SPEND + held, values)
 
 
-def usage(user_id: str, now: datetime) -> dict:
-    """The user's usage of ``now``'s UTC day (zeros when none)."""
-    row = connection().execute(
-        "SELECT tokens, chat_tokens, dream_tokens, turns FROM engine.user_usage WHERE user_id = %s AND day = %s",
-        (user_id, now.astimezone(UTC).date()),
-    ).fetchone()
-    return row or {"tokens": 0, "chat_tokens": 0, "dream_tokens": 0, "turns": 0}
-
-
-def over_budget(user_id: str, now: datetime, daily_budget: int) -> bool:
-    return bool(daily_budget) and usage(user_id, now)["tokens"] >= daily_budget
+def settle(user_id: str, admitted: Admitted, spent: Sequence[Call]) -> None:
+    """Count the ``spent`` calls of an admitted request on its day and release its reservation, in one statement
+    (engine.spend); with no calls (the request failed before paying), only the release."""
+    if not spent and admitted.reservation is None:
+        return
+    connection().execute(_SPEND, calls(user_id, admitted.day, spent) | {"reservation": admitted.reservation})
 
 
 # --- reports (eros.usage): a range of UTC days, both ends included -----------------------------------
