@@ -36,6 +36,7 @@ from eros.memory import (
     SupersededReason,
     event_time_text,
     parse_event_time,
+    stored_importance,
 )
 from eros.observability import logger, metrics
 from eros.store import chat as chat_store
@@ -95,6 +96,16 @@ EventTimeText = Annotated[str, AfterValidator(_event_time), Field(
 def event_of(text: str | None) -> EventTime | None:
     """A request's validated (so normalised) event time as the domain's, or None."""
     return parse_event_time(text) if text else None
+
+
+def _as_stored(value):
+    """A number as the importance column stores it (``stored_importance``), before the range is checked: what
+    rounds to 0 in a float4 (1e-100, -1e-100) is 0, not an underflow error after the embedding was paid for.
+    Anything else is left to the type check (strict: no text, no booleans; no NaN or infinity)."""
+    return value if isinstance(value, bool) or not isinstance(value, int | float) else stored_importance(value)
+
+
+Importance = Annotated[float, BeforeValidator(_as_stored), Field(ge=0, le=1, strict=True, allow_inf_nan=False)]
 
 
 class ApiModel(BaseModel):
@@ -501,7 +512,7 @@ def search_memories(body: MemorySearch) -> SearchResults:
 class NewMemory(Strict):
     content: Content
     category: Category
-    importance: Annotated[float, Field(ge=0, le=1)] | None = Field(
+    importance: Importance | None = Field(
         None, description=f"0..1; default {curation.USER_IMPORTANCE} (what the user states matters)")
     occurred_at: EventTimeText | None = None
 
@@ -509,7 +520,7 @@ class NewMemory(Strict):
 class MemoryEdit(Strict):
     content: Content | None = None
     category: Category | None = None
-    importance: Annotated[float, Field(ge=0, le=1)] | None = None
+    importance: Importance | None = None
     occurred_at: EventTimeText | None = Field(None, description="the new event time; null clears it; left out: "
                                                                 "kept")
 
