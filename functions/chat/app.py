@@ -9,7 +9,6 @@ local dev server the same way); no route takes a user id from the request.
 import base64
 import binascii
 import json
-import re
 from collections.abc import Mapping
 from datetime import date, datetime
 from typing import Annotated, Any, Literal
@@ -23,7 +22,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.logging import correlation_paths
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
-from eros import chat, curation, errors, recall, records, snapstart, tracing, usage
+from eros import chat, curation, errors, json_body, recall, records, snapstart, tracing, usage
 from eros import health as health_check
 from eros.config import settings
 from eros.memory import (
@@ -46,8 +45,6 @@ app = APIGatewayHttpResolver(enable_validation=True)
 TITLE = "eros companion memory API"
 snapstart.register()  # with SnapStart (template.yaml: ChatColdStart): warm before the snapshot, renew after
 
-# Request bodies are flat objects; deeper JSON is refused before it is parsed (Python's parser recurses).
-MAX_JSON_DEPTH = 32
 # The largest message id a cursor can name (chat_messages.id is a bigint).
 MAX_BIGINT = 2**63 - 1
 
@@ -791,38 +788,6 @@ def _refuse(status: int, message: str) -> dict:
             "body": _error_body(status, message)}
 
 
-def _nested_deeper_than(text: str, limit: int) -> bool:
-    """Whether the JSON text opens more than ``limit`` arrays/objects inside each other (strings skipped)."""
-    if text.count("[") + text.count("{") <= limit:
-        return False
-    depth = 0
-    for char in _STRINGS.sub('""', text):  # brackets inside strings do not nest
-        if char in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif char in "]}":
-            depth -= 1
-    return False
-
-
-_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')  # a JSON string, escapes included
-
-
-def _unreadable_json(body: str) -> str | None:
-    """Why the body cannot be read as JSON, for the reasons Powertools' validation would answer with a 500
-    (Python's parser recursing too deep, a number too long to convert); None otherwise."""
-    if _nested_deeper_than(body, MAX_JSON_DEPTH):
-        return f"the JSON body is nested deeper than {MAX_JSON_DEPTH} levels"
-    try:
-        json.loads(body)
-    except json.JSONDecodeError as exc:
-        return f"the body is not valid JSON: {exc.msg} (character {exc.pos})"
-    except (ValueError, RecursionError):
-        return "the body is not JSON this API can read (a number with too many digits)"
-    return None
-
-
 def _as_json_request(event: dict) -> dict | None:
     """Size-check and normalise the body; returns a refusal, or None when the event may be routed."""
     limit = settings().max_body_bytes
@@ -837,7 +802,7 @@ def _as_json_request(event: dict) -> dict | None:
         event["isBase64Encoded"] = False
     method = (event.get("requestContext") or {}).get("http", {}).get("method", "")
     if event.get("body") and method.upper() in ("POST", "PUT", "PATCH"):
-        problem = _unreadable_json(event["body"])
+        problem = json_body.unreadable(event["body"])
         if problem:
             return _refuse(400, f"invalid request: {problem}")
     # The API speaks JSON only: a body is read as JSON whatever Content-Type a client sent (curl's -d
