@@ -275,7 +275,7 @@ def test_a_foreign_api_origin_gets_no_request_and_the_person_is_told_why(browser
     visit = open_console(browser, f"{origin(deployed)}/console/index.html?api={quote(api, safe='')}")
     visit.page.wait_for_function("() => document.querySelector('#status').textContent !== ''")  # boot is done
     visit.page.wait_for_load_state("networkidle")
-    assert foreign.seen == []  # type: ignore[attr-defined]
+    assert foreign.seen == []
     status = visit.page.locator("#status")
     expect(status).to_contain_text("Not signing in: this console sends your token only to its own origin")
     expect(status).to_contain_text("eros-api-origins")
@@ -290,5 +290,5 @@ def test_an_api_origin_the_deployer_allowed_gets_the_token(browser, foreign, dep
     visit = open_console(browser, f"{origin(deployed)}/allowing/index.html?api={quote(origin(foreign), safe='')}")
     expect(visit.page.locator("#signin")).to_be_attached()
     visit.page.wait_for_function("() => document.querySelector('#status').textContent !== ''")  # boot is done
-    assert ("GET", "/v1/personas", "Bearer secret-token") in foreign.seen, foreign.seen  # type: ignore[attr-defined]
+    assert ("GET", "/v1/personas", "Bearer secret-token") in foreign.seen, foreign.seen
     visit.close()
