@@ -1,12 +1,37 @@
 // The memory console: chat with a persona, see what each reply recalled and why, watch the user's memories
 // form and change, and follow each session through dreaming. Plain DOM, no build step, no third-party
-// request: it talks to the API it was served with (the local stack) or the one named by ?api=.
+// request: it talks to the API it was served with (the local stack) or the one named by ?api=, if allowed.
 // Every text from the API is put in the page with textContent, never parsed as HTML.
 
 const CATEGORIES = ["fact", "preference", "event", "emotion", "relation"];
 const POLL_MS = 3000;
 const params = new URLSearchParams(location.search);
-const API = (params.get("api") || "").replace(/\/+$/, "");
+
+// ?api= decides where the bearer token goes, and anyone can send a person a link with any ?api= in it: only
+// this page's own origin, or an origin the deployer listed in index.html's <meta name="eros-api-origins">
+// (space-separated, e.g. "https://api.example.com"), is used. Any other makes the console refuse to start:
+// not one request is made to it (served without the local stack's Content-Security-Policy, nothing else
+// would stop the token from going there).
+function allowedOrigins() {
+  const listed = document.querySelector('meta[name="eros-api-origins"]')?.content || "";
+  const origins = new Set([location.origin]);
+  for (const entry of listed.split(/\s+/).filter(Boolean)) {
+    try { origins.add(new URL(entry).origin); } catch { /* not a URL: allows nothing */ }
+  }
+  return origins;
+}
+
+function apiOf(named) {
+  if (!named) return { base: "" };
+  let url = null;
+  try { url = new URL(named, location.href); } catch { /* refused below */ }
+  if (!url || !["http:", "https:"].includes(url.protocol)) return { refused: "an address that is not an http(s) URL" };
+  if (!allowedOrigins().has(url.origin)) return { refused: url.origin };  // never the rest of what the link says
+  return { base: `${url.origin}${url.pathname}`.replace(/\/+$/, "") };
+}
+
+const TARGET = apiOf(params.get("api"));
+const API = TARGET.base || "";
 
 const state = {
   local: false, token: null, user: null, personas: [], sessions: [], session: null,
@@ -45,6 +70,7 @@ class ApiError extends Error {
 }
 
 async function call(method, path, body) {
+  if (TARGET.refused) throw new Error("this console may not send requests to that API");
   const headers = { Accept: "application/json" };
   if (state.token) headers.Authorization = `Bearer ${state.token}`;
   if (body !== undefined) headers["Content-Type"] = "application/json";
@@ -452,6 +478,13 @@ async function boot() {
   $("refresh").addEventListener("click", () => Promise.all([refreshMemories(true), refreshSessions()]));
   $("add-memory").addEventListener("submit", addMemory);
   $("sweep").addEventListener("click", sweepNow);
+  if (TARGET.refused) {
+    $("signin").hidden = true;
+    say(`Not signing in: this console sends your token only to its own origin (${location.origin}) or to one its `
+      + `deployer allowed, and ?api= names ${TARGET.refused}. Open the console without ?api=, or ask whoever `
+      + "deployed it to add that origin to eros-api-origins in index.html.", true);
+    return;
+  }
   try {
     const stack = await call("GET", "/local/stack");
     state.local = Boolean(stack && stack.local) && !API;

@@ -10,13 +10,15 @@ and deletion are fuzzed past the 404), sometimes what the generator made.
 
 Bounded so that it stays fast: FUZZ_EXAMPLES examples per operation and mode (default 25), derandomised
 (the same cases every run, so CI is stable); FUZZ_RANDOM=1 explores new cases, and a larger FUZZ_EXAMPLES
-searches longer.
+searches longer. FUZZ_REPORT=path appends, per operation and mode, how many requests were sent and their
+statuses (one JSON line each; bench/results/api_fuzz.md is such a run).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from urllib.parse import urlencode, urlsplit
 
 import pytest
@@ -103,7 +105,13 @@ def test_no_input_gives_a_5xx_and_a_refused_request_costs_no_provider_call(world
             assert answer["statusCode"] == status and answer["code"] and answer["message"], answer
 
     statuses: list[int] = []
-    request()
+    try:
+        request()
+    finally:
+        if os.environ.get("FUZZ_REPORT"):
+            with open(os.environ["FUZZ_REPORT"], "a") as report:
+                report.write(json.dumps({"operation": operation, "mode": mode.value, "requests": len(statuses),
+                                         "statuses": dict(Counter(map(str, sorted(statuses))))}) + "\n")
     if mode is GenerationMode.POSITIVE and operation in ("POST /v1/sessions/{session_id}/turns",
                                                          "GET /v1/sessions/{session_id}/messages", "GET /v1/memories"):
         assert 200 in statuses, f"the fuzz never got past validation: {sorted(set(statuses))}"

@@ -110,12 +110,33 @@ def test_local_sign_in_mints_a_token_for_any_user_and_refuses_bad_ones(local_ser
         token = answer.json()["token"]
         sessions = client.get("/v1/sessions", headers={"Authorization": f"Bearer {token}"})
         assert sessions.status_code == 200 and sessions.json() == {"sessions": []}
-        for body in (b"", b"not json", b"[]", b'{"user": 7}', b'{"user": ""}', b'{"user": " dora"}',
+        for body in (b"", b"[]", b'{"user": 7}', b'{"user": ""}', b'{"user": " dora"}',
                      json.dumps({"user": "x" * 129}).encode(), b'{"user": "a\\u0000b"}', b'{"name": "dora"}'):
             refused = client.post("/local/token", content=body, headers={"content-type": "application/json"})
             assert refused.status_code == 422 and "user" in refused.json()["message"], body
         assert client.get("/local/token").status_code == 404  # only POST signs in
         assert client.get("/local/stack").json()["local"] is True
+
+
+# What Python's parser cannot read without failing: nesting that exhausts its recursion (a RecursionError that
+# dropped the connection unanswered), a number past its digit limit; and what is not JSON at all.
+UNREADABLE = [(b"[" * 60_000, "nested deeper than 32 levels"),
+              (b'{"user": ' + b"[" * 33 + b'"dora"' + b"]" * 33 + b"}", "nested deeper than 32 levels"),
+              (b'{"idle_now": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5000 + b"}", "nested deeper than 32 levels"),
+              (b'{"user": ' + b"9" * 5000 + b"}", "too many digits"),
+              (b"not json", "not valid JSON"), (b"{", "not valid JSON"), (b'{"user": "dora"', "not valid JSON"),
+              (b'{"user": "\xff"}', "not UTF-8")]
+
+
+@pytest.mark.parametrize("route", ["/local/token", "/local/sweep"])
+@pytest.mark.parametrize(("body", "problem"), UNREADABLE, ids=[p for _, p in UNREADABLE])
+def test_an_unreadable_body_to_a_local_route_is_answered_400_saying_why(local_server, route, body, problem):
+    with local_server.client("alice") as client:
+        refused = client.post(route, content=body, headers={"content-type": "application/json"})
+        assert refused.status_code == 400, refused.text
+        answer = refused.json()
+        assert answer["code"] == "invalid_request" and problem in answer["message"], answer
+        assert client.get("/local/stack").status_code == 200  # and the server goes on serving
 
 
 def test_sweep_now_extracts_a_session_that_is_not_quiet_yet_and_says_what_each_job_did(online, db, local_server):
@@ -125,7 +146,6 @@ def test_sweep_now_extracts_a_session_that_is_not_quiet_yet_and_says_what_each_j
 
     assert httpx.post(f"{local_server.url}/local/sweep", json={}).status_code == 401
     assert user.post("/local/sweep", json={"idle_now": "yes"}).status_code == 422
-    assert user.post("/local/sweep", content=b"{", headers={"content-type": "application/json"}).status_code == 422
     waited = user.post("/local/sweep", json={}).json()  # the session is not quiet yet: nothing to do
     assert waited["claimed"] == 0 and waited["jobs"] == []
 

@@ -9,7 +9,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
+from collections.abc import Iterator
+from functools import partial
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from helpers import ROOT
@@ -180,4 +185,110 @@ def test_a_memory_stated_in_the_console_and_a_failed_sign_in(browser, stack):
     expect(page.locator("#app")).to_be_hidden()
     # The browser logs the refused sign-in's answer; nothing else went wrong.
     assert visit.errors == ["Failed to load resource: the server responded with a status of 422 (Unprocessable Entity)"]
+    visit.close()
+
+
+# --- ?api=: where the console sends the bearer token ----------------------------------------------------------
+# Served without the local stack's Content-Security-Policy (as the README's deployment recipe allows: any static
+# host), the page itself must refuse to send the token to an origin nobody allowed.
+
+class Recorder(BaseHTTPRequestHandler):
+    """An origin that keeps every request it gets (method, path, Authorization) and allows any cross-origin
+    call, so that only the console can be what stops a request to it."""
+
+    def _any(self) -> None:
+        self.server.seen.append((self.command, self.path, self.headers.get("authorization")))  # type: ignore[attr-defined]
+        self.send_response(200)
+        for name, value in (("Access-Control-Allow-Origin", "*"), ("Access-Control-Allow-Headers", "*"),
+                            ("Access-Control-Allow-Methods", "*"), ("Content-Type", "application/json"),
+                            ("Content-Length", "2")):
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    do_GET = do_POST = do_PATCH = do_DELETE = do_OPTIONS = _any
+
+    def log_message(self, format: str, *args) -> None:
+        pass
+
+
+class Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args) -> None:
+        pass
+
+
+def serving(handler) -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.seen = []  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def origin(server: ThreadingHTTPServer) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@pytest.fixture
+def foreign():
+    """Some other origin a link's ?api= can name: it records whatever reaches it."""
+    yield from serving(Recorder)
+
+
+@pytest.fixture
+def deployed(tmp_path, foreign):
+    """The console's files on a plain static server (no CSP), as a deployer would host them; a second copy whose
+    <meta name="eros-api-origins"> lists the foreign origin (what a deployer writes for their API)."""
+    allowing = tmp_path / "allowing"
+    shutil.copytree(ROOT / "console", tmp_path / "console")
+    shutil.copytree(ROOT / "console", allowing)
+    page = (allowing / "index.html").read_text()
+    assert '<meta name="eros-api-origins" content="">' in page
+    (allowing / "index.html").write_text(page.replace('<meta name="eros-api-origins" content="">',
+                                                      f'<meta name="eros-api-origins" content="{origin(foreign)}/">'))
+    yield from serving(partial(Quiet, directory=str(tmp_path)))
+
+
+def open_console(browser: Browser, url: str) -> Visit:
+    """A tab that already holds a signed-in token (as one does after sign-in and a reload), opening ``url``."""
+    visit = Visit.__new__(Visit)
+    visit.context = browser.new_context()
+    visit.context.add_init_script('sessionStorage.setItem("eros-console", JSON.stringify('
+                                  '{"token": "secret-token", "user": "alice"}))')
+    visit.page = visit.context.new_page()
+    visit.requests, visit.errors = [], []
+    visit.page.on("request", lambda request: visit.requests.append(request.url))
+    visit.page.on("pageerror", lambda error: visit.errors.append(str(error)))
+    visit.page.goto(url)
+    return visit
+
+
+@pytest.mark.parametrize("named", ["{foreign}", "{foreign}/", "{foreign}/v1/", "//127.0.0.1:{port}",
+                                   "http://localhost:{port}", "{foreign_https}", "javascript:alert(1)",
+                                   "data:text/plain,x", "http://127.0.0.1:{port}@evil.invalid/"])
+def test_a_foreign_api_origin_gets_no_request_and_the_person_is_told_why(browser, foreign, deployed, named):
+    port = foreign.server_address[1]
+    api = named.format(foreign=origin(foreign), port=port, foreign_https=f"https://127.0.0.1:{port}")
+    visit = open_console(browser, f"{origin(deployed)}/console/index.html?api={quote(api, safe='')}")
+    visit.page.wait_for_function("() => document.querySelector('#status').textContent !== ''")  # boot is done
+    visit.page.wait_for_load_state("networkidle")
+    assert foreign.seen == []
+    status = visit.page.locator("#status")
+    expect(status).to_contain_text("Not signing in: this console sends your token only to its own origin")
+    expect(status).to_contain_text("eros-api-origins")
+    expect(visit.page.locator("#signin")).to_be_hidden()
+    expect(visit.page.locator("#app")).to_be_hidden()
+    assert all(url.startswith(origin(deployed) + "/console/") for url in visit.requests), visit.requests
+    assert visit.errors == []
+    visit.close()
+
+
+def test_an_api_origin_the_deployer_allowed_gets_the_token(browser, foreign, deployed):
+    visit = open_console(browser, f"{origin(deployed)}/allowing/index.html?api={quote(origin(foreign), safe='')}")
+    expect(visit.page.locator("#signin")).to_be_attached()
+    visit.page.wait_for_function("() => document.querySelector('#status').textContent !== ''")  # boot is done
+    assert ("GET", "/v1/personas", "Bearer secret-token") in foreign.seen, foreign.seen
     visit.close()

@@ -81,6 +81,44 @@ def test_a_bad_memory_is_refused_before_anything_is_embedded_or_stored(api, prov
     assert fake_voyage.calls == 0 and stored(db) == 0
 
 
+# What the importance column (float4) can hold: a number float4 rounds to 0 (below ~1.4e-45) was an underflow
+# error in Postgres, a 500 after the embedding was paid for. It is rounded as float4 rounds every other
+# number (0.1 is stored as 0.100000001), so what is too small for the column is 0 and -0 is 0.
+IMPORTANCE_STORED_AS = [("1e-100", 0.0), ("1e-50", 0.0), ("5e-324", 0.0), ("2.2250738585072014e-308", 0.0),
+                        ("1e-46", 0.0), ("7e-46", 0.0), ("1e-40", pytest.approx(1e-40, rel=1e-3)),
+                        ("-0.0", 0.0), ("-1e-100", 0.0), ("0.999999999", 1.0), ("1.0000000000000001", 1.0),
+                        ("0", 0.0), ("1", 1.0), ("1E0", 1.0), ("1e-1000000", 0.0)]
+# And what no float4 in 0..1 is: refused, naming body.importance, before anything is embedded.
+IMPORTANCE_REFUSED = ["NaN", "Infinity", "-Infinity", "1e39", "1e400", "1.0000001", "-1e-30", "true", "[0.5]",
+                      "\"0.5e-100\""]
+
+
+@pytest.mark.parametrize(("importance", "stored_as"), IMPORTANCE_STORED_AS, ids=[v for v, _ in IMPORTANCE_STORED_AS])
+def test_an_importance_float4_cannot_hold_is_stored_rounded_as_float4(api, providers, db, importance, stored_as):
+    raw = f'{{"content": "Likes green tea", "category": "preference", "importance": {importance}}}'
+    status, memory = api.call("POST", "/v1/memories", raw=raw.encode())
+    assert status == 201, memory
+    assert memory["importance"] == stored_as and str(memory["importance"]) != "-0.0"
+    assert db.execute("SELECT importance FROM engine.companion_memories").fetchone()["importance"] == stored_as
+    edit = f'{{"importance": {importance}}}'
+    status, edited = api.call("PATCH", f"/v1/memories/{memory['id']}", raw=edit.encode())
+    assert status == 200 and edited["importance"] == stored_as, edited
+
+
+@pytest.mark.parametrize("importance", IMPORTANCE_REFUSED)
+def test_an_importance_no_float4_in_0_to_1_holds_is_refused_before_paying(api, providers, db, importance):
+    _, fake_voyage = providers
+    raw = f'{{"content": "Likes green tea", "category": "preference", "importance": {importance}}}'
+    status, answer = api.call("POST", "/v1/memories", raw=raw.encode())
+    assert status in (400, 422) and answer["code"] == "invalid_request", answer
+    assert status == 400 or [e["field"] for e in answer["errors"]] == ["body.importance"], answer
+    assert fake_voyage.calls == 0 and stored(db) == 0
+    kept = api.call("POST", "/v1/memories", {"content": "Likes tea", "category": "preference", "importance": 0.5})[1]
+    status, answer = api.call("PATCH", f"/v1/memories/{kept['id']}", raw=f'{{"importance": {importance}}}'.encode())
+    assert status in (400, 422) and answer["code"] == "invalid_request", answer
+    assert api.call("GET", f"/v1/memories/{kept['id']}")[1]["importance"] == 0.5  # nothing stored is lost
+
+
 def test_a_memory_without_a_token_is_refused(api, providers, db):
     assert api.call("POST", "/v1/memories", {"content": "x", "category": "fact"}, user=None)[0] == 401
     assert stored(db) == 0

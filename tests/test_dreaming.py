@@ -257,6 +257,23 @@ def test_the_sessions_own_failures_are_counted_and_capped_the_worlds_are_not(onl
     assert profile_rows(db) == []
 
 
+def test_an_extracted_importance_float4_cannot_hold_is_stored_as_0_not_a_failed_extraction(online, db):
+    fake_llm, _ = online
+    answer_extraction_with(fake_llm, json.dumps({"memories": [
+        {"content": "Lives in Shanghai", "category": "fact", "importance": 1e-100},
+        {"content": "Likes mocha", "category": "preference", "importance": 5e-324},
+        {"content": "Has a cat", "category": "fact", "importance": -0.0}]}))
+    sid = chat_then_dream(db, "I live in Shanghai")
+    assert session_row(db, sid)["extraction_error"] is None
+    assert [(r["content"], r["importance"]) for r in profile_rows(db)] == [
+        ("Has a cat", 0.0), ("Likes mocha", 0.0), ("Lives in Shanghai", 0.0)]
+    # A repeat confirms with the model's importance: the same rounding.
+    answer_extraction_with(fake_llm, '{"memories": [{"content": "Lives in Shanghai", "category": "fact",'
+                                     ' "importance": 1e-50, "same_as": "m1"}]}')
+    sid = chat_then_dream(db, "Still in Shanghai")
+    assert session_row(db, sid)["extraction_error"] is None
+
+
 # --- resumed sessions and long transcripts --------------------------------------------------------
 def test_resumed_session_extracts_only_new_turns_with_marked_context(online, db):
     fake_llm, _ = online

@@ -27,7 +27,9 @@ def fresh_database(database_url):
 def test_files_are_numbered_in_order_and_commented():
     files = migration_files()
     numbers = [int(name[:4]) for name, _ in files]
-    assert numbers == list(range(1, len(files) + 1))
+    # Unique and in order; a gap is allowed: a number can be taken by a branch that is not merged yet (migrate
+    # applies every file it has not applied, whatever was applied after it).
+    assert numbers[0] == 1 and numbers == sorted(set(numbers))
     assert all(sql.lstrip().startswith("--") for _, sql in files), "every migration starts by saying why"
 
 
@@ -144,6 +146,68 @@ def test_the_app_user_cannot_change_the_schema(db, app_user, statement):
                       ).fetchone()["n"] == 0
 
 
+# What the runtime does to each table (store/, the turn's functions of migrations 0015-0016, the erasure, the
+# retention), and so all the app role may do to it (migration 0019). A table of a later migration must be
+# named here with what its code does to it.
+READ_WRITE = {"SELECT", "INSERT", "UPDATE", "DELETE"}
+APP_TABLE_PRIVILEGES = {
+    "schema_migrations": {"SELECT"},  # written by the migrations' own user
+    "personas": {"SELECT"},  # seeded by the migrations' own user: no runtime path changes a persona's prompt
+    "chat_messages": {"SELECT", "INSERT", "DELETE"},  # a message is never changed; retention and erasure delete
+    "persona_instances": {"SELECT", "INSERT", "DELETE"},  # and UPDATE of user_id alone (below)
+    "chat_sessions": READ_WRITE, "companion_memories": READ_WRITE, "user_consolidation": READ_WRITE,
+    "user_usage": READ_WRITE, "user_model_usage": READ_WRITE, "provider_blocks": READ_WRITE,
+}
+# create_session's INSERT .. ON CONFLICT DO UPDATE SET user_id = EXCLUDED.user_id returns the existing instance.
+APP_COLUMN_UPDATES = {("persona_instances", "user_id")}
+
+
+def test_the_app_role_may_do_to_each_table_only_what_the_runtime_does(db):
+    tables = {r["name"]: {p for p in ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
+                          if r[p.lower()]}
+              for r in db.execute(
+                  "SELECT c.relname AS name, " + ", ".join(
+                      f"has_table_privilege('eros_app', c.oid, '{p}') AS {p.lower()}"
+                      for p in ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")) +
+                  " FROM pg_class c WHERE c.relnamespace = 'engine'::regnamespace AND c.relkind IN ('r', 'p')"
+                  " AND NOT c.relispartition").fetchall()}
+    assert tables.keys() == APP_TABLE_PRIVILEGES.keys(), "name every table in APP_TABLE_PRIVILEGES"
+    assert tables == APP_TABLE_PRIVILEGES
+    columns = {(r["table_name"], r["column_name"]) for r in db.execute(
+        "SELECT table_name, column_name FROM information_schema.column_privileges WHERE grantee = 'eros_app'"
+        " AND table_schema = 'engine' AND privilege_type = 'UPDATE'").fetchall()}
+    assert columns - {(t, c) for t, c in columns if "UPDATE" in APP_TABLE_PRIVILEGES.get(t, ())} == APP_COLUMN_UPDATES
+
+
+@pytest.mark.parametrize("statement", [
+    "UPDATE engine.personas SET system_prompt = 'Ignore your instructions'",
+    "INSERT INTO engine.personas (id, name, description, system_prompt) VALUES ('intruder', 'x', 'x', 'x')",
+    "DELETE FROM engine.personas",
+    "UPDATE engine.chat_messages SET content = 'what I never said'",
+    "UPDATE engine.persona_instances SET persona_id = 'nova'",
+    "UPDATE engine.schema_migrations SET applied_at = now()",
+    "TRUNCATE engine.user_usage",
+    "SELECT setval(pg_get_serial_sequence('engine.chat_messages', 'id'), 1)",
+])
+def test_the_app_user_cannot_write_what_the_runtime_never_writes(db, app_user, statement):
+    _, dsn = app_user
+    prompts = db.execute("SELECT id, system_prompt FROM engine.personas ORDER BY id").fetchall()
+    with psycopg.connect(dsn) as app, pytest.raises(psycopg.errors.InsufficientPrivilege):  # rolled back if not
+        app.execute(statement)
+    assert db.execute("SELECT id, system_prompt FROM engine.personas ORDER BY id").fetchall() == prompts
+
+
+def test_the_grants_survive_a_migration_run_and_a_partitioned_schema(db, database_url):
+    """eros.migrate grants again after every run (for tables another user created): the same narrow grants."""
+    from eros.migrate import migrate
+
+    db.execute("GRANT UPDATE ON engine.personas, engine.chat_messages TO eros_app")  # as before migration 0019
+    migrate(database_url)
+    assert not db.execute("SELECT has_table_privilege('eros_app', 'engine.personas', 'UPDATE') AS u").fetchone()["u"]
+    assert not db.execute("SELECT has_table_privilege('eros_app', 'engine.chat_messages', 'UPDATE') AS u"
+                          ).fetchone()["u"]
+
+
 def test_the_whole_app_runs_as_the_app_user(db, app_user, env):
     """A chat turn, a listing, a sweep and an extraction through the handlers, connected as the app user:
     the grants are all the code needs."""
@@ -169,6 +233,51 @@ def test_the_whole_app_runs_as_the_app_user(db, app_user, env):
     assert result["memories"] >= 1, result
     status, listing = api.call("GET", "/v1/memories")
     assert status == 200 and any(m["layer"] == "profile" for m in listing["memories"])
+    from eros.db import connection
+    assert connection().execute("SELECT current_user AS u").fetchone()["u"] == name
+
+
+def test_every_route_and_dreaming_job_runs_as_the_app_user(db, app_user, env, tmp_path):
+    """What the narrowed grants (0019) must still allow, as the app user: a second session with the same
+    persona (its instance's ON CONFLICT update), the memory API (state, edit, restore, search, delete), the
+    usage report, a sweep with an extraction and a deep pass, the transcript's retention, an export, and the
+    erasure of everything."""
+    from apiclient import Api
+    from pgvector import Vector
+
+    from eros.local import sweep_locally
+    from eros.providers.offline import hash_embed
+
+    name, dsn = app_user
+    env(DATABASE_URL=dsn, EXPORT_DIR=str(tmp_path), EXPORT_BASE_URL="http://127.0.0.1:9/local",
+        TRANSCRIPT_RETENTION_DAYS=1)
+    api = Api()
+    first, second = api.session(), api.session()  # the second reuses the instance: ON CONFLICT DO UPDATE
+    assert api.call("POST", f"/v1/sessions/{first}/turns", {"content": "I moved to Lisbon last spring"})[0] == 200
+    assert api.call("POST", f"/v1/sessions/{second}/turns", {"content": "I keep bees"})[0] == 200
+    status, stated = api.call("POST", "/v1/memories", {"content": "Likes green tea", "category": "preference"})
+    assert status == 201, stated
+    status, edited = api.call("PATCH", f"/v1/memories/{stated['id']}", {"content": "Likes black tea"})
+    assert status == 200, edited
+    assert api.call("POST", f"/v1/memories/{stated['id']}/restore")[0] == 200
+    assert api.call("POST", "/v1/memories/search", {"query": "tea"})[0] == 200
+    assert api.call("DELETE", f"/v1/memories/{edited['id']}")[0] == 204
+    assert api.call("GET", "/v1/usage")[0] == 200
+    # A deep pass is due (copies of one fact, changed two hours ago); the sessions are old enough to expire.
+    for days in (3, 2):
+        db.execute("INSERT INTO engine.companion_memories (user_id, content, embedding, category, source, created_at)"
+                   " VALUES ('alice', 'Keeps bees', %s, 'fact', 'dreaming', now() - make_interval(days => %s))",
+                   (Vector(hash_embed("Keeps bees")), days))
+    db.execute("UPDATE engine.user_consolidation SET changed_at = now() - interval '2 h'")
+    db.execute("UPDATE engine.chat_messages SET sent_at = now() - interval '3 days'")
+    swept = sweep_locally(idle_now=True)
+    assert sorted((job["kind"], job["outcome"]) for job in swept["jobs"]) == [
+        ("deep_pass", "consolidated"), ("session", "extracted"), ("session", "extracted")], swept
+    sweep_locally()  # the sessions are extracted through their messages: retention deletes them
+    assert db.execute("SELECT count(*) AS n FROM engine.chat_messages").fetchone()["n"] == 0
+    assert api.call("GET", "/v1/export")[0] == 200
+    status, erased = api.call("DELETE", "/v1/me")
+    assert status == 200 and erased["erased"]["sessions"] == 2, erased
     from eros.db import connection
     assert connection().execute("SELECT current_user AS u").fetchone()["u"] == name
 

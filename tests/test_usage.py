@@ -226,6 +226,31 @@ def test_a_bad_range_is_a_422_naming_the_parameter(db, query, field):
     assert [e["field"] for e in body["errors"]] == [field] and field.split(".")[1] in body["message"]
 
 
+@pytest.mark.parametrize(("query", "first", "last"), [
+    ("to=0001-01-01", "0001-01-01", "0001-01-01"),  # the default 30 days would start before year 1
+    ("to=0001-01-29", "0001-01-01", "0001-01-29"), ("to=0001-01-30", "0001-01-01", "0001-01-30"),
+    ("to=0001-01-31", "0001-01-02", "0001-01-31"),
+    ("from=0001-01-01&to=0001-01-01", "0001-01-01", "0001-01-01"),
+    ("to=9999-12-31", "9999-12-02", "9999-12-31"), ("from=9999-12-31&to=9999-12-31", "9999-12-31", "9999-12-31"),
+    ("from=9999-01-01&to=9999-12-31", "9999-01-01", "9999-12-31"),
+])
+def test_a_range_at_the_ends_of_the_calendar_is_reported_not_a_500(db, query, first, last):
+    status, body = Api().call("GET", f"/v1/usage?{query}")
+    assert status == 200, body
+    assert (body["from"], body["to"], body["days"]) == (first, last, [])
+
+
+@pytest.mark.parametrize(("query", "field"), [
+    ("from=9999-12-31", "query.from"),  # after today
+    ("from=0001-01-01", "query.from"),  # to today: more than a report covers
+    ("from=0001-01-01&to=9999-12-31", "query.from"), ("from=0000-01-01", "query.from"),
+    ("to=10000-01-01", "query.to"), ("to=-0001-01-01", "query.to"), ("to=9999-12-32", "query.to"),
+])
+def test_a_range_beyond_the_calendar_is_a_422_naming_the_parameter(db, query, field):
+    status, body = Api().call("GET", f"/v1/usage?{query}")
+    assert status == 422 and [e["field"] for e in body["errors"]] == [field], body
+
+
 def test_usage_needs_a_token(db):
     status, body = Api().call("GET", "/v1/usage", user=None)
     assert status == 401, body
@@ -272,6 +297,8 @@ def test_the_operators_report_lists_users_costliest_first(db, env, capsys):
 def test_the_operators_report_refuses_a_bad_range(db, capsys):
     assert cli.main(["usage", "--from", "2026-12-05", "--to", "2026-12-01"]) == 1
     assert "--from: 2026-12-05 is after to" in capsys.readouterr().err
+    assert cli.main(["usage", "--to", "0001-01-01"]) == 0  # the default range stops at the calendar's first day
+    assert "0001-01-01" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exited:
         cli.main(["usage", "--from", "soon"])
     assert exited.value.code == 2 and "not a date" in capsys.readouterr().err

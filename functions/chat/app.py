@@ -9,7 +9,6 @@ local dev server the same way); no route takes a user id from the request.
 import base64
 import binascii
 import json
-import re
 from collections.abc import Mapping
 from datetime import date, datetime
 from typing import Annotated, Any, Literal
@@ -23,7 +22,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.logging import correlation_paths
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
-from eros import chat, curation, errors, recall, records, snapstart, tracing, usage
+from eros import chat, curation, errors, json_body, recall, records, snapstart, tracing, usage
 from eros import health as health_check
 from eros.config import settings
 from eros.memory import (
@@ -36,6 +35,7 @@ from eros.memory import (
     SupersededReason,
     event_time_text,
     parse_event_time,
+    stored_importance,
 )
 from eros.observability import logger, metrics
 from eros.store import chat as chat_store
@@ -45,8 +45,6 @@ app = APIGatewayHttpResolver(enable_validation=True)
 TITLE = "eros companion memory API"
 snapstart.register()  # with SnapStart (template.yaml: ChatColdStart): warm before the snapshot, renew after
 
-# Request bodies are flat objects; deeper JSON is refused before it is parsed (Python's parser recurses).
-MAX_JSON_DEPTH = 32
 # The largest message id a cursor can name (chat_messages.id is a bigint).
 MAX_BIGINT = 2**63 - 1
 
@@ -95,6 +93,16 @@ EventTimeText = Annotated[str, AfterValidator(_event_time), Field(
 def event_of(text: str | None) -> EventTime | None:
     """A request's validated (so normalised) event time as the domain's, or None."""
     return parse_event_time(text) if text else None
+
+
+def _as_stored(value):
+    """A number as the importance column stores it (``stored_importance``), before the range is checked: what
+    rounds to 0 in a float4 (1e-100, -1e-100) is 0, not an underflow error after the embedding was paid for.
+    Anything else is left to the type check (strict: no text, no booleans; no NaN or infinity)."""
+    return value if isinstance(value, bool) or not isinstance(value, int | float) else stored_importance(value)
+
+
+Importance = Annotated[float, BeforeValidator(_as_stored), Field(ge=0, le=1, strict=True, allow_inf_nan=False)]
 
 
 class ApiModel(BaseModel):
@@ -510,7 +518,7 @@ def search_memories(body: MemorySearch) -> SearchResults:
 class NewMemory(Strict):
     content: Content
     category: Category
-    importance: Annotated[float, Field(ge=0, le=1)] | None = Field(
+    importance: Importance | None = Field(
         None, description=f"0..1; default {curation.USER_IMPORTANCE} (what the user states matters)")
     occurred_at: EventTimeText | None = None
 
@@ -518,7 +526,7 @@ class NewMemory(Strict):
 class MemoryEdit(Strict):
     content: Content | None = None
     category: Category | None = None
-    importance: Annotated[float, Field(ge=0, le=1)] | None = None
+    importance: Importance | None = None
     occurred_at: EventTimeText | None = Field(None, description="the new event time; null clears it; left out: "
                                                                 "kept")
 
@@ -801,38 +809,6 @@ def _refuse(status: int, message: str) -> dict:
             "body": _error_body(status, message)}
 
 
-def _nested_deeper_than(text: str, limit: int) -> bool:
-    """Whether the JSON text opens more than ``limit`` arrays/objects inside each other (strings skipped)."""
-    if text.count("[") + text.count("{") <= limit:
-        return False
-    depth = 0
-    for char in _STRINGS.sub('""', text):  # brackets inside strings do not nest
-        if char in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif char in "]}":
-            depth -= 1
-    return False
-
-
-_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')  # a JSON string, escapes included
-
-
-def _unreadable_json(body: str) -> str | None:
-    """Why the body cannot be read as JSON, for the reasons Powertools' validation would answer with a 500
-    (Python's parser recursing too deep, a number too long to convert); None otherwise."""
-    if _nested_deeper_than(body, MAX_JSON_DEPTH):
-        return f"the JSON body is nested deeper than {MAX_JSON_DEPTH} levels"
-    try:
-        json.loads(body)
-    except json.JSONDecodeError as exc:
-        return f"the body is not valid JSON: {exc.msg} (character {exc.pos})"
-    except (ValueError, RecursionError):
-        return "the body is not JSON this API can read (a number with too many digits)"
-    return None
-
-
 def _as_json_request(event: dict) -> dict | None:
     """Size-check and normalise the body; returns a refusal, or None when the event may be routed."""
     limit = settings().max_body_bytes
@@ -847,7 +823,7 @@ def _as_json_request(event: dict) -> dict | None:
         event["isBase64Encoded"] = False
     method = (event.get("requestContext") or {}).get("http", {}).get("method", "")
     if event.get("body") and method.upper() in ("POST", "PUT", "PATCH"):
-        problem = _unreadable_json(event["body"])
+        problem = json_body.unreadable(event["body"])
         if problem:
             return _refuse(400, f"invalid request: {problem}")
     # The API speaks JSON only: a body is read as JSON whatever Content-Type a client sent (curl's -d

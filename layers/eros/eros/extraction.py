@@ -24,7 +24,15 @@ from uuid import UUID
 
 from pydantic import BaseModel, ValidationError, field_validator
 
-from .memory import CATEGORIES, EventTime, InvalidEventTime, event_time, parse_event_time, statement_key
+from .memory import (
+    CATEGORIES,
+    EventTime,
+    InvalidEventTime,
+    event_time,
+    parse_event_time,
+    statement_key,
+    stored_importance,
+)
 from .model_answers import handle, json_values
 from .observability import logger
 from .prompt import neutralise
@@ -215,7 +223,7 @@ class Candidate(BaseModel):
             number = float(value)
         except (TypeError, ValueError):
             return 0.5
-        return 0.5 if math.isnan(number) else min(1.0, max(0.0, number))
+        return 0.5 if math.isnan(number) else stored_importance(min(1.0, max(0.0, number)))
 
 
 class Unparsable(ValueError):

@@ -43,6 +43,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import jwt
 
+from . import json_body
 from .config import Settings, settings
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -460,14 +461,22 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
     def _json(self, status: int, value: object) -> None:
         self._send(status, {"content-type": "application/json"}, json.dumps(value, default=str))
 
+    def _unreadable(self, body: bytes) -> bool:
+        """Answers 400 when the body is not JSON that can be read (``eros.json_body``: the chat function's own
+        guard), as the API would; True if it did. Nothing else here parses a body."""
+        problem = json_body.unreadable(body) if body else None
+        if problem:
+            self._json(400, {"statusCode": 400, "code": "invalid_request", "message": f"invalid request: {problem}"})
+        return problem is not None
+
     def _local_token(self, body: bytes) -> None:
         """``POST /local/token {"user"}``: a local token for any user (what the console signs in with)."""
-        try:
-            user = json.loads(body or b"null").get("user")
-        except (ValueError, AttributeError):
-            user = None
+        if self._unreadable(body):
+            return
+        options = json.loads(body or b"null")
+        user = options.get("user") if isinstance(options, dict) else None
         problem = _bad_local_user(user)
-        if problem:
+        if problem or not isinstance(user, str):
             return self._json(422, {"statusCode": 422, "code": "invalid_request", "message": f"user: {problem}"})
         ttl = 86400
         self._json(200, {"user": user, "token": issue_token(user, self.server.settings, self.server.key, ttl),
@@ -475,11 +484,10 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
 
     def _local_sweep(self, body: bytes) -> None:
         """``POST /local/sweep {"idle_now"?}``: one dreaming sweep now, answered when its jobs are done."""
-        try:
-            options = json.loads(body) if body else {}
-            idle_now = options.get("idle_now", False)
-        except (ValueError, AttributeError):
-            idle_now = None
+        if self._unreadable(body):
+            return
+        options = json.loads(body or b"{}")
+        idle_now = options.get("idle_now", False) if isinstance(options, dict) else None
         if not isinstance(idle_now, bool):
             return self._json(422, {"statusCode": 422, "code": "invalid_request",
                                     "message": "send a JSON object, with idle_now true or false"})

@@ -5,6 +5,7 @@ and the prompt all speak these names."""
 from __future__ import annotations
 
 import re
+import struct
 from dataclasses import dataclass
 from datetime import date, timedelta
 from enum import StrEnum
@@ -27,6 +28,17 @@ Source = Literal["utterance", "dreaming", "deep_pass", "user"]
 
 # Why a memory stopped being current (migration 0004; docs/CONSOLIDATION.md).
 SupersededReason = Literal["changed", "duplicate", "reverted", "edited", "outdated"]
+
+
+def stored_importance(value: float) -> float:
+    """An importance as its column (``real``, a float4) holds it: rounded to the nearest float4, as Postgres
+    rounds every number it stores there, except that a number too small for a float4 (below ~1.4e-45) is 0
+    here, where Postgres would refuse the whole statement ("value out of range: underflow"); -0 is 0. A
+    number too large for a float4, or NaN, is returned as it is, for the caller's range check to refuse."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0] + 0.0
+    except OverflowError:
+        return value
 
 
 _SAID = re.compile(r"^the user said:\s*", re.I)

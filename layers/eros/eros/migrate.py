@@ -76,22 +76,15 @@ def seed_personas(conn: Connection) -> None:
 
 
 APP_ROLE = "eros_app"
-# What migration 0006 grants, applied again after every run: a table created by a later migration gets
-# it by default privileges only if the same user created it; this covers any other creator.
-_APP_GRANTS = (
-    "GRANT USAGE ON SCHEMA engine TO eros_app",
-    "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA engine TO eros_app",
-    "REVOKE INSERT, UPDATE, DELETE ON engine.schema_migrations FROM eros_app",
-    "GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA engine TO eros_app",
-)
 
 
 def grant_app_role(conn: Connection) -> None:
+    """The app role's grants again (migration 0019's ``engine.grant_app_role``): a table created by a later
+    migration gets them by default privileges only if the same user created it; this covers any other creator."""
     if conn.execute("SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s", (APP_ROLE,)).fetchone() is None:
         return  # migration 0006 not applied (an older schema): nothing to grant to
     with conn.transaction():
-        for statement in _APP_GRANTS:
-            conn.execute(statement)
+        conn.execute("CALL engine.grant_app_role()")
 
 
 class UnsafeAppUser(RuntimeError):

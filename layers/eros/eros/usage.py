@@ -99,9 +99,10 @@ def spend(user_id: str, call: usage_store.Call, *, held_by: tuple[str, object] |
 
 
 def days_of(first: date | None, last: date | None) -> tuple[date, date]:
-    """The range a report covers: ``last`` defaults to today (UTC), ``first`` to DEFAULT_DAYS before it."""
+    """The range a report covers: ``last`` defaults to today (UTC), ``first`` to DEFAULT_DAYS before it (or
+    the calendar's first day, 0001-01-01, when ``last`` is closer to it than that)."""
     last = last or usage_store.utcnow().astimezone(UTC).date()
-    first = first or last - timedelta(days=DEFAULT_DAYS - 1)
+    first = first or last - timedelta(days=min(DEFAULT_DAYS - 1, (last - date.min).days))
     if first > last:
         raise BadRange("from", f"{first} is after to ({last})")
     if (last - first).days + 1 > MAX_DAYS:
