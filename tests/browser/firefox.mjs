@@ -5,11 +5,26 @@
 import puppeteer from "puppeteer-core";
 
 const [base, executablePath] = process.argv.slice(2);
+const TIMEOUT_MS = 15000;
+
+// Waits for a condition by asking the page again and again from here. puppeteer's page.waitForFunction
+// builds its poller inside the page with Function(), which the console's Content-Security-Policy forbids
+// (no 'unsafe-eval'): on a busy machine, when the condition was not already true at the first look, that
+// fell back to polling in the page and failed with "EvalError: call to Function() blocked by CSP".
+// page.evaluate hands the function to the browser over WebDriver BiDi, which no page policy restricts.
+async function waitUntil(page, condition, ...args) {
+  const deadline = Date.now() + TIMEOUT_MS;
+  for (;;) {
+    if (await page.evaluate(condition, ...args)) return;
+    if (Date.now() > deadline) throw new Error(`timed out after ${TIMEOUT_MS} ms waiting for ${condition}`);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
 const browser = await puppeteer.launch({ browser: "firefox", executablePath, headless: true });
 const seen = { requests: [], errors: [] };
 try {
   const page = await browser.newPage();
-  page.setDefaultTimeout(15000);
+  page.setDefaultTimeout(TIMEOUT_MS);
   page.on("request", (request) => seen.requests.push(request.url()));
   page.on("console", (message) => { if (message.type() === "error") seen.errors.push(message.text()); });
   page.on("pageerror", (error) => seen.errors.push(String(error)));
@@ -19,12 +34,12 @@ try {
   await page.waitForSelector("#user");
   await page.type("#user", "fiona");
   await page.keyboard.press("Enter");
-  await page.waitForFunction(() => document.querySelector("#me").textContent === "fiona");
+  await waitUntil(page, () => document.querySelector("#me").textContent === "fiona");
   await page.waitForSelector("#memory-groups li.memory");
   seen.memoriesBefore = await text("#memory-groups");
 
   await page.click("#new-session button");
-  await page.waitForFunction(() => !document.querySelector("#message").disabled);
+  await waitUntil(page, () => !document.querySelector("#message").disabled);
   await page.type("#message", "I keep bees by the river");
   await page.keyboard.press("Enter");
   await page.waitForSelector("#messages li.assistant");
@@ -33,9 +48,9 @@ try {
   seen.recalled = await text("#messages li.assistant .recalled");
 
   await page.click("#sweep");
-  await page.waitForFunction(() => document.querySelector("#sweep-result").textContent.startsWith("Claimed"));
+  await waitUntil(page, () => document.querySelector("#sweep-result").textContent.startsWith("Claimed"));
   seen.sweep = await text("#sweep-result");
-  await page.waitForFunction(() => document.querySelector("#memory-groups").textContent.includes("Keeps bees"));
+  await waitUntil(page, () => document.querySelector("#memory-groups").textContent.includes("Keeps bees"));
   seen.memoriesAfter = await text("#memory-groups");
   seen.dreaming = await text("#dream-sessions");
 
@@ -43,11 +58,11 @@ try {
     .find((item) => item.textContent.includes("Keeps bees")).setAttribute("data-target", ""));
   const remove = "#memory-groups li.memory[data-target] button.danger";
   await page.click(remove);
-  await page.waitForFunction((s) => document.querySelector(s).textContent === "Confirm delete", {}, remove);
+  await waitUntil(page, (s) => document.querySelector(s).textContent === "Confirm delete", remove);
   seen.focusedAfterFirstPress = await page.evaluate(() => document.activeElement.textContent);
   await page.keyboard.press("Enter");
-  await page.waitForFunction(() => document.querySelector("#status").textContent === "Deleted.");
-  await page.waitForFunction(() => !document.querySelector("#memory-groups").textContent.includes("Keeps bees"));
+  await waitUntil(page, () => document.querySelector("#status").textContent === "Deleted.");
+  await waitUntil(page, () => !document.querySelector("#memory-groups").textContent.includes("Keeps bees"));
   seen.memoriesDeleted = await text("#memory-groups");
   seen.version = await browser.version();
 } catch (error) {
