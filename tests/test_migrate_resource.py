@@ -114,7 +114,7 @@ def applied_migrations(dsn: str) -> list[str]:
 
 
 def test_create_migrates_an_empty_database_and_reports_success(handler, cfn, fresh_database, env):
-    from eros.migrate import migration_files
+    from eros.migrate import function_files, migration_files
 
     env(DATABASE_URL=fresh_database)
     event = cfn_event("Create", cfn.url)
@@ -129,7 +129,8 @@ def test_create_migrates_an_empty_database_and_reports_success(handler, cfn, fre
     assert response["PhysicalResourceId"] == "eros-test-DatabaseMigration"
     names = [name for name, _ in migration_files()]
     assert names and applied_migrations(fresh_database) == names
-    assert response["Data"] == {"Applied": ",".join(names), "AppliedCount": str(len(names))}
+    applied = names + [name for name, _ in function_files()]  # then every function file (eros/sql/functions)
+    assert response["Data"] == {"Applied": ",".join(applied), "AppliedCount": str(len(applied))}
     # The pre-signed URL is signed without a content type: none may be sent.
     assert cfn.requests[0]["headers"].get("content-type", "") == ""
     with psycopg.connect(fresh_database) as conn:
@@ -157,6 +158,25 @@ def test_update_is_a_no_op_on_an_up_to_date_schema_and_keeps_the_physical_id(han
     assert response["Data"] == {"Applied": "", "AppliedCount": "0"}
     assert "up to date" in response["Reason"]
     assert applied_migrations(fresh_database) == before
+
+
+def test_an_edited_applied_migration_fails_the_deploy_and_names_the_file(handler, cfn, fresh_database, env,
+                                                                         monkeypatch):
+    """A migration changed after it was applied (eros.migrate records its SHA-256) fails the deploy before
+    anything runs, and the stack's events say which file."""
+    from eros import migrate as runner
+    from eros.migrate import migrate, migration_files
+
+    env(DATABASE_URL=fresh_database)
+    migrate(fresh_database)
+    edited = [(name, sql.replace("-- 0004", "-- 0004 (edited)", 1)) for name, sql in migration_files()]
+    assert edited != migration_files()
+    monkeypatch.setattr(runner, "migration_files", lambda: edited)
+    result = handler(cfn_event("Update", cfn.url), LambdaContext("migrate", timeout_secs=300))
+    response = cfn.response()
+    assert response["Status"] == "FAILED" == result["Status"]
+    assert response["Reason"].startswith("database migration failed: EditedMigration: applied migration"
+                                         " 0004_consolidation.sql was edited since it was applied"), response["Reason"]
 
 
 def test_an_unreachable_database_fails_cleanly_without_leaking_credentials(handler, cfn, env):

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from eros.migrate import migrate, migration_files, personas
+from eros.migrate import function_files, migrate, migration_files, personas
 
 
 @pytest.fixture
@@ -33,10 +33,11 @@ def test_files_are_numbered_in_order_and_commented():
 
 def test_rerunning_is_a_no_op(fresh_database):
     first = migrate(fresh_database)
-    assert first == [name for name, _ in migration_files()]
+    assert first == [name for name, _ in migration_files() + function_files()]
     assert migrate(fresh_database) == []
     with psycopg.connect(fresh_database) as conn:
-        assert conn.execute("SELECT count(*) FROM engine.schema_migrations").fetchone()[0] == len(first)
+        assert conn.execute("SELECT count(*) FROM engine.schema_migrations").fetchone()[0] == len(migration_files())
+        assert conn.execute("SELECT count(*) FROM engine.schema_objects").fetchone()[0] == len(function_files())
         assert conn.execute("SELECT count(*) FROM engine.personas").fetchone()[0] == len(personas())
 
 
@@ -58,7 +59,7 @@ def test_two_concurrent_runners_apply_each_migration_once(fresh_database):
         t.join()
     assert errors == []
     applied = sorted(name for result in results for name in result)
-    assert applied == sorted(name for name, _ in migration_files())  # each exactly once, across runners
+    assert applied == sorted(name for name, _ in migration_files() + function_files())  # each once, across runners
 
 
 def test_schema_constraints_hold(db):
@@ -131,7 +132,8 @@ def test_the_app_user_reads_and_writes_rows(db, app_user):
     "CREATE ROLE intruder LOGIN",
     "INSERT INTO engine.schema_migrations (name) VALUES ('9999_intruder')",
     "DELETE FROM engine.schema_migrations",
-    # The turn's statements are functions (migrations 0015, 0016): the app cannot rewrite one to skip a check.
+    "UPDATE engine.schema_objects SET sha256 = 'x'",
+    # The turn's statements are functions (eros/sql/functions): the app cannot rewrite one to skip a check.
     "CREATE OR REPLACE FUNCTION engine.touch_session(of_user text, of_session uuid) RETURNS void"
     " LANGUAGE sql AS 'SELECT'",
     "ALTER FUNCTION engine.turn_recall RESET plan_cache_mode",
@@ -144,12 +146,13 @@ def test_the_app_user_cannot_change_the_schema(db, app_user, statement):
                       ).fetchone()["n"] == 0
 
 
-# What the runtime does to each table (store/, the turn's functions of migrations 0015-0016, the erasure, the
-# retention), and so all the app role may do to it (migration 0019). A table of a later migration must be
-# named here with what its code does to it.
+# What the runtime does to each table (store/, the turn's functions in eros/sql/functions, the erasure, the
+# retention), and so all the app role may do to it (eros/sql/functions/grants.sql). A table of a later migration
+# must be named here with what its code does to it.
 READ_WRITE = {"SELECT", "INSERT", "UPDATE", "DELETE"}
 APP_TABLE_PRIVILEGES = {
     "schema_migrations": {"SELECT"},  # written by the migrations' own user
+    "schema_objects": {"SELECT"},  # likewise
     "personas": {"SELECT"},  # seeded by the migrations' own user: no runtime path changes a persona's prompt
     "chat_messages": {"SELECT", "INSERT", "DELETE"},  # a message is never changed; retention and erasure delete
     "persona_instances": {"SELECT", "INSERT", "DELETE"},  # and UPDATE of user_id alone (below)

@@ -1,7 +1,8 @@
-"""The schema can be sharded by user (issue 13): every table of a user's data carries the user key, and
-every statement of the stores that touches one names it, so a database distributed by user (Citus, or
-partitions by hash of the user) can send it to one shard. The statements that are cross-user by design are
-listed here with the reason; a new statement is either scoped by its user or added to the list on purpose."""
+"""The schema can be sharded by user (issue 13): every table of a user's data carries the user key, and every
+statement of the stores and of the database's functions (eros/sql/functions) that touches one names it, so a
+database distributed by user (Citus, or partitions by hash of the user) can send it to one shard. The statements
+that are cross-user by design are listed here with the reason; a new statement is either scoped by its user or
+added to the list on purpose."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from helpers import ROOT
 pytestmark = pytest.mark.unit
 
 STORES = ROOT / "layers" / "eros" / "eros" / "store"
+FUNCTIONS = ROOT / "layers" / "eros" / "eros" / "sql" / "functions"
 USER_TABLES = {"chat_sessions", "chat_messages", "companion_memories", "persona_instances", "user_consolidation",
                "user_usage", "user_model_usage"}
-SHARED_TABLES = {"personas", "provider_blocks", "schema_migrations"}  # reference data: on every shard
+SHARED_TABLES = {"personas", "provider_blocks", "schema_migrations", "schema_objects"}  # reference data: on every shard
 # Cross-user by design, each with why. On a sharded database these run on every shard (a fan-out) or per shard.
 CROSS_USER = {
     "dreaming._CLAIM": "the sweeper claims idle sessions of everyone: run per shard",
@@ -26,6 +28,7 @@ CROSS_USER = {
     "deep_pass._CLAIM": "the sweeper claims users due a deep pass: run per shard",
     "usage.calls_by_user": "the operators' report over every user: summed over shards",
     "usage.tokens_by_user": "the same report's token totals",
+    "grants.grant_app_role": "the app role's grants, on whole tables: DDL, not a statement on anyone's rows",
 }
 # Not scoped by the user yet: each finds its rows by an id (a session, a memory, a claim) that its caller got
 # from a user-scoped statement, so it is correct on one database, but a sharded one would have to ask every
@@ -53,6 +56,22 @@ def statements() -> list[tuple[str, str]]:
             for text in _strings(node):
                 if "engine." in text:
                     found.append((f"{path.stem}.{owner}", text))
+    return found
+
+
+# A function's body: what follows its name, between the first pair of $$ (a DO block's $do$ is not one).
+_BODY = re.compile(r"(?:FUNCTION|PROCEDURE) engine\.(\w+)\b.*?\$\$(.*?)\$\$", re.S)
+
+
+def function_statements() -> list[tuple[str, str]]:
+    """(file.function, SQL text) for each statement of each function body of eros/sql/functions, comments
+    removed: the turn's, recall's and the spend's statements run there, not in the stores."""
+    found = []
+    for path in sorted(FUNCTIONS.glob("*.sql")):
+        text = re.sub(r"--[^\n]*", "", path.read_text())
+        for function in _BODY.finditer(text):
+            found += [(f"{path.stem}.{function[1]}", statement) for statement in function[2].split(";")
+                      if "engine." in statement]
     return found
 
 
@@ -85,7 +104,9 @@ def test_every_table_of_a_users_data_has_the_user_key():
 
 
 def test_every_statement_on_a_users_data_names_the_user():
-    found = statements()
+    in_functions = function_statements()
+    assert len({owner for owner, _ in in_functions}) >= 10  # the scan sees the functions' SQL
+    found = statements() + in_functions
     assert len(found) > 30  # the scan sees the stores' SQL
     unscoped = sorted({owner for owner, sql in found
                        if tables(sql) & USER_TABLES and owner not in CROSS_USER and owner not in FRAGMENTS
@@ -96,5 +117,5 @@ def test_every_statement_on_a_users_data_names_the_user():
 
 
 def test_the_cross_user_list_names_only_statements_that_exist():
-    owners = {owner for owner, _ in statements()}
+    owners = {owner for owner, _ in statements() + function_statements()}
     assert set(CROSS_USER) <= owners, set(CROSS_USER) - owners

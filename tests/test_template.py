@@ -115,6 +115,7 @@ def test_the_layer_is_built_for_python312_from_the_eros_package(template):
     assert "build-ErosLayer:" in (content / "Makefile").read_text()
     assert (content / "requirements.lock").is_file() and (content / "eros/__init__.py").is_file()
     assert list((content / "eros/migrations").glob("*.sql")) and list((content / "eros/personas").glob("*.json"))
+    assert list((content / "eros/sql/functions").glob("*.sql"))  # the functions' current definitions
 
 
 def test_powertools_is_configured_for_every_function(template):

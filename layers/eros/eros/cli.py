@@ -81,7 +81,7 @@ def cmd_serve(args) -> int:
                        f"port: PORT={port + 1} make run") from None
     url, database, started = _database()
     try:
-        migrate(url)
+        migrate(url, local=True)  # an edited applied migration is a warning here, an error on deploy
         _serve(args, settings(), server, base, database, providers.describe())
     finally:
         server.server_close()

@@ -58,10 +58,7 @@ CREATE UNIQUE INDEX companion_memories_one_current_version
     ON engine.companion_memories (user_id, (coalesce(chain_id, id)))
     WHERE instance_id IS NULL AND superseded_at IS NULL;
 
--- A profile row that gets a successor joins the successor's version chain, and so do the rows of the two
--- chains: the successor's chain takes the retired row's name (an edit's successor is a new row: one row moves).
--- AFTER the row is written, so the retired row is no longer active when the chains become one; a
--- relationship-layer row ('outdated': its successor is the fact it stated) never joins anything.
+-- The current definition, and what it does and why: eros/sql/functions/chains.sql.
 CREATE FUNCTION engine.join_version_chains() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
@@ -88,8 +85,7 @@ CREATE TRIGGER companion_memories_join_version_chains
     WHEN (NEW.superseded_by IS NOT NULL AND NEW.superseded_by IS DISTINCT FROM OLD.superseded_by
           AND NEW.instance_id IS NULL)
     EXECUTE FUNCTION engine.join_version_chains();
--- The engine never inserts a row that is already superseded, but an import or a repair script may: the same
--- rule. A row inserted without a successor (every turn's utterance) calls nothing.
+-- The current definition, and what it does and why: eros/sql/functions/chains.sql.
 CREATE TRIGGER companion_memories_join_version_chains_on_insert
     AFTER INSERT ON engine.companion_memories
     FOR EACH ROW

@@ -26,7 +26,7 @@
 
 ALTER TABLE engine.user_usage ADD COLUMN reservations jsonb NOT NULL DEFAULT '{}';
 
--- The tokens the unexpired reservations hold at `at` (the request clock's now: eros.store.usage.utcnow).
+-- The current definition, and what it does and why: eros/sql/functions/spend.sql.
 CREATE FUNCTION engine.reserved(reservations jsonb, at timestamptz) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
@@ -34,7 +34,7 @@ AS $$
     WHERE (r.value->>'until')::timestamptz > at
 $$;
 
--- The unexpired reservations alone: what an admission keeps of the row's.
+-- The current definition, and what it does and why: eros/sql/functions/spend.sql.
 CREATE FUNCTION engine.live_reservations(reservations jsonb, at timestamptz) RETURNS jsonb
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
@@ -42,12 +42,7 @@ AS $$
     WHERE (r.value->>'until')::timestamptz > at
 $$;
 
--- The one admission of every request that pays a provider (a chat turn: open_turn; the memory API's embeddings:
--- eros.usage.admit): counted against the rate window (and, for a turn, the day's turns), and, under a budget,
--- reserving `tokens` until `until`. The count, the check and the reservation are one upsert on the row's latest
--- version (ON CONFLICT DO UPDATE locks it): concurrent requests of one user are admitted one after the other, each
--- seeing what the previous ones reserved. The day's first request is always admitted (nothing is spent yet).
--- Returns the reservation's id (NULL: nothing reserved, there is no budget), or no row when refused.
+-- The current definition (engine.admit_v2), and what it does and why: eros/sql/functions/spend.sql.
 CREATE FUNCTION engine.admit(of_user text, of_day date, at timestamptz, rate_window timestamptz, rate int,
                              budget bigint, tokens bigint, until timestamptz, turn int)
 RETURNS TABLE (reservation uuid)

@@ -101,16 +101,16 @@ def find_turn(user_id: str, session_id: UUID, client_turn_id: str) -> TurnMessag
     return {row["role"]: row for row in rows}
 
 
-# A turn's first and last statements are functions in the database (migration 0016, which says what each part
-# does and why), so that a connection plans them once, not on every turn; recall's is engine.turn_recall.
-_OPEN_TURN = ("SELECT * FROM engine.open_turn(%(user)s::text, %(session)s::uuid, %(turn)s::text, %(content)s::text,"
+# A turn's first and last statements are functions in the database (eros/sql/functions/turn.sql, which says what
+# each part does and why), so that a connection plans them once, not on every turn; recall's is engine.turn_recall.
+_OPEN_TURN = ("SELECT * FROM engine.open_turn_v2(%(user)s::text, %(session)s::uuid, %(turn)s::text, %(content)s::text,"
               " %(history)s::int, %(limited)s::boolean, %(day)s::date, %(window)s::timestamptz, %(rate)s::int,"
               " %(budget)s::bigint, %(at)s::timestamptz, %(reserve)s::bigint, %(until)s::timestamptz)")
 _RECORD_TURN = ("SELECT engine.record_turn(%(user)s::text, %(session)s::uuid, %(instance)s::uuid, %(turn)s::text,"
                 " %(reply)s::text, %(metadata)s::jsonb, %(content)s::text, %(message)s::bigint, %(embedding)s::vector,"
                 " %(utterance_metadata)s::jsonb, %(day)s::date, %(purposes)s::text[], %(models)s::text[],"
                 " %(inputs)s::bigint[], %(outputs)s::bigint[], %(reservation)s::uuid) AS id")
-# What engine.record_turn raises when the turn's session is gone (an erasure deleted it meanwhile: migration 0018).
+# What engine.record_turn raises when the turn's session is gone (an erasure deleted it meanwhile: turn.sql).
 SESSION_GONE = "EG409"
 
 
@@ -121,7 +121,7 @@ class SessionGone(Exception):
 
 def open_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str, *, history: int,
               now: datetime, turns_per_minute: int = 0, daily_budget: int = 0, reserve: int = 0) -> OpenedTurn | None:
-    """Open a turn in one statement (engine.open_turn): the session (None: not this user's, or none), the
+    """Open a turn in one statement (engine.open_turn_v2): the session (None: not this user's, or none), the
     messages stored under the turn id (the user's message just stored, or a retry's earlier attempt; empty
     when a concurrent sender's came first: see ``claim_turn``), whether the spend limits admitted the turn
     (counting it, and reserving ``reserve`` tokens plus its prompt's text under a budget), and the prompt's

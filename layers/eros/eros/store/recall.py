@@ -67,7 +67,7 @@ from ..db import connection
 from ..memory import MemoryLayer
 from .rows import RankedMemory, RecallCandidate
 
-# The statements are in the database (migration 0015; the comments there say why each part is shaped as it is):
+# The statements are in the database (sql/functions/recall.sql, whose comments say why each part is shaped so):
 # engine.recall_layer() ranks one layer, engine.recall_candidates() both layers for a turn, and
 # engine.turn_recall() is recall_candidates() with its plan kept by the database connection (a turn then skips
 # the ~2 ms of parsing and planning that a 7 KB statement costs). Values only are bound; nothing is formatted

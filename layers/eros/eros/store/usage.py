@@ -114,15 +114,15 @@ class Admitted:
 
 
 def admit(user_id: str, now: datetime, turns_per_minute: int, daily_budget: int, reserve: int) -> Admitted | None:
-    """Admit a request that will pay a provider, reserving ``reserve`` tokens under a budget (engine.admit, the
-    admission a chat turn makes inside engine.open_turn); None: a limit refused it (nothing was counted)."""
+    """Admit a request that will pay a provider, reserving ``reserve`` tokens under a budget (engine.admit_v2, the
+    admission a chat turn makes inside engine.open_turn_v2); None: a limit refused it (nothing was counted)."""
     values = admission(now, turns_per_minute, daily_budget, reserve)
     if not values["limited"]:
         return Admitted(values["day"])
     row = connection().execute(
-        "SELECT reservation FROM engine.admit(%(user)s::text, %(day)s::date, %(at)s::timestamptz,"
-        " %(window)s::timestamptz, %(rate)s::int, %(budget)s::bigint, %(reserve)s::bigint, %(until)s::timestamptz, 0)",
-        values | {"user": user_id}).fetchone()
+        "SELECT reservation FROM engine.admit_v2(%(user)s::text, %(day)s::date, %(at)s::timestamptz,"
+        " %(window)s::timestamptz, %(rate)s::int, %(budget)s::bigint, %(reserve)s::bigint, %(until)s::timestamptz, 0)"
+        " AS reservation", values | {"user": user_id}).fetchone()
     return None if row is None else Admitted(values["day"], row["reservation"])
 
 

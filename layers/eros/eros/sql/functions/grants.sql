@@ -1,0 +1,30 @@
+-- The application role's grants (current definition; README.md here says how this file is applied). Created by
+-- migration 0019, which says why each table gets what it gets: eros_app may do to each table what the runtime
+-- does to it, and nothing more (tests/test_migrations.py holds each table to it):
+--
+--   schema_migrations, schema_objects,  SELECT: written by the migrations' own user only
+--   personas
+--   chat_messages                       SELECT, INSERT, DELETE (retention, erasure): a message is never changed
+--   persona_instances                   SELECT, INSERT, DELETE, and UPDATE of user_id alone: create_session's
+--                                       INSERT .. ON CONFLICT DO UPDATE SET user_id = EXCLUDED.user_id returns
+--                                       the user's existing instance (store/chat.py); persona_id cannot change
+--   every other table                   SELECT, INSERT, UPDATE, DELETE (sessions, memories, dreaming and usage
+--                                       state are updated in place); a later migration's table gets the same by
+--                                       0006's default privileges until a line here narrows it
+--
+-- No TRUNCATE, REFERENCES or TRIGGER anywhere; sequences USAGE and SELECT (nextval), never setval.
+-- eros.migrate calls it after every run (for a table created by a user other than the migrating one), after the
+-- files of this folder are applied. Only its owner, the migrating user, may call it.
+CREATE OR REPLACE PROCEDURE engine.grant_app_role() LANGUAGE plpgsql AS $$
+BEGIN
+    GRANT USAGE ON SCHEMA engine TO eros_app;
+    GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA engine TO eros_app;
+    GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA engine TO eros_app;
+    REVOKE INSERT, UPDATE, DELETE ON engine.schema_migrations, engine.schema_objects, engine.personas FROM eros_app;
+    REVOKE UPDATE ON engine.chat_messages FROM eros_app;
+    REVOKE UPDATE ON engine.persona_instances FROM eros_app;
+    GRANT UPDATE (user_id) ON engine.persona_instances TO eros_app;
+END
+$$;
+
+REVOKE ALL ON PROCEDURE engine.grant_app_role() FROM PUBLIC;
