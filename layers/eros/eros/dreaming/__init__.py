@@ -14,7 +14,8 @@ A new kind of job (re-embedding every memory when the embedder changes, episodes
     prefix of its lifecycle columns (claimed_at, started_at, attempts, retries, retrying_since, error,
     next_attempt_at), what still has work (``pending``), how a job given up on is stamped, and its claim: ONE
     statement, a MATERIALIZED CTE FOR UPDATE SKIP LOCKED (docs/DESIGN.md "The claim");
-  * the claim's cut-offs at a moment, the extract event for a claimed row, its attempts cap;
+  * the claim's cut-offs at a moment, the extract event for a claimed row, its attempts cap, and the names of
+    its lifecycle metrics (``jobs.METRICS``);
   * its work: from a started ``jobs.Job`` to a ``JobResult`` (raise a ProviderError for the policy to sort);
     its one final write locks the user's memory (``consolidation.hold_user``) and the job (``claims.lock``);
 and is added to the tick (``tick.sweep``), the extract function's events, and ``store.dreaming.load``.

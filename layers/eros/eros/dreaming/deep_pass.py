@@ -265,5 +265,5 @@ def _cutoffs(cfg: Settings, moment: datetime) -> dict[str, datetime]:
             "stale_before": moment - timedelta(seconds=cfg.deep_pass_claim_stale_secs)}
 
 
-DEEP_PASS = jobs.Kind("deep_pass", "deep pass", "DeepPass", deep_pass_store.USERS, _cutoffs, event,
+DEEP_PASS = jobs.Kind("deep_pass", "deep pass", deep_pass_store.USERS, _cutoffs, event,
                       lambda cfg: cfg.deep_pass_max_attempts, _run)

@@ -47,8 +47,7 @@ class Kind:
     """What a kind of dreaming job supplies; the rest of its life is this module's (and ``store.claims``')."""
 
     name: str  # the extract event's "kind" and the result's
-    noun: str  # in log lines: "<noun> done", "<noun> crashed"
-    metrics: str  # the prefix of its outcome metrics: "<metrics>GaveUp", "<metrics>LostClaims", ...
+    noun: str  # in log lines: "<noun> done", "<noun> crashed"; its lifecycle metrics are named in METRICS
     table: claims.JobTable  # where its claims live, and its claim statement
     cutoffs: Callable[[Settings, datetime], dict[str, datetime]]  # the claim's cut-offs at a moment
     event: Callable[[Mapping[str, Any]], dict]  # the extract event for one claimed row
@@ -87,9 +86,21 @@ class JobResult:
     ignored: int = 0  # named by the model but not applicable
 
 
-_OUTCOME_METRICS = {"duplicate": "Duplicates", "not-claimed": "NotClaimed", "lost-claim": "LostClaims",
-                    "gave-up": "GaveUp", "blocked": "Blocked", "retry-later": "RetriesScheduled",
-                    "deferred": "DeferredOverBudget"}
+# Each kind's lifecycle metrics, by (kind, outcome or event), spelled out: alarms and the dashboard read them
+# (tests/test_template.py finds them here). A new kind adds its names.
+METRICS = {
+    ("session", "duplicate"): "ExtractDuplicates", ("deep_pass", "duplicate"): "DeepPassDuplicates",
+    ("session", "not-claimed"): "ExtractNotClaimed", ("deep_pass", "not-claimed"): "DeepPassNotClaimed",
+    ("session", "lost-claim"): "ExtractLostClaims", ("deep_pass", "lost-claim"): "DeepPassLostClaims",
+    ("session", "gave-up"): "ExtractGaveUp", ("deep_pass", "gave-up"): "DeepPassGaveUp",
+    ("session", "blocked"): "ExtractBlocked", ("deep_pass", "blocked"): "DeepPassBlocked",
+    ("session", "retry-later"): "ExtractRetriesScheduled", ("deep_pass", "retry-later"): "DeepPassRetriesScheduled",
+    ("session", "deferred"): "ExtractDeferredOverBudget", ("deep_pass", "deferred"): "DeepPassDeferredOverBudget",
+    ("session", "provider-failure"): "ExtractProviderFailures",
+    ("deep_pass", "provider-failure"): "DeepPassProviderFailures",
+    ("session", "retry-window"): "ExtractRetryWindowExhausted",
+    ("deep_pass", "retry-window"): "DeepPassRetryWindowExhausted",
+}
 
 
 @dataclass
@@ -118,9 +129,13 @@ def _session_id(key: Mapping[str, Any]) -> str | None:
     return str(key["id"]) if "id" in key else None
 
 
+def _count(kind: Kind, event: str) -> None:
+    if (kind.name, event) in METRICS:
+        metrics.add_metric(name=METRICS[(kind.name, event)], unit="Count", value=1)
+
+
 def report(kind: Kind, result: JobResult, **extra: Any) -> JobResult:
-    if result.outcome in _OUTCOME_METRICS:
-        metrics.add_metric(name=kind.metrics + _OUTCOME_METRICS[result.outcome], unit="Count", value=1)
+    _count(kind, result.outcome)
     logger.info(f"{kind.noun} done", extra=asdict(result) | extra)
     return result
 
@@ -208,7 +223,7 @@ def failed(cfg: Settings, job: Job, exc: Exception) -> JobResult:
     step = next_step(cfg, kind.max_attempts(cfg), job.row, exc, error, job.moment)
     if step.action == "give up":
         if step.why == "retry-window":
-            metrics.add_metric(name=f"{kind.metrics}RetryWindowExhausted", unit="Count", value=1)
+            _count(kind, "retry-window")
             logger.error("a job was given up after the retry window (a session: re-drive it with"
                          " eros.dreaming.redrive once the provider is back; a deep pass is due again at the user's"
                          " next memory change)", extra={"kind": kind.name, "user_id": user_id, "error": step.error})
@@ -221,7 +236,7 @@ def failed(cfg: Settings, job: Job, exc: Exception) -> JobResult:
             return job.lost()
         return job.report("blocked", fault=step.fault)
     if step.fault == "world":
-        metrics.add_metric(name=f"{kind.metrics}ProviderFailures", unit="Count", value=1)
+        _count(kind, "provider-failure")
     retry_at = job.moment + timedelta(seconds=step.delay)
     if not claims.retry_later(kind.table, job.row, job.claim_token, error, retry_at, step.counts, job.moment):
         return job.lost()

@@ -127,5 +127,5 @@ def _cutoffs(cfg: Settings, moment: datetime) -> dict[str, datetime]:
             "stale_before": moment - timedelta(seconds=cfg.dreaming_claim_stale_secs)}
 
 
-SESSION = jobs.Kind("session", "extract", "Extract", dreaming_store.SESSIONS, _cutoffs, event,
+SESSION = jobs.Kind("session", "extract", dreaming_store.SESSIONS, _cutoffs, event,
                     lambda cfg: cfg.dreaming_max_attempts, _extract)
