@@ -313,7 +313,8 @@ class Pipeline:
     def run_session(self, n: int, session: dict, uid: str) -> dict:
         """Chat the session through the chat handler at its scripted date, claim it, extract it; what it cost."""
         from eros import db as eros_db
-        from eros import dreaming, providers
+        from eros import providers
+        from eros.dreaming import session as session_job
         from eros.local import LambdaContext
         from eros.store import dreaming as store
 
@@ -331,7 +332,7 @@ class Pipeline:
         self.use("extract")
         wire = (llm.calls, voyage.calls if voyage else 0)
         with _counted_calls(providers) as seam:
-            result = self.extract.lambda_handler(dreaming.extract_payload(claimed[0]),
+            result = self.extract.lambda_handler(session_job.event(claimed[0]),
                                                  LambdaContext("extract", timeout_secs=120))
         llm_calls = llm.calls - wire[0] if self.args.llm == "scripted" else seam["llm"]
         embed_calls = voyage.calls - wire[1] if voyage else seam["embed"]

@@ -153,7 +153,7 @@ class Pipeline:
     def run(self, case: dict) -> Outcome:
         """Chat the case's session, date it, claim it, extract it; read back what was stored."""
         from eros import db as eros_db
-        from eros import dreaming
+        from eros.dreaming import session as session_job
         from eros.local import LambdaContext
         from eros.memory import event_time_text
         from eros.store import dreaming as store
@@ -172,7 +172,7 @@ class Pipeline:
         now = dt.datetime.now(dt.UTC)
         [claimed] = [r for r in store.claim(now, now - dt.timedelta(seconds=600), 50) if str(r["id"]) == sid]
         self.use("extract")
-        self.extract.lambda_handler(dreaming.extract_payload(claimed), LambdaContext("extract", timeout_secs=120))
+        self.extract.lambda_handler(session_job.event(claimed), LambdaContext("extract", timeout_secs=120))
         rows = conn.execute("SELECT content, occurred_at, occurred_precision FROM engine.companion_memories"
                             " WHERE session_id = %s AND instance_id IS NULL", (sid,)).fetchall()
         got = sorted({t for r in rows if (t := event_time_text(r["occurred_at"], r["occurred_precision"]))})

@@ -141,9 +141,10 @@ def claim_for_this_run(conn, user: str, session) -> datetime:
 
 def run(url: str, args: argparse.Namespace) -> dict:
     import eros.chat
-    from eros import dreaming
     from eros.config import settings
     from eros.db import connect
+    from eros.dreaming import session as session_job
+    from eros.store import claims
     from eros.store import dreaming as store
 
     rng = random.Random(args.seed)
@@ -167,8 +168,9 @@ def run(url: str, args: argparse.Namespace) -> dict:
 
     whole: list[float] = []
     outcomes: dict[str, int] = {}
-    changes = [(store, name, timed(name, getattr(store, name))) for name in TIMED]
-    changes += [(dreaming, "chat_client", lambda: extractor), (dreaming, "embedder", lambda: embedder),
+    home = {"start": claims, "transcript": store, "touched_memories": store, "finish": store}
+    changes = [(home[name], name, timed(name, getattr(home[name], name))) for name in TIMED]
+    changes += [(session_job, "chat_client", lambda: extractor), (session_job, "embedder", lambda: embedder),
                 (eros.chat, "chat_client", turns.FakeChat), (eros.chat, "embedder", lambda: embedder)]
     with patched(*changes), connect(url) as setup, turns.logging_to_nowhere():
         cfg = settings()
@@ -179,7 +181,7 @@ def run(url: str, args: argparse.Namespace) -> dict:
             token = claim_for_this_run(setup, user, session)
             current.clear()
             started = time.perf_counter()
-            result = dreaming.extract_session(cfg, user, session, token)
+            result = session_job.extract_session(cfg, user, session, token)
             whole.append(time.perf_counter() - started)
             outcomes[result.outcome] = outcomes.get(result.outcome, 0) + 1
             for name in TIMED:

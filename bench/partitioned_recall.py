@@ -329,10 +329,10 @@ def _main(args: argparse.Namespace, command: str) -> int:
             for q in queries:
                 q["message"] = f"do you remember memory {q['user'][1:]}-{rng.randrange(recall_latency.ROWS_PER_USER)}?"
             switch = Switch(conns)
-            from eros.store import dreaming as dreaming_store
+            from eros.store import claims
             from eros.store import recall as recall_store
 
-            with patched((recall_store, "connection", switch), (dreaming_store, "connection", switch)):
+            with patched((recall_store, "connection", switch), (claims, "connection", switch)):
                 log(f"timing {args.queries:,} recalls on both databases, interleaved")
                 run["recall"] = time_recall(switch, queries)
                 log(f"timing the claim of {args.sessions:,} sessions, {args.rounds} round(s), interleaved")

@@ -23,9 +23,11 @@ import pytest
 from helpers import claim_concurrently, instance, utcnow
 
 from eros import db as eros_db
-from eros import dreaming
+from eros import dreaming, extraction
 from eros.config import Settings
+from eros.dreaming import session as session_job
 from eros.local import LambdaContext, load_function
+from eros.store import claims
 from eros.store import dreaming as store
 
 IDLE = timedelta(seconds=1800)  # the defaults the SPEC fixes: DREAMING_IDLE_SECS, DREAMING_CLAIM_STALE_SECS
@@ -132,7 +134,7 @@ def run_extract(payload: dict) -> dict:
 def claim_at(moment: datetime, limit: int = 10) -> list[dict]:
     """One claim statement as a sweeper whose clock reads ``moment`` runs it; the payloads it would send."""
     rows = store.claim(idle_before=moment - IDLE, stale_before=moment - STALE, limit=limit)
-    return [dreaming.extract_payload(row) for row in rows]
+    return [session_job.event(row) for row in rows]
 
 
 def token(payload: dict) -> datetime:
@@ -422,8 +424,9 @@ def test_a_delivery_whose_claim_was_taken_over_before_its_write_reports_lost_cla
             return original(*args, **kwargs)
         return write
 
-    for name in ("finish", "give_up", "retry_later"):
-        monkeypatch.setattr(store, name, reclaim_first(getattr(store, name)))
+    monkeypatch.setattr(store, "finish", reclaim_first(store.finish))
+    for name in ("give_up", "retry_later"):
+        monkeypatch.setattr(claims, name, reclaim_first(getattr(claims, name)))
     result = run_extract(payload)
     assert result["outcome"] == "lost-claim"
     assert [p["session_id"] for p in taken_over] == [str(sid)]
@@ -454,7 +457,7 @@ def test_nothing_unparsable_and_a_crash_are_reported_as_such(db, providers, monk
     def broken(*args, **kwargs):
         raise RuntimeError("a bug in our code")
 
-    monkeypatch.setattr(dreaming.extraction, "plan", broken)
+    monkeypatch.setattr(extraction, "plan", broken)
     with pytest.raises(RuntimeError):  # a crash is seen (Lambda's error metric), after being counted
         run_extract(payload)
     state = db.execute("SELECT extraction_attempts AS attempts, extraction_retries AS retries,"

@@ -14,10 +14,12 @@ from apiclient import Api
 from helpers import extract, go_idle
 from pgvector import Vector
 
-from eros import dreaming, recall
+from eros import recall
 from eros.config import settings
+from eros.dreaming import session as session_job
 from eros.extraction import MAX_SUPERSEDED_PER_SESSION, Candidate, handles, parse_candidates, plan
 from eros.providers.offline import hash_embed
+from eros.store import claims
 from eros.store import dreaming as store
 
 _KNOWN = re.compile(r"^- (m\d+) \((\w+), noted [0-9-]+(?:; when: [^)]*)?\): (.*)$", re.M)
@@ -57,7 +59,7 @@ def session_with(db, *texts: str, user: str = "alice", persona: str = "luna") ->
     go_idle(db)
     now = datetime.now(UTC)
     rows = [r for r in store.claim(now, now - timedelta(seconds=600), 50) if str(r["id"]) == sid]
-    return sid, dreaming.extract_payload(rows[0])
+    return sid, session_job.event(rows[0])
 
 
 def dream(db, *texts: str, user: str = "alice") -> dict:
@@ -260,7 +262,7 @@ def test_a_stale_worker_neither_inserts_nor_supersedes(db, providers):
     later = datetime.now(UTC) + timedelta(seconds=settings().dreaming_claim_stale_secs + 5)
     [row] = store.claim(later, later - timedelta(seconds=settings().dreaming_claim_stale_secs), 10, now=later)
     script(llm, lambda known: [memory("Lives in Tokyo", supersedes=[known["Lives in Shanghai"]])])
-    assert extract(dreaming.extract_payload(row))["superseded"] == 1
+    assert extract(session_job.event(row))["superseded"] == 1
     script(llm, lambda known: [memory("Lives in Osaka", supersedes=list(known.values()))])
     assert extract(stale)["outcome"] == "not-claimed"
     assert active(db) == ["Lives in Tokyo"]
@@ -285,7 +287,8 @@ def test_another_users_rows_cannot_be_touched_even_by_id(db, providers):
     [bob] = profile(db, "bob")
     # A session of alice's whose (forged) plan names bob's row: the guarded write refuses it.
     sid, payload = session_with(db, "hello there")
-    session = store.claimed_session(payload["user_id"], sid, datetime.fromisoformat(payload["claim_token"]))
+    session = claims.held(store.SESSIONS, {"user_id": payload["user_id"], "id": sid},
+                          datetime.fromisoformat(payload["claim_token"]))
     counts = store.finish(session, datetime.fromisoformat(payload["claim_token"]),
                           [{"content": "Alice fact", "category": "fact", "importance": 0.5,
                             "embedding": hash_embed("Alice fact"), "supersedes": [bob["id"]], "metadata": {}}],
@@ -305,7 +308,7 @@ def test_relationship_rows_and_history_cannot_be_superseded_or_confirmed_even_by
                            " AND instance_id IS NOT NULL AND superseded_at IS NULL LIMIT 1").fetchone()["id"]
     sid, payload = session_with(db, "hello again")
     token = datetime.fromisoformat(payload["claim_token"])
-    counts = store.finish(store.claimed_session("alice", sid, token), token,
+    counts = store.finish(claims.held(store.SESSIONS, {"user_id": "alice", "id": sid}, token), token,
                           [{"content": "Forged", "category": "fact", "importance": 0.5, "embedding": hash_embed("x"),
                             "supersedes": [history["id"], utterance], "metadata": {}}],
                           None, None, confirm=[(history["id"], 1.0), (utterance, 1.0)])

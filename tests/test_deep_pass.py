@@ -27,8 +27,9 @@ from moto_lambda import FUNCTION
 from pgvector import Vector
 from pydantic import ValidationError
 
-from eros import deep_pass, dreaming
+from eros import dreaming
 from eros.config import settings
+from eros.dreaming import deep_pass, jobs
 from eros.local import InProcessInvoker, sweep_locally
 from eros.providers.offline import hash_embed
 from eros.store import consolidation
@@ -74,7 +75,7 @@ def claim_one(db, user: str) -> datetime:
     return token
 
 
-def run(user: str, token: datetime) -> deep_pass.DeepPassResult:
+def run(user: str, token: datetime) -> jobs.JobResult:
     return deep_pass.run(settings(), user, token)
 
 
@@ -276,7 +277,7 @@ def test_duplicate_deliveries_write_nothing(db, llm):
     due(db, "alice")
     token = claim_one(db, "alice")
     llm.responder = lambda body: json.dumps({"actions": [{"keep": "m3", "duplicates": ["m1", "m2"]}]})
-    payload = deep_pass.payload({"user_id": "alice", "claim_token": token})
+    payload = deep_pass.event({"user_id": "alice", "claim_token": token})
     assert extract(payload)["merged"] == 2
     before = rows(db, "alice")
     again = extract(payload)
@@ -435,17 +436,17 @@ def test_provider_outage_is_backed_off_not_stamped_not_counted_and_the_retry_con
     c = two_clusters
     answer_with(llm, {"actions": [{"keep": "m1", "duplicates": ["m2", "m3"]}]})
     llm.push(Status(503))
-    result = extract(deep_pass.payload({"user_id": "alice", "claim_token": c["token"]}))
+    result = extract(deep_pass.event({"user_id": "alice", "claim_token": c["token"]}))
     assert (result["outcome"], result["fault"]) == ("retry-later", "world")
     held = state(db, "alice")
     assert held["claimed_at"] is None and held["consolidated_at"] is None
     assert (held["attempts"], held["retries"]) == (0, 1) and "HTTP 503" in held["error"]
     assert held["next_attempt_at"] > utcnow()
     assert len(active(db, "alice")) == 6
-    assert extract(deep_pass.payload({"user_id": "alice", "claim_token": c["token"]}))["outcome"] == "not-claimed"
+    assert extract(deep_pass.event({"user_id": "alice", "claim_token": c["token"]}))["outcome"] == "not-claimed"
     assert claim_all(now=held["next_attempt_at"] - timedelta(seconds=1)) == []  # still backing off
     [again] = claim_all(now=held["next_attempt_at"])
-    result = extract(deep_pass.payload(again))
+    result = extract(deep_pass.event(again))
     assert (result["outcome"], result["merged"]) == ("consolidated", 2)
     done = state(db, "alice")
     assert done["error"] is None and done["retries"] == 0 and done["next_attempt_at"] is None
@@ -561,7 +562,7 @@ def test_sweep_invokes_deep_pass_payloads_through_lambda_and_releases_failed_one
 
 def test_the_sample_deep_pass_event_is_what_the_sweeper_sends(db):
     sample = json.loads((EVENTS / "extract_deep_pass.json").read_text())
-    sent = deep_pass.payload({"user_id": sample["user_id"],
+    sent = deep_pass.event({"user_id": sample["user_id"],
                               "claim_token": datetime.fromisoformat(sample["claim_token"])})
     assert sent == sample
 
@@ -570,13 +571,14 @@ def test_the_extract_handler_dispatches_on_the_events_kind(db):
     session_sample = json.loads((EVENTS / "extract_session.json").read_text())
     as_session = extract(session_sample)  # no kind: a session extraction, as the sweeper has always sent
     assert (as_session["session_id"], as_session["outcome"]) == (session_sample["session_id"], "not-claimed")
-    assert "user_id" not in as_session
+    assert as_session["kind"] == "session"  # dispatched to the session's extraction, not a deep pass
     assert extract(session_sample | {"kind": "session"})["session_id"] == session_sample["session_id"]
     copies(db, "alice", "Lives in Shanghai", 2)
     due(db, "alice")
     token = claim_one(db, "alice")
     result = extract({"kind": "deep_pass", "user_id": "alice", "claim_token": token.isoformat()})
-    assert (result["user_id"], result["outcome"], result["merged"]) == ("alice", "consolidated", 1)
+    assert (result["kind"], result["user_id"], result["outcome"], result["merged"]) == (
+        "deep_pass", "alice", "consolidated", 1)
 
 
 @pytest.mark.parametrize("bad", [

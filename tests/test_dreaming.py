@@ -13,6 +13,7 @@ from helpers import go_idle
 
 from eros import dreaming
 from eros.config import settings
+from eros.dreaming import session
 from eros.extraction import Unparsable, normalise_category, parse_candidates, windows
 from eros.local import sweep_locally
 
@@ -173,7 +174,7 @@ def _claimed_session(api, db):
 
     now = datetime.now(UTC)
     [row] = store.claim(now, now - timedelta(seconds=600), 10)
-    return sid, dreaming.extract_payload(row)
+    return sid, session.event(row)
 
 
 @pytest.mark.parametrize("failure", [Status(500), Status(429, retry_after=0), Delay(2)], ids=["500", "429", "timeout"])
@@ -321,8 +322,8 @@ def test_turn_arriving_during_extraction_keeps_the_session_eligible(online, db):
 
 def test_long_transcript_is_windowed_not_truncated(online, db, monkeypatch):
     fake_llm, _ = online
-    monkeypatch.setattr(dreaming, "WINDOW_CHARS", 400)
-    monkeypatch.setattr(dreaming, "MAX_WINDOWS", 2)
+    monkeypatch.setattr(session, "WINDOW_CHARS", 400)
+    monkeypatch.setattr(session, "MAX_WINDOWS", 2)
     api = Api()
     sid = api.session()
     for i in range(6):

@@ -165,7 +165,7 @@ def test_overlapping_invocations_flush_only_their_own_metrics(db, monkeypatch, c
     import uuid
     from datetime import datetime
 
-    from eros import dreaming
+    from eros.dreaming import JobResult, session
     from eros.local import Function
     from eros.observability import metrics
 
@@ -174,9 +174,9 @@ def test_overlapping_invocations_flush_only_their_own_metrics(db, monkeypatch, c
     def extract_session(cfg, user_id, session_id, claim_token, time_budget_secs):
         metrics.add_metric(name="MemoriesExtracted", unit="Count", value=int(session_id.int % 1000))
         inside.wait()
-        return dreaming.ExtractResult(str(session_id), "nothing")
+        return JobResult("session", user_id, "nothing", str(session_id))
 
-    monkeypatch.setattr(dreaming, "extract_session", extract_session)
+    monkeypatch.setattr(session, "extract_session", extract_session)
     extract = Function("extract", concurrency=SESSIONS, timeout_secs=120)
     jobs = [{"session_id": str(uuid.uuid4()), "user_id": f"u{n}", "instance_id": str(uuid.uuid4()),
              "claim_token": datetime.now(UTC).isoformat()} for n in range(SESSIONS)]

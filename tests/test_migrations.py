@@ -216,7 +216,7 @@ def test_the_whole_app_runs_as_the_app_user(db, app_user, env):
 
     from apiclient import Api
 
-    from eros import dreaming
+    from eros.dreaming import session
     from eros.local import LambdaContext, load_function
     from eros.store import dreaming as store
 
@@ -230,7 +230,7 @@ def test_the_whole_app_runs_as_the_app_user(db, app_user, env):
     db.execute("UPDATE engine.chat_sessions SET last_active_at = now() - interval '2 hours'")
     now = datetime.now(UTC)
     [row] = store.claim(now, now - timedelta(seconds=600), 10)
-    result = load_function("extract").lambda_handler(dreaming.extract_payload(row), LambdaContext("extract"))
+    result = load_function("extract").lambda_handler(session.event(row), LambdaContext("extract"))
     assert result["memories"] >= 1, result
     status, listing = api.call("GET", "/v1/memories")
     assert status == 200 and any(m["layer"] == "profile" for m in listing["memories"])

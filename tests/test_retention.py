@@ -10,6 +10,7 @@ from apiclient import Api
 
 from eros import dreaming
 from eros.config import settings
+from eros.dreaming import tick
 
 
 @pytest.fixture
@@ -70,7 +71,7 @@ def test_extracted_messages_older_than_the_setting_go_and_what_dreaming_has_not_
 
 def test_a_backlog_is_deleted_over_several_sweeps(db, env, transcripts, monkeypatch):
     env(TRANSCRIPT_RETENTION_DAYS=30)
-    monkeypatch.setattr(dreaming, "RETENTION_PER_TICK", 2)
+    monkeypatch.setattr(tick, "RETENTION_PER_TICK", 2)
     assert [sweep() for _ in range(4)] == [2, 2, 0, 0]
 
 

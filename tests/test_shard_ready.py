@@ -89,8 +89,13 @@ def _strings(node: ast.AST) -> list[str]:
     return out
 
 
+# ``store.claims`` writes a dreaming job's lease, backoff and give-up once for every job table: its statements
+# say ``engine.{table}``, and name the user as any other (``user_id = %(user_id)s``).
+JOB_TABLES = {"chat_sessions", "user_consolidation"}
+
+
 def tables(sql: str) -> set[str]:
-    return set(re.findall(r"engine\.(\w+)", sql))
+    return set(re.findall(r"engine\.(\w+)", sql)) | (JOB_TABLES if "engine.{table}" in sql else set())
 
 
 def test_every_table_of_a_users_data_has_the_user_key():
@@ -114,6 +119,14 @@ def test_every_statement_on_a_users_data_names_the_user():
     new, done = set(unscoped) - NOT_YET_SCOPED, NOT_YET_SCOPED - set(unscoped)
     assert not new, f"not scoped by the user (scope it, or list it in CROSS_USER with why): {new}"
     assert not done, f"scoped now: take them off NOT_YET_SCOPED: {done}"
+
+
+def test_every_job_table_is_a_table_of_a_users_data():
+    from eros.store import claims, deep_pass, dreaming
+
+    specs = [v for module in (dreaming, deep_pass) for v in vars(module).values() if isinstance(v, claims.JobTable)]
+    assert {spec.table for spec in specs} == JOB_TABLES
+    assert sum("engine.{table}" in sql for owner, sql in statements() if owner.startswith("claims.")) >= 6
 
 
 def test_the_cross_user_list_names_only_statements_that_exist():

@@ -12,7 +12,8 @@ from uuid import UUID
 import pytest
 from apiclient import Api
 
-from eros import chat, dreaming
+from eros import chat
+from eros.dreaming import jobs
 from eros.local import LambdaContext, http_api_event, load_function, sweep_locally
 from eros.store import usage as usage_store
 
@@ -34,7 +35,7 @@ class Clock:
 def clock(monkeypatch):
     clock = Clock(NOON)
     monkeypatch.setattr(usage_store, "utcnow", clock)
-    monkeypatch.setattr(dreaming, "utcnow", clock)
+    monkeypatch.setattr(jobs, "utcnow", clock)
     return clock
 
 
@@ -207,8 +208,8 @@ def test_a_user_over_budget_is_deferred_not_lost_and_extracted_after_the_reset(o
 def test_a_user_over_budget_has_the_deep_pass_deferred_then_run_and_recorded_after_the_reset(online, db, env, clock):
     from test_deep_pass import claim_all, claim_one, copies, due, state
 
-    from eros import deep_pass
     from eros.config import settings
+    from eros.dreaming import deep_pass
 
     fake_llm, _ = online
     fake_llm.responder = lambda body: json.dumps({"actions": []})

@@ -484,7 +484,7 @@ def test_the_extract_sample_is_what_the_sweeper_sends():
     from datetime import datetime
     from uuid import UUID
 
-    from eros.dreaming import extract_payload
+    from eros.dreaming.session import event as extract_payload
 
     event = _event("extract_session")
     sent = extract_payload({"id": UUID(event["session_id"]), "user_id": event["user_id"],

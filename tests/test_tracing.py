@@ -12,7 +12,8 @@ import pytest
 from apiclient import Api
 from aws_xray_sdk.core import xray_recorder
 
-from eros import dreaming, tracing
+from eros import tracing
+from eros.dreaming import session
 from eros.local import LambdaContext, load_function
 from eros.observability import tracer
 
@@ -114,7 +115,7 @@ def test_an_extraction_leaves_no_content_in_traces(db, xray):
     db.execute("UPDATE engine.chat_sessions SET last_active_at = now() - interval '2 hours'")
     now = datetime.now(UTC)
     [row] = store.claim(now, now - timedelta(seconds=600), 10)
-    result = load_function("extract").lambda_handler(dreaming.extract_payload(row), LambdaContext("extract"))
+    result = load_function("extract").lambda_handler(session.event(row), LambdaContext("extract"))
     assert result["memories"] >= 1
     sent = xray()
 

@@ -9,13 +9,14 @@ from uuid import UUID
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
-from eros import deep_pass, dreaming, tracing
+from eros import tracing
 from eros.config import settings
+from eros.dreaming import deep_pass, session
 from eros.observability import logger, metrics, time_left
 
 
 class ExtractEvent(BaseModel):
-    """What the sweeper sends for one claimed session (``eros.dreaming.extract_payload``)."""
+    """What the sweeper sends for one claimed session (``eros.dreaming.session.event``)."""
     model_config = ConfigDict(extra="ignore")
 
     kind: Literal["session"] = "session"  # session events carry no kind (what the sweeper has always sent)
@@ -25,7 +26,7 @@ class ExtractEvent(BaseModel):
 
 
 class DeepPassEvent(BaseModel):
-    """What the sweeper sends for one user claimed for a deep pass (``eros.deep_pass.payload``)."""
+    """What the sweeper sends for one user claimed for a deep pass (``eros.dreaming.deep_pass.event``)."""
     model_config = ConfigDict(extra="ignore")
 
     kind: Literal["deep_pass"]
@@ -48,5 +49,5 @@ def lambda_handler(event: dict, context) -> dict:
     if isinstance(job, DeepPassEvent):
         return asdict(deep_pass.run(settings(), job.user_id, job.claim_token, time_budget_secs=budget))
     logger.append_keys(session_id=str(job.session_id))
-    return asdict(dreaming.extract_session(settings(), job.user_id, job.session_id, job.claim_token,
-                                           time_budget_secs=budget))
+    return asdict(session.extract_session(settings(), job.user_id, job.session_id, job.claim_token,
+                                          time_budget_secs=budget))

@@ -174,11 +174,11 @@ class Settings(BaseModel):
     extract_function_name: str | None = None
 
     # Transcript retention: messages older than this many days are deleted once their session has been
-    # extracted through them (eros.dreaming.expire_transcripts, each sweep); memories keep their provenance
+    # extracted through them (eros.dreaming.tick.expire_transcripts, each sweep); memories keep their provenance
     # ids. 0 = keep messages for ever.
     transcript_retention_days: int = Field(0, ge=0)
 
-    # --- deep pass (eros.deep_pass: per-user consolidation across sessions) --------------------
+    # --- deep pass (eros.dreaming.deep_pass: per-user consolidation across sessions) --------------------
     deep_pass_quiet_secs: int = Field(3600, ge=0)  # a user's memory unchanged this long before a pass
     deep_pass_claim_stale_secs: int = Field(600, ge=1)  # a claim older than this is taken again
     deep_pass_tick_cap: int = Field(200, ge=0)  # most users one sweep claims (0 = no deep pass)

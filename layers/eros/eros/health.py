@@ -47,10 +47,10 @@ def _dreaming() -> dict:
     """Dreaming is "held" while a provider block exists (engine.provider_blocks, migration 0005): no
     session is extracted and none is counted until the configuration is fixed; the reason says which
     provider answered what (its status, never its body)."""
-    from .store import dreaming as store
+    from .store import blocks as provider_blocks
 
     try:
-        blocks = store.blocks()
+        blocks = provider_blocks.blocks()
     except psycopg.Error:
         return {"status": "unknown"}
     if not blocks:

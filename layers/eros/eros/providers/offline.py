@@ -197,7 +197,7 @@ def resolve_when(sentence: str, said_on: date) -> EventTime | None:
     return resolved
 
 
-# --- the offline deep-pass planner: answers the deep-pass prompt (eros.deep_pass) --------------------
+# --- the offline deep-pass planner: answers the deep-pass prompt (eros.dreaming.deep_pass) ----------
 _GROUP_LINE = re.compile(r"^- (m\d+) \((\w+), noted (\S+), mentioned (\d+)x(?:; when: [^)]*)?\): (.*)$")
 
 

@@ -1,30 +1,28 @@
-"""The deep pass's data access: claim users, read a user's candidate clusters, apply a plan guarded.
+"""The deep pass's data access: its claim, a user's candidate clusters, and the one guarded write of a plan.
 
-A user is claimed like a session (``store.dreaming``): one UPDATE ... FOR UPDATE SKIP LOCKED, the
-claim's ``claimed_at`` is the fencing token, and every later write of that pass locks the user's
-``engine.user_consolidation`` row and re-checks the token. A duplicate delivery, a retry after
-success, or a worker whose claim went stale and was re-claimed by another, writes nothing.
+A user's deep pass is a dreaming job (``store.claims``): ``USERS`` says where its claim lives (the user's
+``engine.user_consolidation`` row); the claim's lease, backoff and give-up are written once, in ``store.claims``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
 from ..db import connection, one, retried, transaction
 from ..memory import EventTime, event_columns, event_time, later_telling
-from . import consolidation
-from .rows import ClaimedUser, UserClaim
+from . import claims, consolidation
+from .rows import UserClaim
 
 _TICK = timedelta(microseconds=1)  # timestamptz resolution
 
 # Due: the memory changed since the last pass. Quiet: not changed for a while (a pass per burst of
 # sessions, not per session). Free, or claimed so long ago that the worker is presumed dead; not
 # backing off from a failure. The claim is stamped with the application clock the cut-offs come from
-# (as sessions are). Taking a claim counts nothing; re-taking a stale one whose worker had started
+# (as ``store.dreaming``'s claim is). Taking a claim counts nothing; re-taking a stale one whose worker had started
 # (the lease is set) counts the user's own attempt (the worker died on it), one never started is our
 # backlog (a retry, the world's fault). Migration 0005 says why. The picked users are a MATERIALIZED
 # CTE for the reason store.dreaming's claim gives: an ``IN (SELECT ... LIMIT ... SKIP LOCKED)`` can be
@@ -52,72 +50,17 @@ FROM picked
 WHERE u.user_id = picked.user_id
 RETURNING u.user_id, u.claimed_at AS claim_token
 """
+# The claim's cut-offs: quiet_before (not changed since), stale_before (a claim older is presumed dead). A user
+# given up on is stamped consolidated: the next memory change makes the pass due again (it re-drives itself).
+USERS = claims.JobTable("user_consolidation", _CLAIM, reads=("changed_at",),
+                        given_up="consolidated_at = greatest(now(), changed_at), attempts = 0")
 
 
 def claim_users(quiet_before: datetime, stale_before: datetime, limit: int,
                 now: datetime | None = None) -> list[UserClaim]:
     """Claim up to ``limit`` users whose deep pass is due; ``now`` stamps the claim (the token)."""
-    if limit <= 0:
-        return []
-    now = now or datetime.now(UTC)
-    return connection().execute(_CLAIM, {"quiet_before": quiet_before, "stale_before": stale_before,
-                                         "limit": limit, "now": now}).fetchall()
+    return claims.claim(USERS, limit, now, quiet_before=quiet_before, stale_before=stale_before)  # type: ignore[return-value]
 
-
-def release(user_id: str, claim_token: datetime) -> bool:
-    """Give a claim back (its invoke failed), nothing counted."""
-    row = connection().execute(
-        "UPDATE engine.user_consolidation SET claimed_at = NULL"
-        " WHERE user_id = %s AND claimed_at = %s AND started_at IS NULL RETURNING user_id",
-        (user_id, claim_token),
-    ).fetchone()
-    return row is not None
-
-
-_COLUMNS = "user_id, changed_at, attempts, retries, retrying_since, error, started_at AS lease"
-
-
-def start(user_id: str, claim_token: datetime, now: datetime) -> tuple[str, ClaimedUser | None]:
-    """Take the lease of this claim (as ``store.dreaming.start``): ("started", row), ("duplicate", None)
-    or ("not-claimed", None)."""
-    conn = connection()
-    row = conn.execute(
-        f"UPDATE engine.user_consolidation SET started_at = %(now)s"
-        f" WHERE user_id = %(user)s AND claimed_at = %(token)s AND started_at IS NULL RETURNING {_COLUMNS}",
-        {"user": user_id, "token": claim_token, "now": now},
-    ).fetchone()
-    if row is not None:
-        return "started", row
-    held = conn.execute("SELECT 1 FROM engine.user_consolidation WHERE user_id = %s AND claimed_at = %s",
-                        (user_id, claim_token)).fetchone()
-    return ("duplicate" if held else "not-claimed"), None
-
-
-def claimed_user(user_id: str, claim_token: datetime) -> ClaimedUser | None:
-    """The user's consolidation row if this claim still holds it (None: duplicate, done, re-claimed)."""
-    return connection().execute(
-        f"SELECT {_COLUMNS} FROM engine.user_consolidation WHERE user_id = %s AND claimed_at = %s",
-        (user_id, claim_token),
-    ).fetchone()
-
-
-def retry_later(user_id: str, claim_token: datetime, lease: datetime | None, error: str,
-                next_attempt_at: datetime | None, counts: str | None, now: datetime) -> bool:
-    """Give the claim back with the error and a backoff, counted as the user's own failure
-    (``'attempts'``), the world's (``'retries'``) or nobody's (None: configuration)."""
-    with transaction() as conn:
-        if _lock(conn, user_id, claim_token, lease) is None:
-            return False
-        conn.execute(
-            "UPDATE engine.user_consolidation SET claimed_at = NULL, started_at = NULL, error = %(error)s,"
-            " next_attempt_at = %(next)s, attempts = attempts + (%(counts)s = 'attempts')::int,"
-            " retries = retries + (%(counts)s = 'retries')::int,"
-            " retrying_since = CASE WHEN %(counts)s = 'retries' THEN coalesce(retrying_since, %(now)s)"
-            "     ELSE retrying_since END"
-            " WHERE user_id = %(user)s",
-            {"error": error[:1000], "next": next_attempt_at, "counts": counts or "", "now": now, "user": user_id},
-        )
-    return True
 
 
 # --- what the pass reads ----------------------------------------------------------------------------
@@ -180,15 +123,6 @@ class Applied:
     ignored: int = 0  # asked for, but not applicable when written (superseded meanwhile, not the user's)
 
 
-def _lock(conn, user_id: str, claim_token: datetime, lease: datetime | None) -> dict | None:
-    """Row-lock the user if this claim and this delivery's lease still hold it."""
-    return conn.execute(
-        "SELECT user_id, changed_at FROM engine.user_consolidation WHERE user_id = %s AND claimed_at = %s"
-        " AND started_at IS NOT DISTINCT FROM %s FOR UPDATE",
-        (user_id, claim_token, lease),
-    ).fetchone()
-
-
 def _stamp(conn, user_id: str, consolidated_at, error: str | None) -> None:
     conn.execute(
         "UPDATE engine.user_consolidation SET consolidated_at = %s, claimed_at = NULL, started_at = NULL,"
@@ -222,7 +156,7 @@ def apply(user_id: str, claim_token: datetime, actions: list[tuple[str, UUID, li
             " ORDER BY id FOR UPDATE",
             (ids, user_id),
         ).fetchall()} if ids else {}
-        state = _lock(conn, user_id, claim_token, lease)
+        state = claims.lock(conn, USERS, {"user_id": user_id, "lease": lease}, claim_token)
         if state is None:
             return None
         for kind, survivor, targets in actions:
@@ -263,18 +197,3 @@ def merged_event_time(survivor: dict, gone: list[dict]) -> EventTime | None:
         return None
     survivor["occurred_at"], survivor["occurred_precision"] = event_columns(merged)
     return merged
-
-
-def give_up(user_id: str, claim_token: datetime, error: str, lease: datetime | None = None) -> bool:
-    """Stamp the user with the error without a pass (attempts or the retry window exhausted); the
-    user's next memory change makes the pass due again (a deep pass re-drives itself)."""
-    with transaction() as conn:
-        if _lock(conn, user_id, claim_token, lease) is None:
-            return False
-        conn.execute(
-            "UPDATE engine.user_consolidation SET consolidated_at = greatest(now(), changed_at),"
-            " claimed_at = NULL, started_at = NULL, next_attempt_at = NULL, attempts = 0, retries = 0,"
-            " retrying_since = NULL, error = %s WHERE user_id = %s",
-            (error[:1000], user_id),
-        )
-    return True

@@ -1,26 +1,22 @@
-"""Dreaming's data access: the claim, the transcript, and the one guarded write of an extraction.
+"""The session job's data access (a session's extraction): its claim, the transcript, the known memories it
+touches, and the one guarded write of an extraction; retention and the sweep's load.
 
-The claim token is the ``extraction_claimed_at`` value a claim set; the lease is the
-``extraction_started_at`` the one delivery that starts the work sets (``start``), so a duplicate
-delivery of the claim stops before any provider call. Every later write of that extraction is guarded
-by both (row-locked), so a duplicate delivery, a retry after success, or a worker whose claim went stale
-and was re-claimed by another, writes nothing. Failures give the claim back with a backoff and count
-against whoever was at fault (``retry_later``, migration 0005); provider blocks hold the sweep while a
-provider refuses our credentials.
+A session is a dreaming job (``store.claims``): ``SESSIONS`` says where its claim lives (the ``extraction_``
+columns of ``engine.chat_sessions``); the claim's lease, backoff and give-up are written once, in ``store.claims``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from uuid import UUID, uuid4
 
 from pgvector import Vector
 from psycopg.types.json import Jsonb
 
-from ..db import Connection, connection, one, retried, transaction
+from ..db import connection, one, retried, transaction
 from ..memory import EventTime, event_columns, later_telling
-from . import consolidation
+from . import claims, consolidation
 from .rows import Claim, ClaimedSession, KnownMemory, Message
 
 # The SPEC's claim: one statement, FOR UPDATE SKIP LOCKED so concurrent
@@ -66,15 +62,16 @@ FROM picked
 WHERE s.id = picked.id
 RETURNING s.id, s.user_id, s.instance_id, s.extraction_claimed_at AS claim_token
 """
+# The claim's cut-offs: idle_before (quiet since), stale_before (a claim older is presumed dead).
+SESSIONS = claims.JobTable("chat_sessions", _CLAIM, key=("id",), prefix="extraction_", pending="extracted_at IS NULL",
+                           reads=("instance_id", "extraction_watermark"),
+                           given_up="extracted_at = now(), extraction_gave_up = %(why)s")
 
 
 def claim(idle_before: datetime, stale_before: datetime, limit: int, now: datetime | None = None) -> list[Claim]:
     """Claim up to ``limit`` idle sessions; ``now`` (default: the application's clock) stamps the claim."""
-    if limit <= 0:
-        return []
-    now = now or datetime.now(UTC)
-    return connection().execute(_CLAIM, {"idle_before": idle_before, "stale_before": stale_before,
-                                         "limit": limit, "now": now}).fetchall()
+    return claims.claim(SESSIONS, limit, now, idle_before=idle_before, stale_before=stale_before)  # type: ignore[return-value]
+
 
 
 # Retention (TRANSCRIPT_RETENTION_DAYS): messages sent before the cut-off whose session has been extracted
@@ -117,53 +114,6 @@ def load(stale_before: datetime, idle_before: datetime) -> tuple[int, float]:
         {"stale": stale_before, "idle": idle_before},
     ))
     return row["n"], row["backlog"]
-
-
-def release(user_id: str, session_id: UUID, claim_token: datetime) -> bool:
-    """Give a claim back (its invoke failed) so the next sweep takes the session at once."""
-    row = connection().execute(
-        "UPDATE engine.chat_sessions SET extraction_claimed_at = NULL WHERE id = %s AND user_id = %s"
-        " AND extraction_claimed_at = %s AND extraction_started_at IS NULL RETURNING id",
-        (session_id, user_id, claim_token),
-    ).fetchone()
-    return row is not None
-
-
-_COLUMNS = ("id, user_id, instance_id, extraction_watermark, extraction_attempts,"
-            " extraction_retries, extraction_retrying_since, extraction_error,"
-            " extraction_started_at AS lease")
-
-
-def start(user_id: str, session_id: UUID, claim_token: datetime, now: datetime
-          ) -> tuple[str, ClaimedSession | None]:
-    """Take the lease of this claim: ("started", session) for the one delivery that gets it;
-    ("duplicate", None) when another delivery of the same claim holds it (running, or died: the
-    claim then goes stale and a later sweep retakes it); ("not-claimed", None) when the claim no
-    longer holds the session (done, released, re-claimed, or no such session)."""
-    conn = connection()
-    row = conn.execute(
-        f"UPDATE engine.chat_sessions SET extraction_started_at = %(now)s"
-        f" WHERE id = %(id)s AND user_id = %(user)s AND extraction_claimed_at = %(token)s AND extracted_at IS NULL"
-        f"   AND extraction_started_at IS NULL RETURNING {_COLUMNS}",
-        {"id": session_id, "user": user_id, "token": claim_token, "now": now},
-    ).fetchone()
-    if row is not None:
-        return "started", row
-    held = conn.execute(
-        "SELECT 1 FROM engine.chat_sessions WHERE id = %s AND user_id = %s AND extraction_claimed_at = %s"
-        " AND extracted_at IS NULL",
-        (session_id, user_id, claim_token),
-    ).fetchone()
-    return ("duplicate" if held else "not-claimed"), None
-
-
-def claimed_session(user_id: str, session_id: UUID, claim_token: datetime) -> ClaimedSession | None:
-    """The session if this claim still holds it (None: duplicate delivery, done, or re-claimed)."""
-    return connection().execute(
-        f"SELECT {_COLUMNS} FROM engine.chat_sessions"
-        " WHERE id = %s AND user_id = %s AND extraction_claimed_at = %s AND extracted_at IS NULL",
-        (session_id, user_id, claim_token),
-    ).fetchone()
 
 
 def transcript(user_id: str, session_id: UUID, after_id: int | None, context_messages: int, limit: int
@@ -225,15 +175,6 @@ def touched_memories(user_id: str, session_id: UUID, after_id: int | None, limit
                                            "turns": turns, "limit": limit}).fetchall()
 
 
-def _locked(conn: Connection, session: ClaimedSession, claim_token: datetime) -> bool:
-    """Row-lock the session if this claim and this delivery's lease still hold it."""
-    return conn.execute(
-        "SELECT 1 FROM engine.chat_sessions WHERE id = %s AND user_id = %s AND extraction_claimed_at = %s"
-        " AND extraction_started_at IS NOT DISTINCT FROM %s AND extracted_at IS NULL FOR UPDATE",
-        (session["id"], session["user_id"], claim_token, session.get("lease")),
-    ).fetchone() is not None
-
-
 @retried
 def finish(session: ClaimedSession, claim_token: datetime, memories: list[dict], watermark: int | None,
            error: str | None, confirm: Sequence[tuple[UUID, float]] = (), first_message_id: int | None = None,
@@ -254,7 +195,7 @@ def finish(session: ClaimedSession, claim_token: datetime, memories: list[dict],
     user = session["user_id"]
     with transaction() as conn:
         consolidation.hold_user(conn, user)  # the lock order: the user's memory lock, then the session, then rows
-        if not _locked(conn, session, claim_token):
+        if claims.lock(conn, SESSIONS, session, claim_token) is None:
             return None
         held = consolidation.lock(conn, user, [i for m in memories for i in m.get("supersedes") or []]
                                   + [memory_id for memory_id, _ in confirm])
@@ -299,45 +240,6 @@ def finish(session: ClaimedSession, claim_token: datetime, memories: list[dict],
     return counts
 
 
-def give_up(session: ClaimedSession, claim_token: datetime, error: str, why: str) -> bool:
-    """Stamp the session with the error without extracting; ``why`` is 'attempts' (its own failures
-    reached the cap) or 'retry-window' (the world kept failing for the whole window: re-drivable). The
-    retry streak ends here: if new turns make the session eligible again, its window starts afresh."""
-    with transaction() as conn:
-        if not _locked(conn, session, claim_token):
-            return False
-        conn.execute(
-            "UPDATE engine.chat_sessions SET extracted_at = now(), extraction_claimed_at = NULL,"
-            " extraction_started_at = NULL, extraction_next_attempt_at = NULL,"
-            " extraction_retries = 0, extraction_retrying_since = NULL,"
-            " extraction_error = %s, extraction_gave_up = %s WHERE id = %s AND user_id = %s",
-            (error[:1000], why, session["id"], session["user_id"]),
-        )
-    return True
-
-
-def retry_later(session: ClaimedSession, claim_token: datetime, error: str, next_attempt_at: datetime | None,
-                counts: str | None, now: datetime) -> bool:
-    """Give the claim back with the error and a backoff, counting the failure as the session's own
-    (``counts='attempts'``), the world's (``'retries'``: the retry window starts at the first one) or
-    nobody's (None: configuration). False if this delivery no longer holds the claim."""
-    with transaction() as conn:
-        if not _locked(conn, session, claim_token):
-            return False
-        conn.execute(
-            "UPDATE engine.chat_sessions SET extraction_claimed_at = NULL, extraction_started_at = NULL,"
-            " extraction_error = %(error)s, extraction_next_attempt_at = %(next)s,"
-            " extraction_attempts = extraction_attempts + (%(counts)s = 'attempts')::int,"
-            " extraction_retries = extraction_retries + (%(counts)s = 'retries')::int,"
-            " extraction_retrying_since = CASE WHEN %(counts)s = 'retries'"
-            "     THEN coalesce(extraction_retrying_since, %(now)s) ELSE extraction_retrying_since END"
-            " WHERE id = %(id)s AND user_id = %(user)s",
-            {"error": error[:1000], "next": next_attempt_at, "counts": counts or "", "now": now, "id": session["id"],
-             "user": session["user_id"]},
-        )
-    return True
-
-
 def redrive(why: str = "retry-window", user_id: str | None = None) -> list[UUID]:
     """Make sessions that were given up on (``why``) eligible again with fresh counters: after an
     outage longer than the retry window, once the provider is back. Returns their ids."""
@@ -350,36 +252,3 @@ def redrive(why: str = "retry-window", user_id: str | None = None) -> list[UUID]
         (why, user_id, user_id),
     ).fetchall()
     return [r["id"] for r in rows]
-
-
-# --- configuration failures: provider blocks ---------------------------------------------------------
-def block(provider: str, status: int | None, error: str, now: datetime, probe_secs: float) -> None:
-    """A provider refused our credentials: hold dreaming's work (one probe per ``probe_secs``)."""
-    connection().execute(
-        "INSERT INTO engine.provider_blocks (provider, status, error, since, next_probe_at)"
-        " VALUES (%(p)s, %(status)s, %(error)s, %(now)s, %(next)s)"
-        " ON CONFLICT (provider) DO UPDATE SET status = EXCLUDED.status, error = EXCLUDED.error,"
-        " next_probe_at = EXCLUDED.next_probe_at",
-        {"p": provider, "status": status, "error": error[:1000], "now": now,
-         "next": now + timedelta(seconds=probe_secs)},
-    )
-
-
-def unblock(provider: str) -> bool:
-    """A call to ``provider`` got through: its block (if any) is over."""
-    return connection().execute("DELETE FROM engine.provider_blocks WHERE provider = %s RETURNING provider",
-                                (provider,)).fetchone() is not None
-
-
-def blocks() -> list[dict]:
-    return connection().execute(
-        "SELECT provider, status, error, since, next_probe_at FROM engine.provider_blocks ORDER BY provider"
-    ).fetchall()
-
-
-def take_probe(now: datetime, probe_secs: float) -> bool:
-    """While blocked: True for the one sweep per ``probe_secs`` that may try one job (atomic across sweepers)."""
-    return connection().execute(
-        "UPDATE engine.provider_blocks SET next_probe_at = %s WHERE next_probe_at <= %s RETURNING provider",
-        (now + timedelta(seconds=probe_secs), now),
-    ).fetchone() is not None

@@ -80,24 +80,29 @@ class RecordedTurn(TypedDict):
 
 
 class Claim(TypedDict):
-    """A session the sweep claimed (``store.dreaming.claim``): the extract event is made of it."""
+    """A session the sweep claimed (``store.claims.claim`` of ``store.dreaming.SESSIONS``): its extract event."""
     id: UUID
     user_id: str
     instance_id: UUID
     claim_token: datetime  # the claim's extraction_claimed_at
 
 
-class ClaimedSession(TypedDict):
-    """A claimed session as its extraction reads it (``store.dreaming.start``, ``claimed_session``)."""
-    id: UUID
+class ClaimedJob(TypedDict):
+    """A claimed dreaming job as its delivery reads it (``store.claims.start``, ``held``, ``lock``): the lifecycle
+    columns under the same names for every kind (``extraction_attempts`` is ``attempts``, ...)."""
     user_id: str
+    attempts: int  # its own failures so far
+    retries: int  # the world's failures in the current streak
+    retrying_since: datetime | None  # the first of that streak
+    error: str | None
+    lease: datetime | None  # started_at: set by the delivery that started the work
+
+
+class ClaimedSession(ClaimedJob):
+    """A claimed session as its extraction reads it (``store.dreaming.SESSIONS``)."""
+    id: UUID
     instance_id: UUID
     extraction_watermark: int | None  # the last message extraction has read; None: none yet
-    extraction_attempts: int
-    extraction_retries: int
-    extraction_retrying_since: datetime | None
-    extraction_error: str | None
-    lease: datetime | None  # extraction_started_at: set by the delivery that started the work
 
 
 class KnownMemory(TypedDict):
@@ -172,20 +177,14 @@ class MemoryWithHistory(Memory):
 
 
 class UserClaim(TypedDict):
-    """A user the sweep claimed for a deep pass (``store.deep_pass.claim_users``)."""
+    """A user the sweep claimed for a deep pass (``store.claims.claim`` of ``store.deep_pass.USERS``)."""
     user_id: str
     claim_token: datetime  # the claim's user_consolidation.claimed_at
 
 
-class ClaimedUser(TypedDict):
-    """A claimed user's consolidation row (``store.deep_pass.start``, ``claimed_user``)."""
-    user_id: str
+class ClaimedUser(ClaimedJob):
+    """A claimed user's consolidation row (``store.deep_pass.USERS``)."""
     changed_at: datetime
-    attempts: int
-    retries: int
-    retrying_since: datetime | None
-    error: str | None
-    lease: datetime | None  # started_at
 
 
 class UsageCount(TypedDict):
