@@ -133,3 +133,16 @@ def test_migrations_applied_before_checksums_get_their_files_checksum_then_are_h
     monkeypatch.setattr(runner, "migration_files", lambda: edited_migration("0004_consolidation"))
     with pytest.raises(EditedMigration, match=r"0004_consolidation\.sql"):
         migrate(fresh_database)
+
+
+def test_a_file_the_database_refuses_is_named_and_nothing_of_it_is_applied(fresh_database, monkeypatch):  # noqa: F811
+    migrate(fresh_database)
+    broken = [(name, sql + "\nCREATE FUNCTION engine.broken() RETURNS int LANGUAGE sql AS $$ SELECT nope $$;\n"
+               if name == "functions/turn" else sql) for name, sql in function_files()]
+    monkeypatch.setattr(runner, "function_files", lambda: broken)
+    with pytest.raises(runner.FileFailed, match=r"^sql/functions/turn\.sql failed: UndefinedColumn: column \"nope\""):
+        migrate(fresh_database)
+    with psycopg.connect(fresh_database) as conn:
+        assert conn.execute("SELECT to_regproc('engine.broken')").fetchone()[0] is None
+        assert conn.execute("SELECT sha256 FROM engine.schema_objects WHERE name = 'functions/turn'").fetchone()[0] \
+            == checksum(dict(function_files())["functions/turn"])

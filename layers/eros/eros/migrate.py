@@ -66,6 +66,18 @@ class EditedMigration(RuntimeError):
     """An applied migration's file differs from the text that was applied (its recorded SHA-256)."""
 
 
+class FileFailed(RuntimeError):
+    """A migration or a function file the database refused: the message names the file and the database's
+    error (the error itself is the cause). Nothing of that file was applied."""
+
+
+def _apply(conn: Connection, file: str, text: str) -> None:
+    try:
+        conn.execute(text)
+    except psycopg.Error as exc:
+        raise FileFailed(f"{file} failed: {type(exc).__name__}: {exc}".strip()) from exc
+
+
 def migrate(dsn: str, *, local: bool = False) -> list[str]:
     """Apply pending migrations, then the changed function files, and (re)seed personas. Returns the names
     applied now (a function file as ``functions/<name>``).
@@ -91,7 +103,7 @@ def migrate(dsn: str, *, local: bool = False) -> list[str]:
                 if name in recorded:
                     continue
                 with conn.transaction():
-                    conn.execute(sql)
+                    _apply(conn, f"migrations/{name}.sql", sql)
                     conn.execute("INSERT INTO engine.schema_migrations (name) VALUES (%s)", (name,))
                 applied_now.append(name)
                 logger.info("migration applied", extra={"migration": name})
@@ -140,7 +152,7 @@ def apply_function_files(conn: Connection) -> list[str]:
         if recorded.get(name) == digest:
             continue
         with conn.transaction():
-            conn.execute(text)
+            _apply(conn, f"sql/{name}.sql", text)
             conn.execute("INSERT INTO engine.schema_objects (name, sha256) VALUES (%s, %s)"
                          " ON CONFLICT (name) DO UPDATE SET sha256 = EXCLUDED.sha256, applied_at = now()",
                          (name, digest))
