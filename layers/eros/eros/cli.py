@@ -192,7 +192,7 @@ def cmd_invoke(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    """What ``GET /v1/health?deep=1`` checks, from here: the database, the schema and each provider."""
+    """What ``GET /v1/health/deep`` checks, from here: the database, the schema and each provider."""
     import json
 
     from .health import deep_report

@@ -55,8 +55,8 @@ class RecallParams(BaseModel):
     demote_pool: int = Field(32, ge=1, le=200, alias="RECALL_DEMOTE_POOL")
     importance_weight: float = Field(0.05, ge=0, le=1, alias="RECALL_IMPORTANCE_WEIGHT")
     # Lexical tie-breaker (issue 14): ``lexical_weight`` times the row's BM25 match with the message over the
-    # user's rows, scaled to [0, 1] by the best row's (0: off, and the statement carries none of it). On the
-    # embedder's cosine scale like the rest: 0.01 is e5's best (recall_summary.md); re-tune with Voyage.
+    # user's rows, scaled to [0, 1] by the best row's (0: off; the statement is the same, its lexical part adds
+    # 0). On the embedder's cosine scale like the rest: 0.01 is e5's best (recall_summary.md); re-tune with Voyage.
     lexical_weight: float = Field(0.01, ge=0, le=1, alias="RECALL_LEXICAL_WEIGHT")
     # ... and what a memory gets whose event time is in a year the message names ("what happened in 2008?").
     lexical_year_weight: float = Field(0.05, ge=0, le=1, alias="RECALL_LEXICAL_YEAR_WEIGHT")

@@ -57,7 +57,8 @@ def data_dir() -> Path:
 
 # Routes without the JWT authorizer; template.yaml marks the same ones `Authorizer: NONE` (a test checks).
 # The memory console (console/): static files the local stack serves under /console/; the same files work
-# against a deployed API (docs/CONSOLE.md). No third-party request: everything comes from this origin.
+# against a deployed API (README, "Trying it"; docs/DEPLOY.md). No third-party request: everything comes from
+# this origin.
 CONSOLE = ROOT / "console"
 _CONSOLE_FILE = re.compile(r"^[a-z0-9-]+\.(html|js|css|svg)$")
 _CONSOLE_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",

@@ -3,7 +3,7 @@
 For one user message: the profile layer (who the user is) and the relationship layer (what
 happened between the user and this persona instance), both ranked by the configured strategy in one
 SQL statement, one round trip (``Settings.recall``; the formulas, the safety net's demotion and why each
-term exists are documented once, next to the SQL, in ``eros.store.recall``), then cross-layer
+term exists are written once, next to the statement, in ``eros/sql/functions/recall.sql``), then cross-layer
 hygiene so that the prompt never carries the same thing twice. The defaults are the winners of
 ``bench/recall_eval.py`` (``bench/results/recall_summary.md``).
 """

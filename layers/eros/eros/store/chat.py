@@ -157,8 +157,8 @@ def claim_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str
     not in its snapshot (the rare race, at a few round trips more; the turn was admitted already).
 
     The message is committed first, so that nothing typed is lost whatever happens to the model call,
-    and so that the UNIQUE (session_id, client_turn_id, role) constraint decides which of several
-    concurrent senders of one turn id owns it: exactly one insert wins; the others (they wait for the
+    and so that the UNIQUE (session_id, client_turn_id, role, user_id) constraint (migration 0013) decides which
+    of several concurrent senders of one turn id owns it: exactly one insert wins; the others (they wait for the
     winner's commit) find its message. Returns the turn's messages by role, as ``find_turn`` does: the
     caller compares the stored user message with its own (another content is a conflict) and replays a
     stored reply."""

@@ -1,57 +1,10 @@
 """Recall ranking: one layer's ranked rows (``ranked``), and both layers' with the near-duplicates among their
-rows for a chat turn (``candidates``). The statement is in the database, as functions of migration 0015 (one
-statement for every layer, strategy and setting; why each part of it is there is commented next to it), so that
-a turn's recall is planned once per database connection, not on every turn.
-
-All three strategies share one statement and differ only in the base score expression:
-
-* ``grouped``   base = s                            (nearest first; a quota per category)
-* ``recency``   base = s + lambda * d               (a global top-K, optional per-category cap)
-* ``composite`` base = s * (floor + (1 - floor) * d) * (ifloor + (1 - ifloor) * importance)
-                                                    (likewise)
-
-where ``s = 1 - (embedding <=> query)`` is the cosine similarity, ``d = exp(-age / tau)`` the
-decay and ``ifloor`` the importance floor (0: the plain ``s x decay x importance``; see
-below for why it exists). ``age`` runs from the row's *event time* to "now" (a bound
-parameter, so the evaluation and the tests can ask at any date; the database's statement time
-otherwise). The event time is ``occurred_at`` when the session said when the thing happened ("we met
-in 2019": 1 January 2019), else ``created_at``; a future event ("my interview is tomorrow") is new until
-it has happened. ``grouped`` is the
-same statement with the plain similarity as base, the quota as the per-category cap and no
-global limit to speak of, so the one statement reproduces the original per-category recall.
-
-On top of the base, for every strategy (the read-time safety net of consolidation):
-
-    score = base + w * coalesce(importance, 0.5) - demotion
-
-* ``w`` (``importance_weight``) is a small *additive* importance term: it breaks near-ties toward
-  the important row without multiplying relevance away (a multiplier on e5's compressed cosine
-  scale lets an important but unrelated row win every query).
-* ``demotion`` is ``penalty`` for an older *profile* row (by event time) that has a newer active row of the same
-  category within ``demote_similarity`` cosine of it (an update that write-time consolidation did
-  not catch: "lives in Shanghai" under "moved to Tokyo"), else 0. The row is demoted, not hidden.
-  The pairwise test runs only inside a bounded candidate pool: the ``pool`` best rows of the layer
-  by their undemoted score (base + importance term), pairs of the same category only. Rows outside
-  the pool keep their undemoted score (they rank below every pool row before demotion anyway). The
-  relationship layer holds raw utterances with no category and is never demoted. With demotion
-  off, the statement carries none of this (no pool, no pairwise join).
-
-Every row comes back with its score parts, ``similarity``, ``recency_term``, ``importance_term`` and
-``demotion``, with ``score = similarity + recency_term + importance_term - demotion`` for every
-strategy (for ``composite`` the multiplicative factors are written as what they add: ``recency_term
-= s * decay_factor - s`` and the importance term includes ``s * decay_factor * (importance_factor
-- 1)``), so a caller can show why a row ranked.
-
-Ordering is ``score DESC, id``: equal scores fall back to the row's uuid, so the same rows in the
-same database always come back in the same order (the tests compare against a brute-force
-ranking in Python, ties included).
-
-Why ``composite`` has an importance floor: real embedders compress cosine similarity into a narrow
-band (unrelated texts already score ~0.75 with e5, well above 0 with Voyage). Multiplied by a raw
-importance in [0, 1], importance then outweighs relevance and the important-but-unrelated fact wins
-every query (``bench/results/recall_eval_e5.md`` measures it); ``ifloor`` is what the least important
-row keeps, as ``floor`` is what a very old but still-true row ("has a daughter") keeps of its decay.
-The knobs and their defaults: ``eros.config.RecallParams``.
+rows for a chat turn (``candidates``). The statement is in the database: ``engine.recall_layer`` and the
+functions around it, in ``eros/sql/functions/recall.sql``, which writes down the score of each strategy, its
+parts (similarity, recency, importance, lexical, demotion) and why each part of the statement is shaped so.
+One statement serves every layer, strategy and setting, so that a turn's recall is planned once per database
+connection. Ordering is ``score DESC, id``, so the same rows always come back in the same order (the tests
+compare with a brute-force ranking in Python, ties included). The knobs: ``eros.config.RecallParams``.
 """
 
 from __future__ import annotations

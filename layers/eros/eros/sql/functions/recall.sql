@@ -3,7 +3,7 @@
 -- statement moved out of Python: PL/pgSQL caches the plan of each statement of a function in the backend that
 -- runs it, invisible to RDS Proxy, so a turn's recall is planned once per backend instead of on every turn.
 --
--- * engine.recall_layer()      one layer's ranked rows: the statement itself (what eros.store.recall documents).
+-- * engine.recall_layer()      one layer's ranked rows: the statement itself (its formulas are written above it).
 -- * engine.recall_candidates() both layers' rows and the near-duplicates among them (a turn's recall).
 -- * engine.turn_recall()       the same rows as recall_candidates(), through a PL/pgSQL body whose plan the
 --                              backend keeps: what a turn calls.
@@ -44,8 +44,26 @@ DO $do$ BEGIN
 EXCEPTION WHEN duplicate_object THEN NULL;  -- it exists: a type is never changed in place
 END $do$;
 
--- One layer's top k rows (at most cap per category), ranked as eros.store.recall's docstring states (the
--- formulas of each strategy and the score parts). How the statement is built, and why:
+-- One layer's top k rows (at most cap per category), by
+--
+--     score = base + importance_term + lexical_term - demotion
+--
+-- where s = 1 - (embedding <=> query) is the cosine similarity, d = exp(-age / tau_days) the decay (age from the
+-- row's event time, occurred_at when a session said when it happened, else created_at, to as_of), and base is
+-- the strategy's:
+--     grouped    s                                       (nearest first; cap is the per-category quota)
+--     recency    s + lam * d                             (a global top k, optional per-category cap)
+--     composite  s * (floor + (1 - floor) * d) * (importance_floor + (1 - importance_floor) * importance)
+-- importance_term = importance_weight * coalesce(importance, 0.5): a small additive term that breaks near-ties
+-- toward the important row without multiplying relevance away (on a compressed cosine scale such as e5's, a
+-- multiplier lets an important but unrelated row win every query; that is also why composite has
+-- importance_floor, as floor is what a very old but still-true row, "has a daughter", keeps of its decay:
+-- bench/results/recall_eval_e5.md). lexical_term = lexical_weight * (BM25 scaled to [0, 1]) + lexical_year_weight
+-- when the message names the year of the row's event time (below). demotion is the read-time safety net of
+-- consolidation (below). Each row comes back with its parts, similarity + recency_term + importance_term +
+-- lexical_term - demotion = score (for composite, recency_term = s * decay factor - s, and the importance term
+-- includes s * decay factor * (importance factor - 1)), so a caller can show why a row ranked. The knobs and
+-- their defaults: eros.config.RecallParams. How the statement is built, and why:
 -- * `base`, the rows a layer recalls. profile: the user's rows without an instance and with a category
 --   (uncategorised profile rows are the raw turn dump the dreaming design replaced; the prompt renders the
 --   profile by category, so such a row could never be shown), through companion_memories_profile_idx.
