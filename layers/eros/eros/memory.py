@@ -9,7 +9,7 @@ import struct
 from dataclasses import dataclass
 from datetime import date, timedelta
 from enum import StrEnum
-from typing import Literal, cast
+from typing import Literal, cast, get_args
 
 
 class MemoryLayer(StrEnum):
@@ -20,14 +20,16 @@ class MemoryLayer(StrEnum):
 
 
 # The profile layer's categories, in the order the prompt shows them.
-CATEGORIES = ("fact", "preference", "event", "emotion", "relation")
 Category = Literal["fact", "preference", "event", "emotion", "relation"]
+CATEGORIES: tuple[Category, ...] = get_args(Category)  # the one list, typed once (the CHECK of 0001 is the SQL's)
 
 # What wrote a memory: a chat utterance, session-end extraction (dreaming), the per-user deep pass, the user.
 Source = Literal["utterance", "dreaming", "deep_pass", "user"]
 
-# Why a memory stopped being current (migration 0004; docs/CONSOLIDATION.md).
+# Why a memory stopped being current (migration 0004; docs/CONSOLIDATION.md). 'outdated' is a relationship-layer
+# utterance's (a fact it stated changed); the others are a profile memory's, as supersession writes them.
 SupersededReason = Literal["changed", "duplicate", "reverted", "edited", "outdated"]
+SUPERSESSIONS: tuple[SupersededReason, ...] = tuple(r for r in get_args(SupersededReason) if r != "outdated")
 
 
 def stored_importance(value: float) -> float:

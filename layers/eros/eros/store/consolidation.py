@@ -23,9 +23,8 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from ..db import Connection
-from ..memory import EventTime, event_columns, event_time
+from ..memory import SUPERSESSIONS, EventTime, event_columns, event_time
 
-REASONS = ("changed", "duplicate", "reverted", "edited")
 _OUTDATES = ("changed", "reverted")  # the old fact is no longer true: its utterances go with it
 MAX_CONFIRMED_IN = 50  # ranges kept per memory, newest last
 
@@ -115,7 +114,7 @@ def supersede(conn: Connection, user_id: str, successor: UUID | None, old_ids: I
 
     Returns the ids actually superseded (not another user's, not a relationship row, not already
     history, never the successor itself)."""
-    if reason not in REASONS:
+    if reason not in SUPERSESSIONS:
         raise ValueError(f"unknown supersession reason {reason!r}")
     ids = [i for i in dict.fromkeys(old_ids) if i != successor]
     if not ids:
