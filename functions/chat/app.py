@@ -707,71 +707,12 @@ def invalid_request(error: RequestValidationError):
     return _error(400 if malformed else 422, f"invalid request: {summary}", errors=problems)
 
 
-@app.exception_handler(usage.BadRange)
-def bad_range(error: usage.BadRange):
-    problem = {"field": f"query.{error.field}", "problem": error.problem}
-    return _error(422, f"invalid request: {error}", errors=[problem])
-
-
-@app.exception_handler(errors.NotFound)
-def not_found(error: errors.NotFound):
-    return _error(404, str(error))
-
-
-@app.exception_handler(chat.TurnConflict)
-def turn_conflict(error: chat.TurnConflict):
-    return _error(409, str(error), "turn_conflict")
-
-
-@app.exception_handler(usage.OverLimit)
-def over_limit(error: usage.OverLimit):
-    # code: rate_limited or budget_exhausted; Retry-After: seconds until the limit lifts.
-    response = _error(429, str(error), error.code, limit=error.limit, retry_after=error.retry_after,
-                      retryable=True)
-    response.headers["Retry-After"] = str(error.retry_after)
+@app.exception_handler(errors.ClientError)
+def client_error(error: errors.ClientError):
+    response = _error(error.status, str(error), error.code, **error.extra)
+    if "retry_after" in error.extra:  # seconds until a limit lifts, also as the header clients know
+        response.headers["Retry-After"] = str(error.extra["retry_after"])
     return response
-
-
-@app.exception_handler(chat.SessionGone)
-def session_gone(error: chat.SessionGone):
-    # The turn lost to an erasure of its session (DELETE /v1/me while it ran): it stored and counted nothing.
-    return _error(409, "the session was deleted while this turn was running (the user's data was erased); nothing"
-                  " was stored", "session_gone", retryable=False)
-
-
-@app.exception_handler(records.ExportsNotConfigured)
-def exports_not_configured(error: records.ExportsNotConfigured):
-    return _error(503, str(error), "exports_unavailable")
-
-
-@app.exception_handler(memory_store.NotCurrent)
-def not_current(error: memory_store.NotCurrent):
-    return _error(409, str(error), "memory_not_current")
-
-
-@app.exception_handler(errors.ModelFailed)
-def model_failed(error: errors.ModelFailed):
-    return _error(_TURN_FAILURE_STATUS[error.code], f"{error}; nothing was stored", error.code,
-                  retryable=error.retryable)
-
-
-@app.exception_handler(memory_store.NotSuperseded)
-def not_superseded(error: memory_store.NotSuperseded):
-    return _error(409, str(error), "memory_active")
-
-
-# A model that timed out is a gateway timeout, one that is down is unavailable, one that refused is a bad gateway.
-_TURN_FAILURE_STATUS = {"model_timeout": 504, "model_unavailable": 503, "model_error": 502}
-
-
-@app.exception_handler(chat.TurnFailed)
-def turn_failed(error: chat.TurnFailed):
-    # A stable code and message (never the provider's text: it can echo the user's content); retryable
-    # only when the model is unavailable, not when it refused the request.
-    advice = ("retry with the same client_turn_id" if error.retryable
-              else "retrying will not help until the service is fixed")
-    return _error(_TURN_FAILURE_STATUS[error.code], f"{error}; your message was kept, {advice}", error.code,
-                  client_turn_id=error.client_turn_id, retryable=error.retryable)
 
 
 @app.exception_handler(psycopg.OperationalError)

@@ -21,6 +21,7 @@ from pgvector import Vector
 from psycopg.types.json import Jsonb
 
 from ..db import Connection, connection, one, retried, transaction
+from ..errors import ClientError
 from ..memory import EventTime, event_columns
 from . import consolidation
 from .rows import Memory, MemoryWithHistory
@@ -101,13 +102,15 @@ WHERE m.user_id = %(user)s AND m.instance_id IS NULL AND m.id IN (SELECT id FROM
 """
 
 
-class NotSuperseded(Exception):
+class NotSuperseded(ClientError):
     """Restore asked for a memory that is active: there is nothing to undo."""
+    status, code = 409, "memory_active"
 
 
-class NotCurrent(Exception):
+class NotCurrent(ClientError):
     """An edit of a memory that is history (superseded) or not in the profile layer: only the current
     version of a profile memory can be edited."""
+    status, code = 409, "memory_not_current"
 
     def __init__(self, memory_id: UUID):
         super().__init__(f"memory {memory_id} is not the current version of a profile memory: edit the current "
