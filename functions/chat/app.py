@@ -174,31 +174,8 @@ class MemoryWithHistory(Memory):
                                               "what it replaced and what replaced it, recursively")
 
 
-def memory_cursor(memory: Mapping[str, Any]) -> str:
-    """The opaque cursor after a memory in the listing: its position (created_at, id), not a reference to the
-    row, so that the next page does not depend on the row still existing."""
-    position = json.dumps([memory["created_at"].isoformat(), str(memory["id"])], separators=(",", ":"))
-    return base64.urlsafe_b64encode(position.encode()).rstrip(b"=").decode()
-
-
-def _listing_position(value: str) -> tuple[datetime, UUID] | UUID:
-    """``before`` of the memory listing: a cursor (a page's next_before) as a position, or a memory id (what
-    older clients send) as a UUID."""
-    try:
-        return UUID(value)
-    except ValueError:
-        pass
-    try:
-        created_at, memory_id = json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))
-        position = datetime.fromisoformat(created_at), UUID(memory_id)
-    except (ValueError, TypeError, binascii.Error, RecursionError):
-        raise ValueError("not a cursor: pass the next_before of the previous page") from None
-    if position[0].tzinfo is None:
-        raise ValueError("not a cursor: pass the next_before of the previous page")
-    return position
-
-
-MemoryCursor = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_listing_position)]
+MemoryCursor = Annotated[str, StringConstraints(min_length=1, max_length=200),
+                         AfterValidator(memory_store.listing_position)]
 
 
 def current_user() -> str:
@@ -442,7 +419,7 @@ def memories(layer: Annotated[MemoryLayer | None, Query()] = None,
     rows = memory_store.list_memories(user, layer, category, limit, _position(user, before),
                                       include_superseded=include == "superseded")
     return MemoryPage.model_validate(
-        {"memories": rows, "next_before": memory_cursor(rows[-1]) if len(rows) == limit else None})
+        {"memories": rows, "next_before": memory_store.memory_cursor(rows[-1]) if len(rows) == limit else None})
 
 
 def _position(user: str, before: object) -> tuple[datetime, UUID] | None:

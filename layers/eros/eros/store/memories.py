@@ -14,7 +14,12 @@ never a different answer.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
+from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from pgvector import Vector
@@ -142,6 +147,30 @@ def instance_of(user_id: str, persona_id: str) -> UUID | None:
     row = connection().execute("SELECT id FROM engine.persona_instances WHERE user_id = %s AND persona_id = %s",
                                (user_id, persona_id)).fetchone()
     return row["id"] if row else None
+
+
+def memory_cursor(memory: Mapping[str, Any]) -> str:
+    """The opaque cursor after a memory in the listing: its position (created_at, id), not a reference to the
+    row, so that the next page does not depend on the row still existing."""
+    position = json.dumps([memory["created_at"].isoformat(), str(memory["id"])], separators=(",", ":"))
+    return base64.urlsafe_b64encode(position.encode()).rstrip(b"=").decode()
+
+
+def listing_position(value: str) -> tuple[datetime, UUID] | UUID:
+    """``before`` of the listing: a cursor (``memory_cursor``) as a position, or a memory id (what older clients
+    send) as a UUID (``position_of`` finds its position). Raises ValueError for anything else."""
+    try:
+        return UUID(value)
+    except ValueError:
+        pass
+    try:
+        created_at, memory_id = json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))
+        position = datetime.fromisoformat(created_at), UUID(memory_id)
+    except (ValueError, TypeError, binascii.Error, RecursionError):
+        raise ValueError("not a cursor: pass the next_before of the previous page") from None
+    if position[0].tzinfo is None:
+        raise ValueError("not a cursor: pass the next_before of the previous page")
+    return position
 
 
 def position_of(user_id: str, memory_id: UUID) -> tuple[datetime, UUID] | None:
