@@ -36,7 +36,7 @@ from eros.providers.offline import hash_embed
 pytestmark = pytest.mark.e2e
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))
-DOCUMENT = json.loads(load_function("chat").openapi_document())
+DOCUMENT = json.loads(load_function("chat").health.openapi_document())
 SCHEMA = schemathesis.openapi.from_dict(DOCUMENT)
 OPERATIONS = {f"{op.method.upper()} {op.path}": op
               for op in (r.ok() for r in SCHEMA.get_all_operations() if isinstance(r, Ok))}

@@ -92,6 +92,19 @@ def test_two_containers_resolving_at_once_each_read_their_own_event(db):
     assert listed == [[str(session["id"])] for session in sessions if session]
 
 
+def test_every_container_has_its_own_routers_included_in_its_own_resolver():
+    """A Powertools Router reads the request of the resolver that included it last: routers shared by two
+    containers would answer one container's request with the other's. Each copy imports its own."""
+    from eros.local import load_function
+
+    copies = [load_function("chat", copy=f"own-routers-{n}") for n in range(2)]
+    for area in ("health", "sessions", "memories", "account"):
+        routers = [getattr(copy, area).router for copy in copies]
+        assert routers[0] is not routers[1], area
+        assert [router.api_resolver for router in routers] == [copy.app for copy in copies], area
+    assert "routes" not in sys.modules and "models" not in sys.modules  # the next copy imports its own again
+
+
 SESSIONS = 8
 
 

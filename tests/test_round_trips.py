@@ -17,6 +17,7 @@ from fakes import Status
 from eros import chat
 from eros.errors import NotFound
 from eros.store import chat as chat_store
+from eros.usage import OverLimit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from _stages import capture_statements  # noqa: E402
@@ -138,6 +139,6 @@ def test_a_turn_the_spend_limits_refuse(wire, env):
     session = chat_store.create_session("alice", "luna")["id"]
     chat.take_turn("alice", session, "hello", None)
     wire.reset()
-    with pytest.raises(chat.OverLimit):
+    with pytest.raises(OverLimit):
         chat.take_turn("alice", session, "hello again", None)
     assert 0 < wire.count <= REFUSED

@@ -16,6 +16,7 @@ from eros import chat
 from eros.dreaming import jobs
 from eros.local import LambdaContext, http_api_event, load_function, sweep_locally
 from eros.store import usage as usage_store
+from eros.usage import OverLimit
 
 NOON = datetime(2026, 3, 14, 12, 0, 10, tzinfo=UTC)
 EXTRACTED = json.dumps({"memories": [{"content": "Works at a bakery", "category": "fact", "importance": 0.6}]})
@@ -104,7 +105,7 @@ def test_concurrent_turns_of_one_user_cannot_exceed_the_rate(online, db, env):
         try:
             chat.take_turn("alice", UUID(sid), "hi", None)
             outcomes.append("ok")
-        except chat.OverLimit as exc:
+        except OverLimit as exc:
             outcomes.append(exc.code)
         except Exception as exc:  # noqa: BLE001 - reported below
             outcomes.append(repr(exc))

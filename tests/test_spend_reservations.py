@@ -21,6 +21,7 @@ from fakes import FakeOpenRouter, Status
 from eros import chat, db, records
 from eros.store import chat as chat_store
 from eros.store import usage as usage_store
+from eros.usage import OverLimit
 
 BUDGET = 3000
 # A long message (~500 tokens to the fake providers, twice: the prompt and the query embedding), so that one turn
@@ -90,7 +91,7 @@ def wave(sessions: list[UUID], user: str = "alice") -> list[str]:
             start.wait(30)
             chat.take_turn(user, sid, MESSAGE, None)
             outcomes.append("ok")
-        except chat.OverLimit as exc:
+        except OverLimit as exc:
             outcomes.append(exc.code)
         except Exception as exc:  # noqa: BLE001 - reported by the test
             outcomes.append(repr(exc))
@@ -163,7 +164,7 @@ def test_a_killed_turns_reservation_holds_the_budget_until_it_expires(limited, d
     assert killed["admitted"] and killed["tokens_reserved"] > BUDGET
     assert spent(db) == 0 and list(reservations_of(db)) == [str(killed["reserved"].reservation)]
 
-    with pytest.raises(chat.OverLimit) as refused:  # the budget is held, not spent: a retry in seconds helps
+    with pytest.raises(OverLimit) as refused:  # the budget is held, not spent: a retry in seconds helps
         chat.take_turn("alice", sid, "hello?", None)
     assert refused.value.code == "budget_exhausted" and refused.value.retry_after == usage_store.RESERVATION_SECS
     assert "in progress" in str(refused.value)

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from . import prompt, recall
 from .config import Settings, settings
-from .errors import ModelFailed, NotFound, provider_status
+from .errors import ClientError, ModelFailed, NotFound, provider_status
 from .memory import EVENT_TIME_FORMS, MemoryLayer, Precision, event_time_text
 from .observability import logger, metrics, tracer
 from .providers import Deadline, ProviderError, chat_client, embedder
@@ -20,14 +20,12 @@ from .recall import ScoreParts
 from .store import chat as chat_store
 from .store import usage as usage_store
 from .store.rows import Message, OpenedTurn, SessionWithPersona, TurnMessages
-from .usage import OverLimit, refuse, release
-
-__all__ = ["OverLimit", "SessionGone", "TurnConflict", "TurnFailed", "TurnResult", "take_turn"]
-SessionGone = chat_store.SessionGone  # the turn lost to an erasure of its session (DELETE /v1/me)
+from .usage import refuse, release
 
 
-class TurnConflict(Exception):
+class TurnConflict(ClientError):
     """A client_turn_id reused for different content."""
+    status, code = 409, "turn_conflict"
 
 
 class TurnFailed(ModelFailed):
@@ -35,9 +33,14 @@ class TurnFailed(ModelFailed):
     its ``client_turn_id`` (``ModelFailed`` says what the client is told)."""
 
     def __init__(self, cause: ProviderError, client_turn_id: str, paid: list[usage_store.Call]):
-        super().__init__(cause)
+        super().__init__(cause, client_turn_id=client_turn_id)
         self.client_turn_id = client_turn_id
         self.paid = paid  # the calls that answered before the one that failed (counted all the same)
+
+    def outcome(self) -> str:
+        advice = ("retry with the same client_turn_id" if self.retryable
+                  else "retrying will not help until the service is fixed")
+        return f"your message was kept, {advice}"
 
 
 class RecalledMemory(BaseModel):

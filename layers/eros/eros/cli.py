@@ -229,7 +229,7 @@ def cmd_usage(args) -> int:
     try:
         first, last = usage.days_of(args.first, args.last)
     except usage.BadRange as exc:
-        raise CliError(f"--{exc}") from None
+        raise CliError(f"--{exc.field}: {exc.problem}") from None
     report = usage.report(args.user, first, last) if args.user else usage.by_user(first, last)
     if args.json:
         print(json.dumps(report, default=str, indent=2))

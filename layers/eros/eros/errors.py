@@ -1,17 +1,38 @@
-"""Domain errors that more than one use-case raises. The chat function maps each to its HTTP answer;
-nothing below the handler chooses a status code."""
+"""Errors a client is told about. Each is a ``ClientError``: its HTTP ``status``, a stable ``code`` (clients
+branch on it), a message for people and the fields a client acts on (``extra``: ``retryable``,
+``retry_after``, ...). The chat function answers every one the same way, from these; the modules that raise
+them choose what went wrong, never how the answer is written."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from .providers.base import ProviderError, ProviderTimeout, ProviderUnavailable
 
 
-class NotFound(LookupError):
+class ClientError(Exception):
+    """The base of every error a client is told about; a subclass (or, where it depends on what failed, an
+    instance) sets ``status`` and ``code``. The answer is ``{"statusCode", "code", "message", **extra}``."""
+
+    status: int
+    code: str
+
+    def __init__(self, message: str, **extra: Any):
+        super().__init__(message)
+        self.extra = extra
+
+
+class NotFound(ClientError):
     """No such thing of this user (a session, a memory, a persona). Another user's id is "not found"
     too, never a different answer: ids do not leak across users."""
+    status, code = 404, "not_found"
 
 
-class ModelFailed(Exception):
+# A model that timed out is a gateway timeout, one that is down is unavailable, one that refused is a bad gateway.
+_MODEL_FAILURE_STATUS = {"model_timeout": 504, "model_unavailable": 503, "model_error": 502}
+
+
+class ModelFailed(ClientError):
     """A provider (the chat model or the embedder) failed a request a person is waiting for.
 
     What an API client sees is stable and never the provider's text (which can echo the user's
@@ -19,7 +40,7 @@ class ModelFailed(Exception):
     ``retryable``, true only for availability failures (timeouts, the provider's 5xx, 408 and 429): a
     retry of a request the provider refused (400, 401, 402, 403, a malformed answer) fails the same way."""
 
-    def __init__(self, cause: ProviderError):
+    def __init__(self, cause: ProviderError, **extra: Any):
         status = provider_status(cause)
         refused = status is not None and 400 <= status < 500 and status not in (408, 429)
         if isinstance(cause, ProviderTimeout) and not refused:
@@ -28,8 +49,12 @@ class ModelFailed(Exception):
             code, message, retryable = "model_unavailable", "the model is unavailable", True
         else:
             code, message, retryable = "model_error", "the model could not answer this message", False
-        super().__init__(message)
-        self.code, self.retryable = code, retryable
+        self.code, self.status, self.retryable = code, _MODEL_FAILURE_STATUS[code], retryable
+        super().__init__(f"{message}; {self.outcome()}", **extra, retryable=retryable)
+
+    def outcome(self) -> str:
+        """What became of the request, for the message."""
+        return "nothing was stored"
 
 
 def provider_status(exc: BaseException) -> int | None:

@@ -217,18 +217,36 @@ class LambdaContext:
         return max(0, int((self._deadline - time.monotonic()) * 1000))
 
 
+# Loads run one at a time: a function's folder is on sys.path, and its own modules in sys.modules, while it loads.
+_LOADING = threading.Lock()
+
+
 def load_function(name: str, copy: str | None = None) -> ModuleType:
     """Import functions/<name>/app.py (the same file Lambda runs) under a unique module name; a named
-    ``copy`` is a separate module object (a container's own module-level state)."""
+    ``copy`` is a separate module object (a container's own module-level state).
+
+    The modules beside app.py (the chat function's ``routes`` and ``models``) are imported as Lambda does, from
+    the function's folder first on sys.path, and afresh for every load: each copy has its own, so its routers are
+    included in its own resolver only and read that resolver's request (a Router shared by two copies would read
+    the event of whichever copy included it last)."""
     module_name = f"eros_function_{name}" + (f"__{copy}" if copy else "")
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, ROOT / "functions" / name / "app.py")
-    if spec is None or spec.loader is None:
-        raise ImportError(f"no function {name!r} in functions/")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    folder = ROOT / "functions" / name
+    with _LOADING:
+        if module_name in sys.modules:
+            return sys.modules[module_name]
+        spec = importlib.util.spec_from_file_location(module_name, folder / "app.py")
+        if spec is None or spec.loader is None:
+            raise ImportError(f"no function {name!r} in functions/")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        sys.path.insert(0, str(folder))
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(str(folder))
+            for own in [key for key, loaded in list(sys.modules.items())
+                        if key != module_name and folder in Path(getattr(loaded, "__file__", None) or "/").parents]:
+                del sys.modules[own]  # this copy keeps them; the next one imports its own
     return module
 
 

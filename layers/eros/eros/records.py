@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from .config import Settings, settings
+from .errors import ClientError
 from .observability import logger, trace_aws_calls
 from .store import account as account_store
 
@@ -27,8 +28,9 @@ URL_SECS = 900
 PART_BYTES = 8 * 1024 * 1024  # S3 multipart parts (at least 5 MB each but the last)
 
 
-class ExportsNotConfigured(RuntimeError):
+class ExportsNotConfigured(ClientError):
     """Neither EXPORT_BUCKET (AWS) nor EXPORT_DIR (the local stack) is set."""
+    status, code = 503, "exports_unavailable"
 
 
 @dataclass

@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 import psycopg
 
 from .config import ModelPrice, Settings, settings
+from .errors import ClientError
 from .observability import logger, metrics
 from .store import usage as usage_store
 from .store.rows import UsageCalls, UsageCount
@@ -29,20 +30,23 @@ CURRENCY = "USD"
 _NONE: UsageCount = {"tokens": 0}
 
 
-class BadRange(ValueError):
+class BadRange(ClientError):
     """The days asked for are not a range a report covers; ``field`` is the parameter at fault."""
+    status, code = 422, "invalid_request"
 
     def __init__(self, field: str, problem: str):
-        super().__init__(f"{field}: {problem}")
+        super().__init__(f"invalid request: {field}: {problem}",
+                         errors=[{"field": f"query.{field}", "problem": problem}])
         self.field, self.problem = field, problem
 
 
-class OverLimit(Exception):
+class OverLimit(ClientError):
     """The user is over a spend limit: ``code`` names it ("rate_limited", "budget_exhausted"),
     ``retry_after`` is the seconds until it lifts. Nothing was stored or paid for."""
+    status = 429
 
     def __init__(self, code: str, message: str, retry_after: int, limit: int):
-        super().__init__(message)
+        super().__init__(message, limit=limit, retry_after=retry_after, retryable=True)
         self.code = code
         self.retry_after = retry_after
         self.limit = limit

@@ -11,6 +11,7 @@ from pgvector import Vector
 from psycopg.types.json import Jsonb
 
 from ..db import connection, one, transaction
+from ..errors import ClientError
 from . import usage
 from .rows import (
     Message,
@@ -114,9 +115,14 @@ _RECORD_TURN = ("SELECT engine.record_turn(%(user)s::text, %(session)s::uuid, %(
 SESSION_GONE = "EG409"
 
 
-class SessionGone(Exception):
+class SessionGone(ClientError):
     """The turn's session was deleted while the turn ran (DELETE /v1/me): nothing of the turn was stored or
     counted."""
+    status, code = 409, "session_gone"
+
+    def __init__(self) -> None:
+        super().__init__("the session was deleted while this turn was running (the user's data was erased); "
+                         "nothing was stored", retryable=False)
 
 
 def open_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str, *, history: int,
@@ -193,7 +199,7 @@ def record_turn(session: SessionWithPersona, user_id: str, user_message_id: int,
         assistant = one(connection().execute(_RECORD_TURN, values))
     except psycopg.DatabaseError as exc:
         if exc.sqlstate == SESSION_GONE:
-            raise SessionGone(str(session["id"])) from None
+            raise SessionGone() from None
         raise
     if assistant["id"] is None:
         return {"replayed": True}

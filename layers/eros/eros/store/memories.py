@@ -14,13 +14,19 @@ never a different answer.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
+from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from pgvector import Vector
 from psycopg.types.json import Jsonb
 
 from ..db import Connection, connection, one, retried, transaction
+from ..errors import ClientError
 from ..memory import EventTime, event_columns
 from . import consolidation
 from .rows import Memory, MemoryWithHistory
@@ -101,13 +107,15 @@ WHERE m.user_id = %(user)s AND m.instance_id IS NULL AND m.id IN (SELECT id FROM
 """
 
 
-class NotSuperseded(Exception):
+class NotSuperseded(ClientError):
     """Restore asked for a memory that is active: there is nothing to undo."""
+    status, code = 409, "memory_active"
 
 
-class NotCurrent(Exception):
+class NotCurrent(ClientError):
     """An edit of a memory that is history (superseded) or not in the profile layer: only the current
     version of a profile memory can be edited."""
+    status, code = 409, "memory_not_current"
 
     def __init__(self, memory_id: UUID):
         super().__init__(f"memory {memory_id} is not the current version of a profile memory: edit the current "
@@ -139,6 +147,30 @@ def instance_of(user_id: str, persona_id: str) -> UUID | None:
     row = connection().execute("SELECT id FROM engine.persona_instances WHERE user_id = %s AND persona_id = %s",
                                (user_id, persona_id)).fetchone()
     return row["id"] if row else None
+
+
+def memory_cursor(memory: Mapping[str, Any]) -> str:
+    """The opaque cursor after a memory in the listing: its position (created_at, id), not a reference to the
+    row, so that the next page does not depend on the row still existing."""
+    position = json.dumps([memory["created_at"].isoformat(), str(memory["id"])], separators=(",", ":"))
+    return base64.urlsafe_b64encode(position.encode()).rstrip(b"=").decode()
+
+
+def listing_position(value: str) -> tuple[datetime, UUID] | UUID:
+    """``before`` of the listing: a cursor (``memory_cursor``) as a position, or a memory id (what older clients
+    send) as a UUID (``position_of`` finds its position). Raises ValueError for anything else."""
+    try:
+        return UUID(value)
+    except ValueError:
+        pass
+    try:
+        created_at, memory_id = json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))
+        position = datetime.fromisoformat(created_at), UUID(memory_id)
+    except (ValueError, TypeError, binascii.Error, RecursionError):
+        raise ValueError("not a cursor: pass the next_before of the previous page") from None
+    if position[0].tzinfo is None:
+        raise ValueError("not a cursor: pass the next_before of the previous page")
+    return position
 
 
 def position_of(user_id: str, memory_id: UUID) -> tuple[datetime, UUID] | None:

@@ -1,0 +1,348 @@
+"""The chat API's request and response shapes (pydantic), and the checks their fields share."""
+
+# No `from __future__ import annotations` here: pydantic and the resolver would then compile and evaluate
+# every annotation of the models and routes from its text at import (~115 evaluations a cold start).
+from collections.abc import Mapping
+from datetime import date, datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
+
+from eros import chat, curation, recall
+from eros.config import settings
+from eros.memory import (
+    EVENT_TIME_FORMS,
+    Category,
+    EventTime,
+    MemoryLayer,
+    Precision,
+    Source,
+    SupersededReason,
+    event_time_text,
+    parse_event_time,
+    stored_importance,
+)
+from eros.store import memories as memory_store
+
+
+def unstorable(text: str) -> str | None:
+    """Why Postgres cannot store this text (a NUL character, a lone surrogate), or None if it can."""
+    if "\x00" in text:
+        return "contains a NUL character (\\u0000)"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone surrogate (\\ud800-\\udfff): not valid Unicode text"
+    return None
+
+
+def _storable(value):
+    """Refuses text Postgres cannot store, before pydantic's own string check (whose message names neither)."""
+    problem = unstorable(value) if isinstance(value, str) else None
+    if problem:
+        raise ValueError(f"must be text that can be stored: it {problem}")
+    return value
+
+
+def _within_limit(value: str) -> str:
+    """MAX_CONTENT_CHARS, read per request (a setting, not a constant of the module)."""
+    limit = settings().max_content_chars
+    if len(value) > limit:
+        raise ValueError(f"must be at most {limit} characters (it has {len(value)})")
+    return value
+
+
+Content = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1), BeforeValidator(_storable),
+                    AfterValidator(_within_limit)]
+
+
+def _event_time(value: str) -> str:
+    """An event time in one of its four forms, normalised ("2026-w47" -> "2026-W47")."""
+    return parse_event_time(value).text()
+
+
+EventTimeText = Annotated[str, AfterValidator(_event_time), Field(
+    description=f"when what the memory is about happened or will happen: {EVENT_TIME_FORMS}",
+    examples=["2026-W47", "2019", "2019-03", "2026-12-03"])]
+
+
+def event_of(text: str | None) -> EventTime | None:
+    """A request's validated (so normalised) event time as the domain's, or None."""
+    return parse_event_time(text) if text else None
+
+
+def _as_stored(value):
+    """A number as the importance column stores it (``stored_importance``), before the range is checked: what
+    rounds to 0 in a float4 (1e-100, -1e-100) is 0, not an underflow error after the embedding was paid for.
+    Anything else is left to the type check (strict: no text, no booleans; no NaN or infinity)."""
+    return value if isinstance(value, bool) or not isinstance(value, int | float) else stored_importance(value)
+
+
+Importance = Annotated[float, BeforeValidator(_as_stored), Field(ge=0, le=1, strict=True, allow_inf_nan=False)]
+
+
+class ApiModel(BaseModel):
+    """A request or response shape of this API. Built when first used, not at import: a cold container
+    validates with the one or two models its first request needs, not with all thirty (bench/cold_start.py)."""
+    model_config = ConfigDict(defer_build=True)
+
+
+class Strict(ApiModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NewSession(Strict):
+    persona_id: Annotated[str, StringConstraints(min_length=1, max_length=64), BeforeValidator(_storable)]
+
+
+class NewTurn(Strict):
+    content: Content
+    client_turn_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:-]{1,128}$")] | None = None
+
+
+class Memory(ApiModel):
+    """A memory as its owner sees it (never its embedding)."""
+    id: UUID
+    layer: MemoryLayer
+    category: Category | None
+    content: str
+    importance: float | None
+    persona_id: str | None = Field(description="the persona of a relationship memory; null in the profile layer")
+    created_at: datetime
+    occurred_at: str | None = Field(description=f"its event time, when a session (or the user) said when what "
+                                                f"it is about happened or will happen: {EVENT_TIME_FORMS}; null: "
+                                                f"none was said")
+    occurred_precision: Precision | None = Field(description="the size of that period; null with occurred_at")
+    source: Source = Field(
+        description="what wrote it: a chat utterance, session-end dreaming, the per-user deep pass, the user")
+    session_id: UUID | None = Field(description="the session it came from")
+    from_message_id: int | None = Field(description="first message of the range it was distilled from")
+    through_message_id: int | None = Field(description="last message of that range")
+    model: str | None = Field(description="the model that wrote it, if one did")
+    last_confirmed_at: datetime | None = Field(description="when it was last repeated or confirmed")
+    mention_count: int
+    superseded_at: datetime | None = Field(description="validity end; null while the memory is active")
+    superseded_by: UUID | None = Field(description="the memory that replaced it (null once that one is deleted)")
+    superseded_reason: SupersededReason | None = Field(
+        description="changed: a newer fact replaced it; duplicate: merged into its twin; reverted: the user restored"
+                    " an older version; outdated: an utterance that stated a fact which changed (superseded_by"
+                    " names that fact)")
+    supersedes: list[UUID] = Field(description="ids of the memories this one replaced")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _event_time_as_text(cls, row):
+        """The store's first day and precision as the text form (a week's first day alone would read as a day)."""
+        if isinstance(row, Mapping) and isinstance(row.get("occurred_at"), date):
+            row = {**row, "occurred_at": event_time_text(row["occurred_at"], row.get("occurred_precision"))}
+        return row
+
+
+class MemoryPage(ApiModel):
+    memories: list[Memory]
+    next_before: str | None = Field(description="an opaque cursor: pass it as `before` for the next page (it stays "
+                                                "valid when the memory it was taken from is deleted); null on the "
+                                                "last page")
+
+
+class MemoryWithHistory(Memory):
+    history: list[Memory] = Field(description="every version of this memory (itself included), oldest first: "
+                                              "what it replaced and what replaced it, recursively")
+
+
+MemoryCursor = Annotated[str, StringConstraints(min_length=1, max_length=200),
+                         AfterValidator(memory_store.listing_position)]
+
+
+class HealthReport(ApiModel):
+    status: Literal["ok", "degraded"]
+    database: Literal["ok", "unreachable"]
+    providers: dict[str, str] = Field(description="what the chat model and the embedder are (real or offline)")
+    dreaming: dict[str, Any] = Field(description="ok, or held while a provider refuses our credentials (and why)")
+
+
+class Check(ApiModel):
+    status: Literal["ok", "failed"]
+    detail: str
+    ms: float
+    age_s: float = Field(description="seconds since the check ran: 0, but for the providers' checks, which a "
+                                     "container makes at most once per DEEP_HEALTH_CACHE_SECS")
+
+
+class DeepHealth(ApiModel):
+    status: Literal["ok", "failed"]
+    checks: dict[str, Check] = Field(description="database, schema, llm, embedder")
+
+
+class PersonaView(ApiModel):
+    id: str
+    name: str
+    description: str
+
+
+class PersonaList(ApiModel):
+    personas: list[PersonaView]
+
+
+class CreatedSession(ApiModel):
+    id: UUID
+    persona_id: str
+    created_at: datetime
+    last_active_at: datetime
+
+
+class DreamingState(ApiModel):
+    state: Literal["active", "waiting", "claimed", "retrying", "extracted", "failed"] = Field(
+        description="active: not quiet long enough yet; waiting: for the next sweep; claimed: being extracted; "
+                    "retrying: after a failure, at due_at; extracted: its memories are written; failed: given up "
+                    "(error says why; a new message makes it eligible again)")
+    error: str | None = Field(description="the last failed attempt's error")
+    attempts: int
+    due_at: datetime | None = Field(description="when it is quiet enough to be dreamt about, or retried")
+
+
+class SessionView(CreatedSession):
+    extracted_at: datetime | None
+    dreaming: DreamingState
+
+
+class SessionList(ApiModel):
+    sessions: list[SessionView] = Field(description="newest first")
+
+
+class MessageView(ApiModel):
+    id: int
+    role: Literal["user", "assistant"]
+    content: str
+    client_turn_id: str | None
+    sent_at: datetime
+    recalled: list[chat.RecalledMemory] | None = Field(
+        description="a reply's: the memories its prompt carried, with their scores (their text is the memories' "
+                    "own: look them up by id); null for the user's messages")
+
+
+class MessagePage(ApiModel):
+    messages: list[MessageView] = Field(description="newest first")
+    next_before: int | None = Field(description="pass as `before` for the next (older) page; null on the last")
+
+
+class MemorySearch(Strict):
+    query: Content
+    layer: MemoryLayer | None = Field(None, description="default: both (the relationship layer needs persona_id)")
+    category: Category | None = Field(None, description="profile memories of this category only")
+    persona_id: Annotated[str, StringConstraints(min_length=1, max_length=64), BeforeValidator(_storable)] | None = \
+        Field(None, description="the persona whose relationship memories (what was said to it) are searched too")
+    k: Annotated[int, Field(ge=1, le=50)] = 10
+
+
+class SearchResult(Memory):
+    score: float = Field(description="what ranks it: similarity + recency + importance - demotion")
+    parts: recall.ScoreParts
+
+
+class SearchResults(ApiModel):
+    results: list[SearchResult] = Field(description="best first")
+
+
+class NewMemory(Strict):
+    content: Content
+    category: Category
+    importance: Importance | None = Field(
+        None, description=f"0..1; default {curation.USER_IMPORTANCE} (what the user states matters)")
+    occurred_at: EventTimeText | None = None
+
+
+class MemoryEdit(Strict):
+    content: Content | None = None
+    category: Category | None = None
+    importance: Importance | None = None
+    occurred_at: EventTimeText | None = Field(None, description="the new event time; null clears it; left out: "
+                                                                "kept")
+
+    @model_validator(mode="after")
+    def _changes_something(self):
+        if (self.content is None and self.category is None and self.importance is None
+                and "occurred_at" not in self.model_fields_set):  # an explicit null clears the event time
+            raise ValueError("name at least one of content, category, importance, occurred_at to change")
+        return self
+
+    def changes(self) -> dict[str, Any]:
+        """What ``curation.edit`` takes: the fields given, the event time as ``occurred`` (None: clear it)."""
+        changes = self.model_dump(exclude_none=True, exclude={"occurred_at"})
+        if "occurred_at" in self.model_fields_set:
+            changes["occurred"] = event_of(self.occurred_at)
+        return changes
+
+
+class Deleted(ApiModel):
+    deleted: int = Field(description="how many memories were deleted (0 when none matched)")
+
+
+class Erased(ApiModel):
+    """What an erasure deleted, by kind (all 0 when there was nothing, e.g. the second time)."""
+    memories: int = Field(description="both layers, superseded history included")
+    messages: int
+    sessions: int
+    persona_instances: int
+    deep_pass: int = Field(description="the user's deep-pass (per-user consolidation) record")
+    usage_days: int = Field(description="days of token usage and turn counts")
+    usage_by_model: int = Field(description="rows of usage per day, purpose and model")
+    exports: int = Field(description="export files not yet expired")
+
+
+class Erasure(ApiModel):
+    erased: Erased
+
+
+class ExportLink(ApiModel):
+    url: str = Field(description="where the export is, a JSON document: sessions with their messages, memories with "
+                                 "their history, usage per day")
+    expires_at: datetime = Field(description="the link (and, within a day, the file) expires")
+    bytes: int
+
+
+class CallsUsage(ApiModel):
+    purpose: Literal["chat", "extraction", "deep_pass", "curation"] = Field(
+        description="chat: turns (reply and query embedding); extraction and deep_pass: dreaming; curation: the "
+                    "memory API's embeddings")
+    model: str
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    estimated_cost: float | None = Field(description="USD at the configured list prices; null: the model has no price")
+
+
+class DayUsage(ApiModel):
+    day: date = Field(description="a UTC day")
+    tokens: int = Field(description="what the daily token budget counted")
+    estimated_cost: float
+    calls: list[CallsUsage]
+
+
+class PurposeUsage(ApiModel):
+    purpose: str
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    estimated_cost: float
+
+
+class UsageTotals(ApiModel):
+    tokens: int
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    estimated_cost: float
+
+
+class UsageReport(ApiModel):
+    model_config = ConfigDict(populate_by_name=True)
+    first: date = Field(alias="from")
+    last: date = Field(alias="to")
+    currency: str
+    daily_token_budget: int | None = Field(description="tokens a day the caller may spend (null: no budget)")
+    days: list[DayUsage] = Field(description="days with any usage, oldest first")
+    purposes: list[PurposeUsage] = Field(description="the range per purpose")
+    totals: UsageTotals
+    unpriced_models: list[str] = Field(description="models with no configured price: their cost is not in a total")

@@ -1,0 +1,74 @@
+"""Sessions with personas: starting one, listing them with where each is in dreaming, a chat turn, the messages."""
+
+# No `from __future__ import annotations` here: pydantic and the resolver would then compile and evaluate
+# every annotation of the models and routes from its text at import (~115 evaluations a cold start).
+from typing import Annotated
+from uuid import UUID
+
+from aws_lambda_powertools.event_handler import Response, content_types
+from aws_lambda_powertools.event_handler.api_gateway import Router
+from aws_lambda_powertools.event_handler.openapi.params import Query
+
+from eros import chat, errors
+from eros.config import settings
+from eros.store import chat as chat_store
+
+from models import CreatedSession, MessagePage, NewSession, NewTurn, PersonaList, SessionList
+from routes import current_user, documented
+
+router = Router()
+
+# The largest message id a cursor can name (chat_messages.id is a bigint).
+MAX_BIGINT = 2**63 - 1
+
+
+def _session_of(user: str, session_id: UUID) -> None:
+    if chat_store.get_session(user, session_id) is None:
+        raise errors.NotFound("session not found")
+
+
+@router.get("/v1/personas", summary="the personas to chat with", responses=documented((200, "the personas")))
+def personas() -> PersonaList:
+    current_user(router)
+    return PersonaList.model_validate({"personas": chat_store.list_personas()})
+
+
+@router.post("/v1/sessions", summary="start a session with a persona",
+             responses=documented((201, "the session"), (404, "no such persona")))
+def create_session(body: NewSession) -> Response[CreatedSession]:
+    session = chat_store.create_session(current_user(router), body.persona_id)
+    if session is None:
+        raise errors.NotFound(f"persona {body.persona_id!r} not found")
+    return Response(201, content_types.APPLICATION_JSON, CreatedSession.model_validate(session))
+
+
+@router.get("/v1/sessions", summary="the caller's sessions and where each is in dreaming",
+            responses=documented((200, "the sessions")))
+def sessions() -> SessionList:
+    rows = chat_store.list_sessions(current_user(router), settings().dreaming_idle_secs)
+    return SessionList.model_validate({"sessions": rows})
+
+
+@router.post("/v1/sessions/<session_id>/turns", summary="one chat turn",
+             description="The message is stored, claiming `client_turn_id` for it, before the model is called: a "
+                         "retry with the same content replays the reply; other content with that id is a 409. On a "
+                         "model failure the message is kept; the answer says whether a retry can help (`retryable`).",
+             responses=documented((200, "the reply"), (404, "no such session of this user"),
+                                  (409, "turn_conflict: client_turn_id already used for another message; "
+                                         "session_gone: the user was erased while the turn ran"),
+                                   (429, "rate_limited or budget_exhausted: over a per-user limit (Retry-After)"),
+                                   (502, "model_error: the provider refused the request (not retryable)"),
+                                   (503, "model_unavailable (retryable) or database_unavailable"),
+                                   (504, "model_timeout (retryable)")))
+def take_turn(session_id: UUID, body: NewTurn) -> chat.TurnResult:
+    return chat.take_turn(current_user(router), session_id, body.content, body.client_turn_id)
+
+
+@router.get("/v1/sessions/<session_id>/messages", summary="a page of a session's messages",
+            responses=documented((200, "the page"), (404, "no such session of this user")))
+def messages(session_id: UUID, limit: Annotated[int, Query(ge=1, le=200)] = 50,
+             before: Annotated[int | None, Query(ge=1, le=MAX_BIGINT)] = None) -> MessagePage:
+    user = current_user(router)
+    _session_of(user, session_id)
+    page = chat_store.list_messages(user, session_id, limit, before)
+    return MessagePage.model_validate({"messages": page, "next_before": page[-1]["id"] if len(page) == limit else None})
