@@ -126,8 +126,8 @@ class Memory(ApiModel):
     superseded_by: UUID | None = Field(description="the memory that replaced it (null once that one is deleted)")
     superseded_reason: SupersededReason | None = Field(
         description="changed: a newer fact replaced it; duplicate: merged into its twin; reverted: the user restored"
-                    " an older version; outdated: an utterance that stated a fact which changed (superseded_by"
-                    " names that fact)")
+                    " an older version; edited: the user edited it (its new version replaced it); outdated: an"
+                    " utterance that stated a fact which changed (superseded_by names that fact)")
     supersedes: list[UUID] = Field(description="ids of the memories this one replaced")
 
     @model_validator(mode="before")
@@ -237,7 +237,7 @@ class MemorySearch(Strict):
 
 
 class SearchResult(Memory):
-    score: float = Field(description="what ranks it: similarity + recency + importance - demotion")
+    score: float = Field(description="what ranks it: similarity + recency + importance + lexical - demotion")
     parts: recall.ScoreParts
 
 

@@ -53,7 +53,8 @@ class RecalledMemory(BaseModel):
     occurred_at: str | None = Field(None, description=f"its event time, as the prompt showed it: {EVENT_TIME_FORMS} "
                                                       "(null when it has none, and when the turn is replayed)")
     occurred_precision: Precision | None = None
-    score: float | None = Field(None, description="what ranked it: similarity + recency + importance - demotion")
+    score: float | None = Field(None,
+                                description="what ranked it: similarity + recency + importance + lexical - demotion")
     parts: ScoreParts | None = None
 
 
