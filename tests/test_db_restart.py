@@ -184,16 +184,15 @@ ANSWER = json.dumps({"memories": [
 
 def test_an_extraction_whose_database_stops_fails_unstamped_and_the_next_sweep_extracts_it(
         own_pg, env, fake_llm, fake_voyage, monkeypatch):
-    from eros import dreaming
+    from eros import clock, dreaming
     from eros.config import settings
-    from eros.dreaming import jobs
     from eros.local import LambdaContext, load_function
 
     env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="key", EMBED_BASE_URL=fake_voyage.url, VOYAGE_API_KEY="key",
         PROVIDER_MAX_RETRIES=0, DREAMING_IDLE_SECS=60, DREAMING_CLAIM_STALE_SECS=60, DREAMING_MAX_ATTEMPTS=5,
         DEEP_PASS_TICK_CAP=0)
     now = [datetime.now(UTC) + timedelta(hours=1)]  # the session below is idle
-    monkeypatch.setattr(jobs, "utcnow", lambda: now[0])
+    monkeypatch.setattr(clock, "now", lambda: now[0])
 
     with own_pg.connect() as conn:
         inst = conn.execute("INSERT INTO engine.persona_instances (user_id, persona_id) VALUES ('dreamer', 'luna')"

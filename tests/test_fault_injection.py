@@ -1,6 +1,6 @@
 """Fault injection for dreaming (issue 8, items 3 and 5): the real sweep, the real extract handler, the
 fake OpenRouter and Voyage on loopback, embedded Postgres. Time is dreaming's injectable clock
-(``eros.dreaming.jobs.utcnow``), moved tick by tick instead of slept through; thresholds are short.
+(``eros.clock.now``), moved tick by tick instead of slept through; thresholds are short.
 
 * A provider down for hours (far longer than the old attempts window of ~50 minutes), then back: every
   session is extracted, none given up, none counted against; the retries are backed off, not per tick.
@@ -30,9 +30,9 @@ import pytest
 from fakes import FakeOpenRouter
 from helpers import extract
 
+import eros.clock
 from eros import dreaming, health
 from eros.config import settings
-from eros.dreaming import jobs
 from eros.local import LambdaContext, load_function
 
 pytestmark = pytest.mark.e2e
@@ -76,7 +76,7 @@ class Provider:
 @pytest.fixture
 def clock(monkeypatch):
     c = Clock(datetime.now(UTC) + timedelta(hours=1))  # every session below is idle at once
-    monkeypatch.setattr(jobs, "utcnow", c)
+    monkeypatch.setattr(eros.clock, "now", c)
     return c
 
 

@@ -12,8 +12,8 @@ from uuid import UUID
 import pytest
 from apiclient import Api
 
+import eros.clock
 from eros import chat
-from eros.dreaming import jobs
 from eros.local import LambdaContext, http_api_event, load_function, sweep_locally
 from eros.store import usage as usage_store
 from eros.usage import OverLimit
@@ -35,8 +35,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch):
     clock = Clock(NOON)
-    monkeypatch.setattr(usage_store, "utcnow", clock)
-    monkeypatch.setattr(jobs, "utcnow", clock)
+    monkeypatch.setattr(eros.clock, "now", clock)
     return clock
 
 

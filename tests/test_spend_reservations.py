@@ -18,6 +18,7 @@ import pytest
 from apiclient import Api
 from fakes import FakeOpenRouter, Status
 
+import eros.clock
 from eros import chat, db, records
 from eros.store import chat as chat_store
 from eros.store import usage as usage_store
@@ -41,7 +42,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch):
     clock = Clock(NOON)
-    monkeypatch.setattr(usage_store, "utcnow", clock)
+    monkeypatch.setattr(eros.clock, "now", clock)
     return clock
 
 

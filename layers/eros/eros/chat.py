@@ -8,7 +8,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, Field
 
-from . import prompt, recall
+from . import clock, prompt, recall
 from .config import Settings, settings
 from .errors import ClientError, ModelFailed, NotFound, provider_status
 from .memory import EVENT_TIME_FORMS, MemoryLayer, Precision, event_time_text
@@ -97,7 +97,7 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
     of the record."""
     cfg = settings()
     turn_id = client_turn_id or str(uuid.uuid4())
-    now = usage_store.utcnow()
+    now = clock.now()
     # Of concurrent senders of one turn id, exactly one stores its message; the others are a conflict or,
     # with the same message, its replay.
     reserve = usage_store.turn_reserve(cfg.chat_max_tokens, recall.most_recalled(cfg.recall))

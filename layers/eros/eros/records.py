@@ -16,9 +16,10 @@ import hashlib
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
+from . import clock
 from .config import Settings, settings
 from .errors import ClientError
 from .observability import logger, trace_aws_calls
@@ -45,7 +46,7 @@ def owner(user_id: str) -> str:
 
 
 def export(user_id: str) -> Export:
-    cfg, now = settings(), datetime.now(UTC)
+    cfg, now = settings(), clock.now()
     key = f"exports/{owner(user_id)}/{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex}.json"
     document = _encoded(account_store.export_document(user_id, now))
     if cfg.export_bucket:

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 import psycopg
 
+from . import clock
 from .config import ModelPrice, Settings, settings
 from .errors import ClientError
 from .observability import logger, metrics
@@ -83,7 +84,7 @@ def admitted(user_id: str, reserve: int) -> Iterator[list[usage_store.Call]]:
     """Admit a request that pays a provider outside a chat turn (the memory API's embeddings) with the turn's
     limits and admission (``store.usage.admit``; raises OverLimit), then count what it paid, which the body
     appends to the list it is given, and release its reservation, however the body ends."""
-    cfg, now = settings(), usage_store.utcnow()
+    cfg, now = settings(), clock.now()
     held = usage_store.admit(user_id, now, cfg.turns_per_minute, cfg.daily_token_budget, reserve)
     if held is None:
         refuse(cfg, user_id, now)
@@ -98,14 +99,14 @@ def admitted(user_id: str, reserve: int) -> Iterator[list[usage_store.Call]]:
 def spend(user_id: str, call: usage_store.Call, *, held_by: tuple[str, object] | None = None) -> None:
     """Count a provider call of the user's (``store.usage.record``) and its tokens in the ProviderTokens
     metric (what the spend alarm watches). A chat turn counts its calls in its own last statement."""
-    usage_store.record(user_id, call, usage_store.utcnow(), held_by=held_by)
+    usage_store.record(user_id, call, clock.now(), held_by=held_by)
     metrics.add_metric(name="ProviderTokens", unit="Count", value=call.tokens)
 
 
 def days_of(first: date | None, last: date | None) -> tuple[date, date]:
     """The range a report covers: ``last`` defaults to today (UTC), ``first`` to DEFAULT_DAYS before it (or
     the calendar's first day, 0001-01-01, when ``last`` is closer to it than that)."""
-    last = last or usage_store.utcnow().astimezone(UTC).date()
+    last = last or clock.now().astimezone(UTC).date()
     first = first or last - timedelta(days=min(DEFAULT_DAYS - 1, (last - date.min).days))
     if first > last:
         raise BadRange("from", f"{first} is after to ({last})")

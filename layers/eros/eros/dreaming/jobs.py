@@ -19,9 +19,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
+from .. import clock
 from ..config import Settings
 from ..observability import logger, metrics
 from ..providers import ProviderConfigurationError, ProviderError, ProviderUnavailable
@@ -35,11 +36,6 @@ Fault = Literal["configuration", "world", "own"]
 
 class Invoker(Protocol):
     def __call__(self, payload: dict, /) -> None: ...
-
-
-def utcnow() -> datetime:
-    """Dreaming's application clock: claims, leases, backoffs. Tests replace it to move time without sleeping."""
-    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)
@@ -145,7 +141,7 @@ def run(kind: Kind, cfg: Settings, key: Mapping[str, Any], claim_token: datetime
     """One delivery of a claimed job (``key``: its user_id and the kind's key). The delivery first takes the
     claim's lease, so a duplicate delivery returns before any provider call. Nothing raises but a crash in our
     own code, which is counted against the job first. ``time_budget_secs`` bounds every provider call."""
-    moment = now or utcnow()
+    moment = now or clock.now()
     state, row = claims.start(kind.table, key, claim_token, moment)
     if row is None:  # a duplicate delivery, a retry after success, or a claim taken over by another
         return report(kind, JobResult(kind.name, key["user_id"], state, _session_id(key)))

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from uuid import UUID
 
+from .. import clock
 from ..config import Settings
 from ..observability import logger, metrics
 from ..store import blocks as provider_blocks
@@ -98,7 +99,7 @@ def sweep(cfg: Settings, invoke: jobs.Invoker, *, now: Callable[[], datetime] | 
     """Claim idle sessions batch after batch and invoke one extraction per session; then, unless the
     tick ran out of time or invokes fail, claim users whose deep pass is due (up to DEEP_PASS_TICK_CAP and
     what is left of the budget) and invoke one pass each."""
-    now = now or jobs.utcnow
+    now = now or clock.now
     started = time.monotonic()
     result = SweepResult()
     moment = now()

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, LiteralString
 
 from psycopg import sql
 
+from .. import clock
 from ..db import Connection, connection, transaction
 from .rows import ClaimedJob
 
@@ -65,7 +66,7 @@ def claim(table: JobTable, limit: int, now: datetime | None = None, **cutoffs: d
     clock) stamps the claim: it is the claim token."""
     if limit <= 0:
         return []
-    return connection().execute(table.claim, {**cutoffs, "limit": limit, "now": now or datetime.now(UTC)}).fetchall()
+    return connection().execute(table.claim, {**cutoffs, "limit": limit, "now": now or clock.now()}).fetchall()
 
 
 def release(table: JobTable, job: Mapping[str, Any], claim_token: datetime) -> bool:

@@ -22,11 +22,6 @@ from ..db import connection
 from .rows import UsageCalls, UsageCount, UsageDay
 
 
-def utcnow() -> datetime:
-    """The spend clock (days are UTC). Tests replace it to cross midnight without waiting."""
-    return datetime.now(UTC)
-
-
 def next_day(moment: datetime) -> datetime:
     """Midnight UTC after ``moment``: when the daily budget resets."""
     day = moment.astimezone(UTC).date() + timedelta(days=1)
