@@ -17,7 +17,7 @@ Timed, interleaved so that the shared machine's load falls on both alike (each s
 to back; which goes first alternates):
 
 * recall: ``eros.store.recall.candidates``, the turn's statement (both layers, the near-duplicates), as a turn
-  calls it (2 x top_k, the default RecallParams), for random users, an embedding near one of their topics and a
+  calls it (2 x top_k, the default RecallKnobs), for random users, an embedding near one of their topics and a
   message with a word of their rows (the lexical part runs). Every pair of answers must be equal: ids, order,
   scores. A warm-up pass over every query's user first (warm-cache figures, as bench/recall_latency.py).
 * the claim: ``eros.store.dreaming.claim`` with the sweeper's batch (``--batch``), one claimer, alternating
@@ -129,10 +129,10 @@ def order(step: int) -> tuple[str, ...]:
 
 def recall(q: dict, now: dt.datetime) -> list:
     """The turn's recall statement (``eros.recall`` asks for twice the prompt's rows, for hygiene), at ``now``."""
-    from eros.config import RecallParams
+    from eros.config import RecallKnobs
     from eros.store import recall as recall_store
 
-    p = RecallParams()
+    p = RecallKnobs()
     return recall_store.candidates(p, q["user"], q["q"].to_list(), k=2 * p.top_k, cap=None,
                                    relationship_k=2 * p.relationship_top_k, instance_id=q["instance"],
                                    dedupe=p.dedupe_similarity, text=q["message"], now=now)
@@ -250,7 +250,7 @@ def render(args: argparse.Namespace, run: dict[str, Any], command: str) -> str:
         f"generator) and {args.sessions:,} idle sessions, made in one_table and copied to partitioned: the same "
         f"rows, ids included. Loaded in {run['load_secs']:.0f} s.",
         f"* **Method:** {args.queries:,} recalls (`eros.store.recall.candidates` as a turn calls it: both layers, "
-        "the default RecallParams, a message with a word of the user's rows) for random users, after a warm-up "
+        "the default RecallKnobs, a message with a word of the user's rows) for random users, after a warm-up "
         f"pass; the claim (`eros.store.dreaming.claim`, batch {args.batch}, one claimer) until the backlog is "
         f"empty, {args.rounds} round(s). Each step runs on both databases back to back, which goes first "
         "alternating, so that the shared machine's load falls on both alike.", "",

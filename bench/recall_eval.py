@@ -86,7 +86,7 @@ from _common import (
 )
 
 if TYPE_CHECKING:
-    from eros.config import RecallParams
+    from eros.config import RecallKnobs
 
 DIM = 512
 SHOWN = 30  # rows write-time consolidation shows the model (issue 7 §1)
@@ -308,7 +308,7 @@ def evaluate(queries, instances, params, state: State) -> list[dict]:
     for q in queries:
         state.apply(q["user_id"], datetime.fromisoformat(q["at"]))
         result = recall.recall(q["user_id"], instances.get(q["user_id"]), q["vector"], message=q["text"],
-                               now=datetime.fromisoformat(q["at"]), params=params)
+                               now=datetime.fromisoformat(q["at"]), knobs=params)
         out.append({"query": q, "profile": [m["id"] for m in result.profile],
                     "relationship": [m["id"] for m in result.relationship]})
     return out
@@ -577,7 +577,7 @@ def _main(args: argparse.Namespace, command: str) -> None:
     defaults = Settings().recall
     baselines = _baselines(defaults)
     sweep_lines: list[str] = []
-    chosen: dict[str, RecallParams] = {}
+    chosen: dict[str, RecallKnobs] = {}
     if args.sweep_safety:
         tune_runner = Runner([q for q in queries if tune(q)], instances, uuid_of, states["none"])
         lines, chosen["recency + safety net (best on tune)"] = _sweep_safety(
@@ -620,12 +620,12 @@ def _dataset(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     return memories, queries
 
 
-def replace(params: RecallParams, **changes) -> RecallParams:
+def replace(params: RecallKnobs, **changes) -> RecallKnobs:
     """A copy of ``params`` with ``changes``."""
     return params.model_copy(update=changes)
 
 
-def _baselines(defaults: RecallParams) -> dict[str, RecallParams]:
+def _baselines(defaults: RecallKnobs) -> dict[str, RecallKnobs]:
     """The rankings every run reports: before and after the safety net, and each part of it alone."""
     # The ranking before the safety net (issue 7): no importance term, no demotion, hygiene at 0.95; and
     # before the lexical part (issue 14).
@@ -651,7 +651,7 @@ def _baselines(defaults: RecallParams) -> dict[str, RecallParams]:
     return baselines
 
 
-def _sweep_safety(base: RecallParams, tune_runner: Runner) -> tuple[list[str], RecallParams]:
+def _sweep_safety(base: RecallKnobs, tune_runner: Runner) -> tuple[list[str], RecallKnobs]:
     """The read-time safety net tuned on the tune half, from ``base`` (the ranking before the net): the
     sweep's tables and the parameters chosen."""
     sweep_lines: list[str] = []
@@ -711,7 +711,7 @@ def _sweep_safety(base: RecallParams, tune_runner: Runner) -> tuple[list[str], R
         dedupe, key=lambda p: objective(p) + (-p.dedupe_similarity,))
 
 
-def _sweep_lexical(defaults: RecallParams, runner_for) -> tuple[list[str], RecallParams]:
+def _sweep_lexical(defaults: RecallKnobs, runner_for) -> tuple[list[str], RecallKnobs]:
     """The lexical part tuned on the tune half (consolidation none), from the defaults with it off: weight x the
     Chinese tokenisation, then the weight of the year the message names. The rule, fixed before the run on the
     extended set: the best hit@5 on the lexical questions (name, rare, number, date), then their MRR, then the
@@ -768,7 +768,7 @@ def _sweep_lexical(defaults: RecallParams, runner_for) -> tuple[list[str], Recal
     return lines, best
 
 
-def _lexical_row(r, name: str, p: RecallParams, within) -> str:
+def _lexical_row(r, name: str, p: RecallKnobs, within) -> str:
     """One setting's row of the lexical sweep's table."""
     m, lex, trap = r.run(p), r.run(p, lexical_question), r.run(p, tagged("lexical_trap"))
     zh = r.run(p, lambda q: lexical_question(q) and tagged("zh")(q))
@@ -778,12 +778,12 @@ def _lexical_row(r, name: str, p: RecallParams, within) -> str:
             f"{'yes' if within(r, p) else 'no'} |")
 
 
-def _sweep_ranking(defaults: RecallParams, baselines: dict[str, RecallParams], runner: Runner
-                   ) -> tuple[list[str], dict[str, RecallParams]]:
+def _sweep_ranking(defaults: RecallKnobs, baselines: dict[str, RecallKnobs], runner: Runner
+                   ) -> tuple[list[str], dict[str, RecallKnobs]]:
     """The ranking parameters tuned on the tune half, consolidation none: the sweep's tables and the
     winner per strategy."""
     sweep_lines: list[str] = []
-    chosen: dict[str, RecallParams] = {}
+    chosen: dict[str, RecallKnobs] = {}
     stable_floor = runner.run(baselines["grouped (original)"], lambda q: tune(q) and tagged("stable")(q))[
         "in_prompt"]
     update_floor = runner.run(baselines["grouped (original)"], tune)["cur>old"]
@@ -823,7 +823,7 @@ def _sweep_ranking(defaults: RecallParams, baselines: dict[str, RecallParams], r
 
 def _report(args: argparse.Namespace, command: str, model: str, memories: list[dict], queries: list[dict],
             instances: dict, label_counts: dict[str, int], states: dict[str, State],
-            runners: dict[str, Runner], modes: list[str], configs: dict[str, RecallParams],
+            runners: dict[str, Runner], modes: list[str], configs: dict[str, RecallKnobs],
             sweep_lines: list[str]) -> str:
     n_update = sum(bool(q.get("superseded_ids")) for q in queries)
     lines = [f"# Recall evaluation: {Path(args.data).name}, embeddings: {model}", "",

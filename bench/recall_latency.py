@@ -163,7 +163,7 @@ def time_large_user(conn, rows: int, n: int, seed: int, k: int) -> dict[str, lis
     queries = large_user_queries(conn, n, seed)
     out: dict[str, list[float]] = {}
     for strategy in ("grouped", "recency", "composite"):
-        params = recall.RecallParams(strategy=strategy, top_k=k)
+        params = recall.RecallKnobs(strategy=strategy, top_k=k)
         timed_recalls(queries[:1], params)  # warm
         out[f"recall, {strategy}"] = times = timed_recalls(queries, params)
         log(f"  {LARGE_USER} {strategy}: {ms(times)} ms")
@@ -203,7 +203,7 @@ def timed_recalls(queries: list[dict], params) -> list[float]:
     times = []
     for q in queries:
         t0 = time.perf_counter()
-        recall.recall(q["user"], q["instance"], q["q"].to_list(), params=params)
+        recall.recall(q["user"], q["instance"], q["q"].to_list(), knobs=params)
         times.append(time.perf_counter() - t0)
     return times
 
@@ -214,11 +214,11 @@ def time_strategies(queries: list[dict], k: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     # Warm-up: one pass over every query's user, so that no strategy pays for reading the users'
     # rows into the cache first (warm-cache figures; a cold user costs a few ms of I/O more).
-    first = timed_recalls(queries, recall.RecallParams(strategy="grouped"))
+    first = timed_recalls(queries, recall.RecallKnobs(strategy="grouped"))
     out["grouped, each user's first read (rows not yet in the cache, or some of them)"] = first
     log(f"  first reads: p50/p95/max {ms(first)} ms")
     for strategy in ("grouped", "recency", "composite"):
-        params = recall.RecallParams(strategy=strategy, top_k=k)
+        params = recall.RecallKnobs(strategy=strategy, top_k=k)
         timed_recalls(queries[:20], params)
         out[strategy] = times = timed_recalls(queries, params)
         log(f"  {strategy}: p50/p95/max {ms(times)} ms")

@@ -13,7 +13,7 @@ import pytest
 from apiclient import Api
 from test_recall import NOW, insert, instance_for, near, random_vector, replace
 
-from eros.config import RecallParams
+from eros.config import RecallKnobs
 from eros.memory import MemoryLayer
 from eros.store import recall as recall_store
 
@@ -124,7 +124,7 @@ def wordy(db):
 @pytest.mark.parametrize("layer", ["profile", "relationship"])
 def test_the_lexical_part_is_bm25_over_the_users_rows(db, wordy, strategy, layer):
     message = "Did Mehmet like the bakery on bus 47? Nobody else knows"
-    params = RecallParams(strategy=strategy, lexical_weight=0.2)
+    params = RecallKnobs(strategy=strategy, lexical_weight=0.2)
     got = recall_store.ranked(MemoryLayer(layer), params, "alice", wordy["query"], k=100, cap=None, text=message,
                               instance_id=wordy["instance"], now=NOW)
     assert len(got) == len(wordy["rows"][layer])
@@ -151,7 +151,7 @@ def two_colleagues(db, first: str, second: str, query: list[float]) -> tuple[dic
 
 
 def top(db, query, text, params=None) -> list[str]:
-    rows = recall_store.ranked(MemoryLayer.PROFILE, params or RecallParams(), "alice", query, k=5, cap=None,
+    rows = recall_store.ranked(MemoryLayer.PROFILE, params or RecallKnobs(), "alice", query, k=5, cap=None,
                                text=text, now=NOW)
     return [r["content"] for r in rows]
 
@@ -162,7 +162,7 @@ def test_a_shared_name_breaks_the_tie_in_english_and_chinese(db):
     insert(db, "alice", "Her colleague Mehmet runs the Tuesday meeting", query, memory_id=uuid.UUID(int=2))
     assert top(db, query, "how did the meeting with Mehmet go?")[0] == "Her colleague Mehmet runs the Tuesday meeting"
     # Without the lexical part the tie falls back to the id: Oksana's row, whatever the message says.
-    off = RecallParams(lexical_weight=0.0)
+    off = RecallKnobs(lexical_weight=0.0)
     assert top(db, query, "how did the meeting with Mehmet go?", off)[0] == (
         "Her colleague Oksana runs the Tuesday meeting")
 
@@ -177,10 +177,10 @@ def test_a_shared_word_does_not_override_meaning(db):
     query = random_vector(rng)
     meant = insert(db, "alice", "Keeps her savings in a current account", near(query, rng, 0.3))
     trap = insert(db, "alice", "Likes picnics on the river bank", near(query, rng, 2.5))
-    rows = recall_store.ranked(MemoryLayer.PROFILE, RecallParams(), "alice", query, k=2, cap=None,
+    rows = recall_store.ranked(MemoryLayer.PROFILE, RecallKnobs(), "alice", query, k=2, cap=None,
                                text="should I move money to another bank?", now=NOW)
     assert [r["id"] for r in rows] == [meant["id"], trap["id"]]
-    assert rows[1]["lexical_term"] == RecallParams().lexical_weight and rows[0]["lexical_term"] == 0
+    assert rows[1]["lexical_term"] == RecallKnobs().lexical_weight and rows[0]["lexical_term"] == 0
 
 
 HOSTILE = ["", "   ", "'; DROP TABLE engine.companion_memories; --", "a & b | !c:* <-> (d) 'e'", "\\", "\\\\'",
@@ -192,9 +192,9 @@ def test_any_message_ranks_without_an_error(db, message):
     query = random_vector(random.Random(10))
     insert(db, "alice", "Lunch with Mehmet", query)
     insert(db, "alice", "养了一只猫", query)
-    rows = recall_store.ranked(MemoryLayer.PROFILE, RecallParams(), "alice", query, k=5, cap=None, text=message,
+    rows = recall_store.ranked(MemoryLayer.PROFILE, RecallKnobs(), "alice", query, k=5, cap=None, text=message,
                                now=NOW)
-    assert len(rows) == 2 and all(0 <= r["lexical_term"] <= RecallParams().lexical_weight for r in rows)
+    assert len(rows) == 2 and all(0 <= r["lexical_term"] <= RecallKnobs().lexical_weight for r in rows)
     assert db.execute("SELECT count(*) AS n FROM engine.companion_memories").fetchone()["n"] == 2
 
 
@@ -206,7 +206,7 @@ def test_a_year_the_message_names_lifts_the_memory_of_that_year(db):
     for row, year in ((wrist, 2008), (ankle, 2015)):
         db.execute("UPDATE engine.companion_memories SET occurred_at = make_date(%s, 1, 1), occurred_precision = 'year'"
                    " WHERE id = %s", (year, row["id"]))
-    params = RecallParams(lexical_weight=0.0, lexical_year_weight=0.05)
+    params = RecallKnobs(lexical_weight=0.0, lexical_year_weight=0.05)
     for message in ("What happened in 2008?", "2008年发生了什么？"):
         rows = recall_store.ranked(MemoryLayer.PROFILE, params, "alice", query, k=3, cap=None, text=message, now=NOW)
         assert rows[0]["id"] == wrist["id"] and rows[0]["lexical_term"] == 0.05
@@ -215,7 +215,7 @@ def test_a_year_the_message_names_lifts_the_memory_of_that_year(db):
     # the newest event first, since recency runs from the event time).
     for message in ("What happened in 1999?", "what happened to my wrist?"):
         rows = recall_store.ranked(MemoryLayer.PROFILE, params, "alice", query, k=3, cap=None, text=message, now=NOW)
-        plain = recall_store.ranked(MemoryLayer.PROFILE, RecallParams(lexical_weight=0.0), "alice", query, k=3,
+        plain = recall_store.ranked(MemoryLayer.PROFILE, RecallKnobs(lexical_weight=0.0), "alice", query, k=3,
                                     cap=None, text=message, now=NOW)
         assert [r["id"] for r in rows] == [r["id"] for r in plain] and {r["lexical_term"] for r in rows} == {0.0}
         assert rows[-1]["id"] == wrist["id"]

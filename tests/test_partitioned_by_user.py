@@ -34,7 +34,7 @@ from pgvector import Vector
 
 from eros import chat, dreaming
 from eros import db as eros_db
-from eros.config import RecallParams, settings
+from eros.config import RecallKnobs, settings
 from eros.memory import MemoryLayer
 from eros.store import account
 from eros.store import chat as chat_store
@@ -219,7 +219,7 @@ def recall_everything(asked: list[tuple]) -> list[list[Any]]:
     for user, instance, query, message in asked:
         for strategy in STRATEGIES:
             for penalty in (0.0, 0.05):
-                params = RecallParams(strategy=strategy, demote_penalty=penalty, category_cap=3)
+                params = RecallKnobs(strategy=strategy, demote_penalty=penalty, category_cap=3)
                 cap = params.per_category if strategy == "grouped" else params.category_cap
                 for text in (None, message):
                     results.append(recall_store.ranked(MemoryLayer.PROFILE, params, user, query, k=8, cap=cap,
@@ -228,7 +228,7 @@ def recall_everything(asked: list[tuple]) -> list[list[Any]]:
                                                        instance_id=instance, text=text, now=NOW))
                     results.append(recall_store.candidates(params, user, query, k=8, cap=cap, relationship_k=5,
                                                            instance_id=instance, dedupe=0.97, text=text, now=NOW))
-        results.append(recall_store.ranked(MemoryLayer.PROFILE, RecallParams(), user, query, k=8, cap=None,
+        results.append(recall_store.ranked(MemoryLayer.PROFILE, RecallKnobs(), user, query, k=8, cap=None,
                                            text=message, now=NOW, category="fact"))
     return results
 
@@ -257,7 +257,7 @@ def test_a_recall_statement_reads_only_its_users_partition(partitioned, env, par
     instances, memories = dataset()
     load(partitioned, instances, memories)
     env(DATABASE_URL=partitioned_url)
-    params = RecallParams()
+    params = RecallKnobs()
     seen = set()
     for user, instance, query, message in queries(instances, memories):
         own = partition_of(partitioned, user)

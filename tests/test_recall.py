@@ -17,7 +17,7 @@ from pgvector import Vector
 from psycopg.types.json import Jsonb
 
 from eros import recall
-from eros.config import RecallParams
+from eros.config import RecallKnobs
 from eros.memory import MemoryLayer
 from eros.recall import Hygiene, normalised
 from eros.store import recall as recall_store
@@ -59,7 +59,7 @@ def instance_for(db, user: str) -> uuid.UUID:
                       (user,)).fetchone()["id"]
 
 
-def replace(params: RecallParams, **changes) -> RecallParams:
+def replace(params: RecallKnobs, **changes) -> RecallKnobs:
     """The parameters with some changed (unvalidated: a test may switch hygiene off with a threshold above 1)."""
     return params.model_copy(update=changes)
 
@@ -73,7 +73,7 @@ def decay(age_days: float, tau_days: float) -> float:
 
 
 def score(strategy: str, similarity: float, age_days: float, importance: float | None,
-          params: RecallParams) -> float:
+          params: RecallKnobs) -> float:
     """A row's undemoted score: the strategy's base score plus the additive importance term."""
     weight = 0.5 if importance is None else importance
     if strategy == "grouped":
@@ -88,7 +88,7 @@ def score(strategy: str, similarity: float, age_days: float, importance: float |
     return base + params.importance_weight * weight
 
 
-def brute_force(rows: list[dict], query: list[float], strategy: str, params: RecallParams, k: int,
+def brute_force(rows: list[dict], query: list[float], strategy: str, params: RecallKnobs, k: int,
                 cap: int | None, now: datetime = NOW, demote: bool = True) -> list[tuple[uuid.UUID, float]]:
     """The rule as the module docstring of eros.store.recall states it. ``demote``: the layer is demoted
     (the profile layer; never the relationship layer)."""
@@ -117,12 +117,12 @@ def brute_force(rows: list[dict], query: list[float], strategy: str, params: Rec
     return out
 
 
-def sql_rows(layer, strategy, user, query, params: RecallParams, k, cap, now=NOW, instance=None):
+def sql_rows(layer, strategy, user, query, params: RecallKnobs, k, cap, now=NOW, instance=None):
     return recall_store.ranked(MemoryLayer(layer), replace(params, strategy=strategy), user, query, k=k, cap=cap,
                                instance_id=instance, now=now)
 
 
-def sql_ids(layer, strategy, user, query, params: RecallParams, k, cap, now=NOW, instance=None):
+def sql_ids(layer, strategy, user, query, params: RecallKnobs, k, cap, now=NOW, instance=None):
     return [(r["id"], r["score"]) for r in sql_rows(layer, strategy, user, query, params, k, cap, now, instance)]
 
 
@@ -136,19 +136,19 @@ def test_decay_is_one_now_one_over_e_at_tau_and_never_underflows():
 
 
 def test_score_formulas():
-    p = RecallParams(lam=0.2, tau_days=10, floor=0.25, importance_floor=0.0, importance_weight=0.0)
+    p = RecallKnobs(lam=0.2, tau_days=10, floor=0.25, importance_floor=0.0, importance_weight=0.0)
     assert score("grouped", 0.7, 100, 0.9, p) == 0.7
     assert score("recency", 0.7, 10, 0.9, p) == pytest.approx(0.7 + 0.2 * math.exp(-1))
     assert score("composite", 0.7, 10, 0.9, p) == pytest.approx(0.7 * (0.25 + 0.75 * math.exp(-1)) * 0.9)
     assert score("composite", 0.7, 10, None, p) == score("composite", 0.7, 10, 0.5, p)  # missing = 0.5
-    soft = RecallParams(tau_days=10, floor=0.25, importance_floor=0.8, importance_weight=0.0)
+    soft = RecallKnobs(tau_days=10, floor=0.25, importance_floor=0.8, importance_weight=0.0)
     assert score("composite", 0.7, 10, 0.5, soft) == pytest.approx(0.7 * (0.25 + 0.75 * math.exp(-1)) * 0.9)
     # An old fact keeps at least `floor` of its score: decay alone can never bury it.
     assert score("composite", 0.8, 10_000, 1.0, p) == pytest.approx(0.8 * 0.25)
     with pytest.raises(ValueError):
         score("nearest", 0.7, 1, 1, p)
     # The importance term is added, for every strategy, with 0.5 where importance is missing.
-    w = RecallParams(lam=0.2, tau_days=10, floor=0.25, importance_floor=0.0, importance_weight=0.1)
+    w = RecallKnobs(lam=0.2, tau_days=10, floor=0.25, importance_floor=0.0, importance_weight=0.1)
     for strategy in ("grouped", "recency", "composite"):
         assert score(strategy, 0.7, 10, 0.9, w) == pytest.approx(score(strategy, 0.7, 10, 0.9, p) + 0.09)
         assert score(strategy, 0.7, 10, None, w) == pytest.approx(score(strategy, 0.7, 10, 0.5, p) + 0.05)
@@ -199,23 +199,23 @@ def population(db):
 
 OFF = {"importance_weight": 0.0, "demote_similarity": 2.0}  # the ranking before the safety net
 PARAMS = [
-    ("grouped", RecallParams(**OFF), 10, 2),
-    ("recency", RecallParams(**OFF), 10, None),
-    ("composite", RecallParams(**OFF), 10, None),
-    ("grouped", RecallParams(), 10, 2),
-    ("grouped", RecallParams(), 5, 1),
-    ("recency", RecallParams(lam=0.1, tau_days=30), 8, None),
-    ("recency", RecallParams(lam=0.5, tau_days=7), 12, 3),
-    ("composite", RecallParams(tau_days=30, floor=0.5), 8, None),
-    ("composite", RecallParams(tau_days=14, floor=0.0), 10, 2),
-    ("composite", RecallParams(tau_days=365, floor=0.9), 153, None),  # every row: the full order
-    ("composite", RecallParams(tau_days=60, floor=0.6, importance_floor=0.8), 9, 2),
+    ("grouped", RecallKnobs(**OFF), 10, 2),
+    ("recency", RecallKnobs(**OFF), 10, None),
+    ("composite", RecallKnobs(**OFF), 10, None),
+    ("grouped", RecallKnobs(), 10, 2),
+    ("grouped", RecallKnobs(), 5, 1),
+    ("recency", RecallKnobs(lam=0.1, tau_days=30), 8, None),
+    ("recency", RecallKnobs(lam=0.5, tau_days=7), 12, 3),
+    ("composite", RecallKnobs(tau_days=30, floor=0.5), 8, None),
+    ("composite", RecallKnobs(tau_days=14, floor=0.0), 10, 2),
+    ("composite", RecallKnobs(tau_days=365, floor=0.9), 153, None),  # every row: the full order
+    ("composite", RecallKnobs(tau_days=60, floor=0.6, importance_floor=0.8), 9, 2),
     # Demotion that fires: the population's rows are ~0.5-0.75 cosine-similar to each other.
-    ("grouped", RecallParams(demote_similarity=0.6, demote_penalty=0.1, demote_pool=40), 10, 2),
-    ("recency", RecallParams(lam=0.1, tau_days=30, demote_similarity=0.6, demote_penalty=0.05,
+    ("grouped", RecallKnobs(demote_similarity=0.6, demote_penalty=0.1, demote_pool=40), 10, 2),
+    ("recency", RecallKnobs(lam=0.1, tau_days=30, demote_similarity=0.6, demote_penalty=0.05,
                              demote_pool=25, importance_weight=0.05), 12, None),
-    ("recency", RecallParams(demote_similarity=0.55, demote_penalty=0.3, demote_pool=8), 12, 3),  # pool < k
-    ("composite", RecallParams(tau_days=60, floor=0.6, importance_floor=0.8, demote_similarity=0.6,
+    ("recency", RecallKnobs(demote_similarity=0.55, demote_penalty=0.3, demote_pool=8), 12, 3),  # pool < k
+    ("composite", RecallKnobs(tau_days=60, floor=0.6, importance_floor=0.8, demote_similarity=0.6,
                                demote_penalty=0.08, demote_pool=200, importance_weight=0.1), 153, None),
 ]
 
@@ -236,7 +236,7 @@ def test_sql_top_k_equals_brute_force(population, strategy, params, k, cap):
 def test_demotion_fires_in_the_population_and_the_score_parts_add_up(population):
     """The brute-force comparison above is only worth something if demotion changes the order there."""
     q = population["query"]
-    params = RecallParams(strategy="recency", lam=0.1, tau_days=30, demote_similarity=0.6, demote_penalty=0.05,
+    params = RecallKnobs(strategy="recency", lam=0.1, tau_days=30, demote_similarity=0.6, demote_penalty=0.05,
                           demote_pool=25, importance_weight=0.05)
     on = brute_force(population["profile"], q, "recency", params, 12, None)
     off = brute_force(population["profile"], q, "recency", params, 12, None, demote=False)
@@ -258,7 +258,7 @@ def test_demotion_fires_in_the_population_and_the_score_parts_add_up(population)
 
 @pytest.mark.parametrize("strategy", ["grouped", "recency", "composite"])
 def test_relationship_layer_equals_brute_force(population, strategy):
-    params = RecallParams(lam=0.2, tau_days=20, floor=0.3, demote_similarity=0.5, demote_penalty=0.2)
+    params = RecallKnobs(lam=0.2, tau_days=20, floor=0.3, demote_similarity=0.5, demote_penalty=0.2)
     rows = sql_rows("relationship", strategy, "alice", population["query"], params, 7, None,
                     instance=population["instance"])
     want = brute_force(population["relationship"], population["query"], strategy, params, 7, None, demote=False)
@@ -274,7 +274,7 @@ def test_exact_ties_are_broken_by_id(db):
     for memory_id in reversed(ids):  # inserted in the opposite order
         insert(db, "alice", f"same {memory_id}", same, importance=0.5, age_days=2, memory_id=memory_id)
     for strategy in ("grouped", "recency", "composite"):
-        got = sql_ids("profile", strategy, "alice", q, RecallParams(), 4, None)
+        got = sql_ids("profile", strategy, "alice", q, RecallKnobs(), 4, None)
         assert [i for i, _ in got] == ids[:4]
         assert len({s for _, s in got}) == 1  # and identical rows of one age never demote each other
 
@@ -287,7 +287,7 @@ def test_missing_importance_counts_as_half(db):
     none = insert(db, "alice", "none", emb, importance=None, age_days=1)
     half = insert(db, "alice", "half", emb, importance=0.5, age_days=1)
     high = insert(db, "alice", "high", emb, importance=0.75, age_days=1)
-    got = sql_ids("profile", "composite", "alice", q, RecallParams(importance_weight=0.0), 10, None)
+    got = sql_ids("profile", "composite", "alice", q, RecallKnobs(importance_weight=0.0), 10, None)
     middle = sorted([none["id"], half["id"]])
     assert [i for i, _ in got] == [high["id"], *middle, low["id"]]
     assert got[1][1] == got[2][1]
@@ -298,8 +298,8 @@ def test_a_user_with_no_memories_gets_nothing(db):
     q = random_vector(rng)
     insert(db, "bob", "bob's fact", q, importance=1.0)
     for strategy in ("grouped", "recency", "composite"):
-        params = RecallParams(strategy=strategy)
-        result = recall.recall("alice", instance_for(db, f"alice-{strategy}"), q, params=params, now=NOW)
+        params = RecallKnobs(strategy=strategy)
+        result = recall.recall("alice", instance_for(db, f"alice-{strategy}"), q, knobs=params, now=NOW)
         assert result.profile == [] and result.relationship == []
 
 
@@ -309,12 +309,12 @@ def test_a_category_with_one_row(db):
     lonely = insert(db, "alice", "the only emotion", near(q, rng, 2.5), category="emotion", importance=0.1)
     for i in range(4):
         insert(db, "alice", f"fact {i}", near(q, rng, 0.5), category="fact", importance=0.9)
-    grouped = recall.recall("alice", None, q, params=RecallParams(strategy="grouped", per_category=2), now=NOW)
+    grouped = recall.recall("alice", None, q, knobs=RecallKnobs(strategy="grouped", per_category=2), now=NOW)
     assert [m["category"] for m in grouped.profile].count("fact") == 2
     assert lonely["id"] in {m["id"] for m in grouped.profile}
     assert len(grouped.profile) == 3
     capped = recall.recall("alice", None, q, now=NOW,
-                           params=RecallParams(strategy="composite", top_k=5, category_cap=2))
+                           knobs=RecallKnobs(strategy="composite", top_k=5, category_cap=2))
     assert sorted(m["category"] for m in capped.profile) == ["emotion", "fact", "fact"]  # cap 2; nothing else exists
     assert capped.profile[-1]["id"] == lonely["id"]
 
@@ -326,16 +326,16 @@ def test_now_is_injectable_and_rows_from_the_future_do_not_exist_yet(db):
     q = random_vector(rng)
     shanghai = insert(db, "alice", "lives in Shanghai", near(q, rng, 0.9), importance=0.8, age_days=400)
     tokyo = insert(db, "alice", "moved to Tokyo", near(q, rng, 0.9), importance=0.8, age_days=7)
-    params = RecallParams(strategy="recency", lam=1.0, tau_days=30, top_k=5)
-    today = recall.recall("alice", None, q, params=params, now=NOW)
+    params = RecallKnobs(strategy="recency", lam=1.0, tau_days=30, top_k=5)
+    today = recall.recall("alice", None, q, knobs=params, now=NOW)
     assert today.profile[0]["id"] == tokyo["id"]
-    before_the_move = recall.recall("alice", None, q, params=params, now=NOW - timedelta(days=30))
+    before_the_move = recall.recall("alice", None, q, knobs=params, now=NOW - timedelta(days=30))
     assert [m["id"] for m in before_the_move.profile] == [shanghai["id"]]
     # The decay is measured from the injected now: 30 days earlier, Shanghai was 370 days old.
     row = before_the_move.profile[0]
     assert row["decay"] == pytest.approx(math.exp(-370 / 30), rel=1e-9)
     # Without an injected now, the database's clock: both rows exist.
-    assert {m["id"] for m in recall.recall("alice", None, q, params=params).profile} == {shanghai["id"], tokyo["id"]}
+    assert {m["id"] for m in recall.recall("alice", None, q, knobs=params).profile} == {shanghai["id"], tokyo["id"]}
 
 
 def test_a_very_old_row_is_still_recalled_not_an_underflow_error(db):
@@ -344,7 +344,7 @@ def test_a_very_old_row_is_still_recalled_not_an_underflow_error(db):
     ancient = insert(db, "alice", "has a daughter", near(q, rng, 0.5), importance=1.0, age_days=20 * 365)
     for strategy in ("recency", "composite"):
         got = recall.recall("alice", None, q, now=NOW,
-                            params=RecallParams(strategy=strategy, tau_days=1, floor=0.3))
+                            knobs=RecallKnobs(strategy=strategy, tau_days=1, floor=0.3))
         assert [m["id"] for m in got.profile] == [ancient["id"]]
         assert got.profile[0]["decay"] == 0 or got.profile[0]["decay"] < 1e-300
 
@@ -358,7 +358,7 @@ def test_the_floor_keeps_an_old_true_fact_above_a_fresh_irrelevant_one(db):
     assert cosine(daughter["embedding"], q) > 0.8 > 0.4 > cosine(trivia["embedding"], q)
     defaults = recall.settings().recall
     for strategy in ("grouped", "recency", "composite"):
-        got = recall.recall("alice", None, q, now=NOW, params=replace(defaults, strategy=strategy))
+        got = recall.recall("alice", None, q, now=NOW, knobs=replace(defaults, strategy=strategy))
         assert got.profile[0]["id"] == daughter["id"], strategy
 
 
@@ -376,7 +376,7 @@ def test_superseded_and_uncategorised_profile_rows_are_not_recalled(db):
            superseded_by=old["id"])
     kept_rel = insert(db, "alice", "an utterance", near(q, rng, 1.0), category=None, instance=instance)
     for strategy in ("grouped", "recency", "composite"):
-        got = recall.recall("alice", instance, q, now=NOW, params=RecallParams(strategy=strategy))
+        got = recall.recall("alice", instance, q, now=NOW, knobs=RecallKnobs(strategy=strategy))
         assert [m["id"] for m in got.profile] == [current["id"]]
         assert {m["id"] for m in got.relationship} == {kept_rel["id"], old["id"]}
 
@@ -390,7 +390,7 @@ def test_relationship_rows_stay_with_their_persona_instance(db):
     kept = insert(db, "alice", "said to luna", near(q, rng, 1.0), category=None, instance=mine)
     insert(db, "alice", "said to kai", near(q, rng, 0.1), category=None, instance=other_persona)
     insert(db, "alice2", "someone else", near(q, rng, 0.1), category=None, instance=theirs)
-    got = recall.recall("alice", mine, q, now=NOW, params=RecallParams(strategy="composite"))
+    got = recall.recall("alice", mine, q, now=NOW, knobs=RecallKnobs(strategy="composite"))
     assert [m["id"] for m in got.relationship] == [kept["id"]]
     assert recall.recall("alice", None, q, now=NOW).relationship == []
 
@@ -411,7 +411,7 @@ def at_angle(degrees: float, axis: int = 1) -> list[float]:
 
 
 QUERY = plane(1.0)
-SAFETY = RecallParams(strategy="recency", lam=0.002, tau_days=365, importance_weight=0.0, demote_similarity=0.9,
+SAFETY = RecallKnobs(strategy="recency", lam=0.002, tau_days=365, importance_weight=0.0, demote_similarity=0.9,
                       demote_penalty=0.2, demote_pool=32)
 
 
@@ -427,20 +427,20 @@ def test_an_older_near_row_of_the_same_category_is_demoted_below_the_newer_one(d
                    age_days=10)
     other = insert(db, "alice", "Likes mocha", at_angle(60, axis=2), category="preference", importance=0.7,
                    age_days=400)
-    off = recall.recall("alice", None, QUERY, now=NOW, params=replace(SAFETY, demote_similarity=2.0))
+    off = recall.recall("alice", None, QUERY, now=NOW, knobs=replace(SAFETY, demote_similarity=2.0))
     assert profile_of(off) == [shanghai["id"], tokyo["id"], other["id"]]
-    on = recall.recall("alice", None, QUERY, now=NOW, params=SAFETY)
+    on = recall.recall("alice", None, QUERY, now=NOW, knobs=SAFETY)
     assert profile_of(on) == [tokyo["id"], shanghai["id"], other["id"]]  # demoted, still there
     by_id = {m["id"]: m for m in on.profile}
     assert by_id[shanghai["id"]]["demotion"] == pytest.approx(0.2)
     assert by_id[tokyo["id"]]["demotion"] == 0 and by_id[other["id"]]["demotion"] == 0
     # Asked before the move, Tokyo did not exist yet: nothing newer, nothing demoted.
-    before = recall.recall("alice", None, QUERY, now=NOW - timedelta(days=30), params=SAFETY)
+    before = recall.recall("alice", None, QUERY, now=NOW - timedelta(days=30), knobs=SAFETY)
     assert profile_of(before) == [shanghai["id"], other["id"]] and before.profile[0]["demotion"] == 0
     # A newer row that consolidation already superseded is history: it demotes nothing.
     db.execute("UPDATE engine.companion_memories SET superseded_at = %s, superseded_reason = 'changed'"
                " WHERE id = %s", (NOW, tokyo["id"]))
-    assert recall.recall("alice", None, QUERY, now=NOW, params=SAFETY).profile[0]["demotion"] == 0
+    assert recall.recall("alice", None, QUERY, now=NOW, knobs=SAFETY).profile[0]["demotion"] == 0
 
 
 def test_a_near_row_of_another_category_does_not_demote(db):
@@ -448,7 +448,7 @@ def test_a_near_row_of_another_category_does_not_demote(db):
                       age_days=700)
     school = insert(db, "alice", "Mia started school this week", at_angle(40), category="event", importance=0.6,
                     age_days=3)
-    got = recall.recall("alice", None, QUERY, now=NOW, params=SAFETY)
+    got = recall.recall("alice", None, QUERY, now=NOW, knobs=SAFETY)
     assert profile_of(got) == [daughter["id"], school["id"]]
     assert all(m["demotion"] == 0 for m in got.profile)
 
@@ -467,7 +467,7 @@ def test_a_stable_old_fact_with_no_newer_close_row_is_not_buried_by_the_defaults
     defaults = recall.settings().recall
     assert defaults.demote_similarity > 0.76 and defaults.demote_penalty > 0
     for strategy in ("grouped", "recency", "composite"):
-        got = recall.recall("alice", None, QUERY, now=NOW, params=replace(defaults, strategy=strategy))
+        got = recall.recall("alice", None, QUERY, now=NOW, knobs=replace(defaults, strategy=strategy))
         assert got.profile[0]["id"] == daughter["id"] and got.profile[0]["demotion"] == 0, strategy
 
 
@@ -477,10 +477,10 @@ def test_a_row_outside_the_pool_is_not_compared(db):
     new = insert(db, "alice", "Works at a school", at_angle(65), category="fact", importance=0.5, age_days=5)
     for i in range(3):  # better rows that fill a pool of 3
         insert(db, "alice", f"close {i}", at_angle(10 + i, axis=2), category="preference", importance=0.5)
-    small = recall.recall("alice", None, QUERY, now=NOW, params=replace(SAFETY, demote_pool=3, dedupe_similarity=2))
+    small = recall.recall("alice", None, QUERY, now=NOW, knobs=replace(SAFETY, demote_pool=3, dedupe_similarity=2))
     assert {m["id"]: m["demotion"] for m in small.profile}[old["id"]] == 0
     assert profile_of(small)[-2:] == [old["id"], new["id"]]
-    large = recall.recall("alice", None, QUERY, now=NOW, params=replace(SAFETY, demote_pool=5, dedupe_similarity=2))
+    large = recall.recall("alice", None, QUERY, now=NOW, knobs=replace(SAFETY, demote_pool=5, dedupe_similarity=2))
     assert {m["id"]: m["demotion"] for m in large.profile}[old["id"]] == pytest.approx(0.2)
     assert profile_of(large)[-2:] == [new["id"], old["id"]]
 
@@ -494,10 +494,10 @@ def test_importance_breaks_a_tie(db):
                   age_days=20, memory_id=high_id)
     for strategy in ("grouped", "recency"):
         plain = recall.recall("alice", None, QUERY, now=NOW,
-                              params=replace(SAFETY, strategy=strategy, importance_weight=0.0, dedupe_similarity=2))
+                              knobs=replace(SAFETY, strategy=strategy, importance_weight=0.0, dedupe_similarity=2))
         assert profile_of(plain) == [low["id"], high["id"]]
         weighted = recall.recall("alice", None, QUERY, now=NOW,
-                                 params=replace(SAFETY, strategy=strategy, importance_weight=0.02,
+                                 knobs=replace(SAFETY, strategy=strategy, importance_weight=0.02,
                                                 dedupe_similarity=2))
         assert profile_of(weighted) == [high["id"], low["id"]]
         top = weighted.profile[0]
@@ -600,7 +600,7 @@ def test_recall_drops_a_near_duplicate_across_layers(db):
     got = recall.recall("alice", instance, q, now=NOW)
     assert [m["id"] for m in got.profile] == [fact["id"]]
     assert [m["id"] for m in got.relationship] == [other["id"]]  # the utterance repeats the fact: dropped
-    off = recall.recall("alice", instance, q, now=NOW, params=replace(RecallParams(), dedupe_similarity=2))
+    off = recall.recall("alice", instance, q, now=NOW, knobs=replace(RecallKnobs(), dedupe_similarity=2))
     assert {m["id"] for m in off.relationship} == {said["id"], other["id"]}
 
 
@@ -616,7 +616,7 @@ def test_recall_refills_the_quota_after_dropping_duplicates(db):
     said = insert(db, "alice", "I said this earlier", near(q, rng, 0.2), category=None, instance=instance)
     fresh = insert(db, "alice", "something else", near(q, rng, 2.0), category=None, instance=instance)
     got = recall.recall("alice", instance, q, now=NOW, history=[{"role": "user", "content": said["content"]}],
-                        params=RecallParams(strategy="composite", top_k=5))
+                        knobs=RecallKnobs(strategy="composite", top_k=5))
     texts = [m["content"] for m in got.profile]
     assert len(texts) == 5 and sum(normalised(t) == "lives in shanghai" for t in texts) == 1
     assert {m["id"] for m in got.profile} - {o["id"] for o in others} != set()

@@ -6,7 +6,7 @@ import pytest
 from pgvector import Vector
 
 from eros import chat
-from eros.config import RecallParams, Settings
+from eros.config import RecallKnobs, Settings
 from eros.providers.offline import hash_embed
 from eros.store import chat as chat_store
 
@@ -46,7 +46,7 @@ def test_the_configured_parameters_reach_recall(env):
         RECALL_DEMOTE_SIMILARITY="1.5", RECALL_DEMOTE_PENALTY="0.2", RECALL_DEMOTE_POOL="12")
     from eros.config import settings
 
-    assert settings().recall == RecallParams(
+    assert settings().recall == RecallKnobs(
         strategy="composite", per_category=2, top_k=6, category_cap=2, relationship_top_k=3, lam=0.03,
         tau_days=45.0, floor=0.4, importance_floor=0.7, dedupe_similarity=0.9, importance_weight=0.04,
         demote_similarity=1.5, demote_penalty=0.2, demote_pool=12)
@@ -73,12 +73,12 @@ def test_the_edges_of_the_recall_settings_are_allowed():
 
 
 def test_the_recall_defaults_are_defined_once():
-    """Settings without any variable carry RecallParams' own defaults; the store has none of its own."""
+    """Settings without any variable carry RecallKnobs' own defaults; the store has none of its own."""
     import inspect
 
     from eros.store import recall as recall_store
 
-    assert Settings().recall == RecallParams() == Settings.from_env({}).recall
+    assert Settings().recall == RecallKnobs() == Settings.from_env({}).recall
     defaults = [p for p in inspect.signature(recall_store.ranked).parameters.values()
                 if p.default is not inspect.Parameter.empty]
     # Only what is asked (the message's text) and which rows (a persona's, a date, a search's category

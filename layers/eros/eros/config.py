@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 EMBED_DIM = 512
 
 
-class RecallParams(BaseModel):
+class RecallKnobs(BaseModel):
     """How recall ranks: the one definition of its knobs (``Settings.recall``; eros.recall and
     eros.store.recall take this model, with no defaults of their own). Each field is read from the
     environment variable its alias names; code and tests set it by field name.
@@ -146,7 +146,7 @@ class Settings(BaseModel):
     export_base_url: str | None = None
 
     # --- recall (eros.recall): one nested model, each knob read from the variable its alias names -----
-    recall: RecallParams = RecallParams()
+    recall: RecallKnobs = RecallKnobs()
 
     # --- dreaming -------------------------------------------------------------------
     dreaming_idle_secs: int = Field(1800, ge=1)
@@ -255,7 +255,7 @@ class Settings(BaseModel):
 
 
 # Settings fields that are models of their own, read from their fields' aliases.
-_NESTED: dict[str, type[BaseModel]] = {"recall": RecallParams}
+_NESTED: dict[str, type[BaseModel]] = {"recall": RecallKnobs}
 
 
 @lru_cache(maxsize=1)

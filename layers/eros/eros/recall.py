@@ -19,7 +19,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, Field
 
-from .config import RecallParams, settings
+from .config import RecallKnobs, settings
 from .memory import CATEGORIES, MemoryLayer
 from .store import recall as recall_store
 from .store.rows import RecallCandidate, Scored
@@ -95,28 +95,28 @@ class Hygiene:
 
 # --- the use-case -------------------------------------------------------------------------------
 
-def _quota(p: RecallParams) -> tuple[int, int]:
+def _quota(p: RecallKnobs) -> tuple[int, int]:
     """The profile rows a prompt gets, and at most how many of a category (0: no cap)."""
     if p.strategy == "grouped":
         return p.per_category * len(CATEGORIES), p.per_category
     return p.top_k, p.category_cap
 
 
-def most_recalled(p: RecallParams) -> int:
+def most_recalled(p: RecallKnobs) -> int:
     """The most memories a turn's prompt can carry, both layers (what a turn's reservation allows for)."""
     return _quota(p)[0] + p.relationship_top_k
 
 
 def recall(user_id: str, instance_id: UUID | None, query: list[float], *, history: Iterable[Mapping[str, Any]] = (),
            message: str | None = None, now: datetime | None = None,
-           params: RecallParams | None = None) -> Recalled:
+           knobs: RecallKnobs | None = None) -> Recalled:
     """The memories to put in front of the persona for this message.
 
     ``history`` are the prompt's history messages and ``message`` the one being answered: recalled
     text that repeats any of them is not injected again. ``now`` defaults to the database's time;
     rows created after it are not recalled.
     """
-    p = params or settings().recall
+    p = knobs or settings().recall
     k, cap = _quota(p)
     rel_k = p.relationship_top_k if instance_id is not None else 0
     # Over-fetch: hygiene may drop a few rows, and the prompt should still get its full quota.

@@ -4,7 +4,7 @@ functions around it, in ``eros/sql/functions/recall.sql``, which writes down the
 parts (similarity, recency, importance, lexical, demotion) and why each part of the statement is shaped so.
 One statement serves every layer, strategy and setting, so that a turn's recall is planned once per database
 connection. Ordering is ``score DESC, id``, so the same rows always come back in the same order (the tests
-compare with a brute-force ranking in Python, ties included). The knobs: ``eros.config.RecallParams``.
+compare with a brute-force ranking in Python, ties included). The knobs: ``eros.config.RecallKnobs``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from uuid import UUID
 
 from pgvector import Vector
 
-from ..config import RecallParams
+from ..config import RecallKnobs
 from ..db import connection
 from ..memory import MemoryLayer
 from .rows import RankedMemory, RecallCandidate
@@ -39,13 +39,13 @@ TURN_RECALL = _CANDIDATES.format(function="turn_recall")
 CANDIDATES = _CANDIDATES.format(function="recall_candidates")
 
 
-def _values(params: RecallParams, user_id: str, query: list[float], text: str | None, instance_id: UUID | None,
+def _values(knobs: RecallKnobs, user_id: str, query: list[float], text: str | None, instance_id: UUID | None,
             now: datetime | None, *, demoting: bool) -> dict[str, Any]:
     """The values every call binds: the knobs, with the demotion's pool 0 when it is off (``demoting``) and no
     message when the lexical part is off (no weight, or nothing in the message to match)."""
-    lexical = (params.lexical_weight > 0 or params.lexical_year_weight > 0) and bool(text and text.strip())
-    return params.model_dump() | {  # the fields the knobs do not name are not bound
-        "demote_pool": params.demote_pool if demoting else 0,
+    lexical = (knobs.lexical_weight > 0 or knobs.lexical_year_weight > 0) and bool(text and text.strip())
+    return knobs.model_dump() | {  # the fields the knobs do not name are not bound
+        "demote_pool": knobs.demote_pool if demoting else 0,
         "q": Vector(list(query)), "text": text if lexical else None, "user": user_id, "instance": instance_id,
         "now": now}
 
@@ -54,28 +54,28 @@ def _cap(k: int, cap: int | None) -> int:
     return cap if cap and cap > 0 else k
 
 
-def ranked(layer: MemoryLayer, params: RecallParams, user_id: str, query: list[float], *, k: int,
+def ranked(layer: MemoryLayer, knobs: RecallKnobs, user_id: str, query: list[float], *, k: int,
            cap: int | None, text: str | None = None, instance_id: UUID | None = None, now: datetime | None = None,
            category: str | None = None) -> list[RankedMemory]:
-    """The layer's top ``k`` rows by ``params.strategy``'s score, at most ``cap`` per category (None: no cap).
+    """The layer's top ``k`` rows by ``knobs.strategy``'s score, at most ``cap`` per category (None: no cap).
 
     ``query`` is the embedding of the message and ``text`` the message itself, for the lexical part (None:
     similarity alone). One round trip. Rows carry their embedding, distance, decay, the score parts
     (similarity, recency_term, importance_term, lexical_term, demotion) and score. ``now`` None means the
-    database's statement time. Only the profile layer is demoted, and only when ``params.demoting``;
+    database's statement time. Only the profile layer is demoted, and only when ``knobs.demoting``;
     ``category`` keeps the profile's rows of one category (a search's filter). (A turn recalls through
     ``candidates``, which ranks each layer with this same function.)
     """
     if k <= 0 or (layer is MemoryLayer.RELATIONSHIP and instance_id is None):
         return []
-    values = _values(params, user_id, query, text, instance_id, now, demoting=params.demoting) | {
+    values = _values(knobs, user_id, query, text, instance_id, now, demoting=knobs.demoting) | {
         "layer": layer.value, "category": category, "k": k, "cap": _cap(k, cap)}
     # Binary results: the embeddings come back as packed floats, not 512 numbers in text to parse.
     with connection().cursor(binary=True) as cur:
         return cur.execute(_RANKED, values).fetchall()
 
 
-def candidates(params: RecallParams, user_id: str, query: list[float], *, k: int, cap: int | None,
+def candidates(knobs: RecallKnobs, user_id: str, query: list[float], *, k: int, cap: int | None,
                relationship_k: int, instance_id: UUID | None, dedupe: float, text: str | None = None,
                now: datetime | None = None) -> list[RecallCandidate]:
     """Both layers' rows in one round trip (engine.turn_recall): the profile's top ``k`` (at most ``cap`` per
@@ -84,7 +84,7 @@ def candidates(params: RecallParams, user_id: str, query: list[float], *, k: int
     that are at least ``dedupe`` cosine-similar to it."""
     if instance_id is None:
         relationship_k = 0
-    values = _values(params, user_id, query, text, instance_id, now, demoting=params.demoting) | {
+    values = _values(knobs, user_id, query, text, instance_id, now, demoting=knobs.demoting) | {
         "profile_k": max(k, 0), "profile_cap": _cap(k, cap), "relationship_k": max(relationship_k, 0),
         "dedupe": dedupe}
     with connection().cursor(binary=True) as cur:

@@ -26,7 +26,7 @@
 -- The two types are created when missing and never changed in place (a type's fields are its signature: a
 -- change is a new type, README.md).
 
--- Recall's knobs (eros.config.RecallParams), passed as one value. demote_pool 0 means no demotion.
+-- Recall's knobs (eros.config.RecallKnobs), passed as one value. demote_pool 0 means no demotion.
 DO $do$ BEGIN
     CREATE TYPE engine.recall_knobs AS (
         strategy            text,    -- grouped | recency | composite
@@ -63,7 +63,7 @@ END $do$;
 -- consolidation (below). Each row comes back with its parts, similarity + recency_term + importance_term +
 -- lexical_term - demotion = score (for composite, recency_term = s * decay factor - s, and the importance term
 -- includes s * decay factor * (importance factor - 1)), so a caller can show why a row ranked. The knobs and
--- their defaults: eros.config.RecallParams. How the statement is built, and why:
+-- their defaults: eros.config.RecallKnobs. How the statement is built, and why:
 -- * `base`, the rows a layer recalls. profile: the user's rows without an instance and with a category
 --   (uncategorised profile rows are the raw turn dump the dreaming design replaced; the prompt renders the
 --   profile by category, so such a row could never be shown), through companion_memories_profile_idx.
