@@ -135,7 +135,7 @@ def recall(q: dict, now: dt.datetime) -> list:
     p = RecallKnobs()
     return recall_store.candidates(p, q["user"], q["q"].to_list(), k=2 * p.top_k, cap=None,
                                    relationship_k=2 * p.relationship_top_k, instance_id=q["instance"],
-                                   dedupe=p.dedupe_similarity, text=q["message"], now=now)
+                                   dedupe=p.dedupe_similarity, message=q["message"], now=now)
 
 
 def time_recall(switch: Switch, queries: list[dict]) -> dict[str, Any]:

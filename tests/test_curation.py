@@ -254,7 +254,7 @@ def test_search_ranks_like_a_turn_and_says_why(api, providers, db):
     query = fake_voyage.requests[-1]["json"]
     assert query["input_type"] == "query" and query["input"] == ["dog"]
     rows = recall_store.ranked(MemoryLayer.PROFILE, settings().recall, "alice", hash_embed("dog"), k=2, cap=None,
-                               text="dog")
+                               message="dog")
     assert [(str(r["id"]), r["score"]) for r in rows] == [(r["id"], pytest.approx(r["score"])) for r in body["results"]]
     scores = [r["score"] for r in body["results"]]
     assert scores == sorted(scores, reverse=True)

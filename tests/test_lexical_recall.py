@@ -125,7 +125,7 @@ def wordy(db):
 def test_the_lexical_part_is_bm25_over_the_users_rows(db, wordy, strategy, layer):
     message = "Did Mehmet like the bakery on bus 47? Nobody else knows"
     params = RecallKnobs(strategy=strategy, lexical_weight=0.2)
-    got = recall_store.ranked(MemoryLayer(layer), params, "alice", wordy["query"], k=100, cap=None, text=message,
+    got = recall_store.ranked(MemoryLayer(layer), params, "alice", wordy["query"], k=100, cap=None, message=message,
                               instance_id=wordy["instance"], now=NOW)
     assert len(got) == len(wordy["rows"][layer])
     words = {r["id"]: lexemes(db, r["content"]) for r in wordy["rows"][layer]}
@@ -138,7 +138,7 @@ def test_the_lexical_part_is_bm25_over_the_users_rows(db, wordy, strategy, layer
     assert [r["score"] for r in got] == sorted((r["score"] for r in got), reverse=True)
     # Off: no lexical part at all, and the ranking of the similarity alone.
     off = recall_store.ranked(MemoryLayer(layer), replace(params, lexical_weight=0.0), "alice", wordy["query"],
-                              k=100, cap=None, text=message, instance_id=wordy["instance"], now=NOW)
+                              k=100, cap=None, message=message, instance_id=wordy["instance"], now=NOW)
     assert {r["lexical_term"] for r in off} == {0.0}
     on = {r["id"]: r for r in got}
     for r in off:  # each row keeps the rest of its score
@@ -152,7 +152,7 @@ def two_colleagues(db, first: str, second: str, query: list[float]) -> tuple[dic
 
 def top(db, query, text, params=None) -> list[str]:
     rows = recall_store.ranked(MemoryLayer.PROFILE, params or RecallKnobs(), "alice", query, k=5, cap=None,
-                               text=text, now=NOW)
+                               message=text, now=NOW)
     return [r["content"] for r in rows]
 
 
@@ -178,7 +178,7 @@ def test_a_shared_word_does_not_override_meaning(db):
     meant = insert(db, "alice", "Keeps her savings in a current account", near(query, rng, 0.3))
     trap = insert(db, "alice", "Likes picnics on the river bank", near(query, rng, 2.5))
     rows = recall_store.ranked(MemoryLayer.PROFILE, RecallKnobs(), "alice", query, k=2, cap=None,
-                               text="should I move money to another bank?", now=NOW)
+                               message="should I move money to another bank?", now=NOW)
     assert [r["id"] for r in rows] == [meant["id"], trap["id"]]
     assert rows[1]["lexical_term"] == RecallKnobs().lexical_weight and rows[0]["lexical_term"] == 0
 
@@ -192,7 +192,7 @@ def test_any_message_ranks_without_an_error(db, message):
     query = random_vector(random.Random(10))
     insert(db, "alice", "Lunch with Mehmet", query)
     insert(db, "alice", "养了一只猫", query)
-    rows = recall_store.ranked(MemoryLayer.PROFILE, RecallKnobs(), "alice", query, k=5, cap=None, text=message,
+    rows = recall_store.ranked(MemoryLayer.PROFILE, RecallKnobs(), "alice", query, k=5, cap=None, message=message,
                                now=NOW)
     assert len(rows) == 2 and all(0 <= r["lexical_term"] <= RecallKnobs().lexical_weight for r in rows)
     assert db.execute("SELECT count(*) AS n FROM engine.companion_memories").fetchone()["n"] == 2
@@ -208,14 +208,14 @@ def test_a_year_the_message_names_lifts_the_memory_of_that_year(db):
                    " WHERE id = %s", (year, row["id"]))
     params = RecallKnobs(lexical_weight=0.0, lexical_year_weight=0.05)
     for message in ("What happened in 2008?", "2008年发生了什么？"):
-        rows = recall_store.ranked(MemoryLayer.PROFILE, params, "alice", query, k=3, cap=None, text=message, now=NOW)
+        rows = recall_store.ranked(MemoryLayer.PROFILE, params, "alice", query, k=3, cap=None, message=message, now=NOW)
         assert rows[0]["id"] == wrist["id"] and rows[0]["lexical_term"] == 0.05
         assert [r["lexical_term"] for r in rows[1:]] == [0.0, 0.0]
     # A year no memory is about, and no year at all: nothing moves (the order is the one without the term:
     # the newest event first, since recency runs from the event time).
     for message in ("What happened in 1999?", "what happened to my wrist?"):
-        rows = recall_store.ranked(MemoryLayer.PROFILE, params, "alice", query, k=3, cap=None, text=message, now=NOW)
+        rows = recall_store.ranked(MemoryLayer.PROFILE, params, "alice", query, k=3, cap=None, message=message, now=NOW)
         plain = recall_store.ranked(MemoryLayer.PROFILE, RecallKnobs(lexical_weight=0.0), "alice", query, k=3,
-                                    cap=None, text=message, now=NOW)
+                                    cap=None, message=message, now=NOW)
         assert [r["id"] for r in rows] == [r["id"] for r in plain] and {r["lexical_term"] for r in rows} == {0.0}
         assert rows[-1]["id"] == wrist["id"]

@@ -223,13 +223,13 @@ def recall_everything(asked: list[tuple]) -> list[list[Any]]:
                 cap = params.per_category if strategy == "grouped" else params.category_cap
                 for text in (None, message):
                     results.append(recall_store.ranked(MemoryLayer.PROFILE, params, user, query, k=8, cap=cap,
-                                                       text=text, now=NOW))
+                                                       message=text, now=NOW))
                     results.append(recall_store.ranked(MemoryLayer.RELATIONSHIP, params, user, query, k=5, cap=None,
-                                                       instance_id=instance, text=text, now=NOW))
+                                                       instance_id=instance, message=text, now=NOW))
                     results.append(recall_store.candidates(params, user, query, k=8, cap=cap, relationship_k=5,
-                                                           instance_id=instance, dedupe=0.97, text=text, now=NOW))
+                                                           instance_id=instance, dedupe=0.97, message=text, now=NOW))
         results.append(recall_store.ranked(MemoryLayer.PROFILE, RecallKnobs(), user, query, k=8, cap=None,
-                                           text=message, now=NOW, category="fact"))
+                                           message=message, now=NOW, category="fact"))
     return results
 
 
@@ -264,15 +264,15 @@ def test_a_recall_statement_reads_only_its_users_partition(partitioned, env, par
         seen.add(own)
         with explaining(eros_db.connection()):
             plans = [recall_store.candidates(params, user, query, k=8, cap=None, relationship_k=5, instance_id=instance,
-                                             dedupe=0.97, text=message),
-                     recall_store.ranked(MemoryLayer.PROFILE, params, user, query, k=8, cap=None, text=message),
+                                             dedupe=0.97, message=message),
+                     recall_store.ranked(MemoryLayer.PROFILE, params, user, query, k=8, cap=None, message=message),
                      recall_store.ranked(MemoryLayer.RELATIONSHIP, params, user, query, k=5, cap=None,
                                          instance_id=instance)]
         # And the plan a turn's recall keeps (engine.turn_recall: planned once without the values): the
         # partitions are pruned when it starts, by the user it is given.
         with explaining(eros_db.connection(), generic=True):
             plans.append(recall_store.candidates(params, user, query, k=8, cap=None, relationship_k=5,
-                                                 instance_id=instance, dedupe=0.97, text=message))
+                                                 instance_id=instance, dedupe=0.97, message=message))
         assert any("Subplans Removed" in r["QUERY PLAN"] for r in plans[-1])
         for plan in plans:
             assert partitions_in(plan, "companion_memories") == {own}, "\n".join(r["QUERY PLAN"] for r in plan)

@@ -83,4 +83,4 @@ def test_the_recall_defaults_are_defined_once():
                 if p.default is not inspect.Parameter.empty]
     # Only what is asked (the message's text) and which rows (a persona's, a date, a search's category
     # filter), never a ranking knob.
-    assert [p.name for p in defaults] == ["text", "instance_id", "now", "category"]
+    assert [p.name for p in defaults] == ["message", "instance_id", "now", "category"]

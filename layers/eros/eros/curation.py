@@ -42,7 +42,7 @@ def search(user_id: str, query: str, *, layer: MemoryLayer | None, category: str
         layers.append(MemoryLayer.RELATIONSHIP)
     vector = _embed(user_id, query, "query").vectors[0]
     ranked = sorted((row for each in layers for row in recall_store.ranked(
-        each, knobs, user_id, vector, k=k, cap=None, text=query, instance_id=instance, category=category)),
+        each, knobs, user_id, vector, k=k, cap=None, message=query, instance_id=instance, category=category)),
         key=lambda row: (-row["score"], str(row["id"])))[:k]
     memories = memory_store.by_ids(user_id, [row["id"] for row in ranked])
     return [memories[row["id"]] | {"score": row["score"], "parts": ScoreParts.of(row)}

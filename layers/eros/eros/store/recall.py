@@ -30,8 +30,8 @@ _KNOBS = ("ROW(%(strategy)s::text, %(lam)s::float8, %(tau_days)s::float8, %(floo
           " %(demote_penalty)s::float8, %(demote_pool)s::int, %(lexical_weight)s::float8,"
           " %(lexical_year_weight)s::float8)::engine.recall_knobs")
 _RANKED = ("SELECT * FROM engine.recall_layer(%(layer)s::text, %(user)s::text, %(instance)s::uuid, %(category)s::text,"
-           f" %(q)s::vector, %(text)s::text, %(now)s::timestamptz, {_KNOBS}, %(k)s::int, %(cap)s::int)")
-_CANDIDATES = ("SELECT * FROM engine.{function}(%(user)s::text, %(instance)s::uuid, %(q)s::vector, %(text)s::text,"
+           f" %(q)s::vector, %(message)s::text, %(now)s::timestamptz, {_KNOBS}, %(k)s::int, %(cap)s::int)")
+_CANDIDATES = ("SELECT * FROM engine.{function}(%(user)s::text, %(instance)s::uuid, %(q)s::vector, %(message)s::text,"
                f" %(now)s::timestamptz, {_KNOBS}, %(profile_k)s::int, %(profile_cap)s::int,"
                " %(relationship_k)s::int, %(dedupe)s::float8)")
 TURN_RECALL = _CANDIDATES.format(function="turn_recall")
@@ -39,14 +39,14 @@ TURN_RECALL = _CANDIDATES.format(function="turn_recall")
 CANDIDATES = _CANDIDATES.format(function="recall_candidates")
 
 
-def _values(knobs: RecallKnobs, user_id: str, query: list[float], text: str | None, instance_id: UUID | None,
+def _values(knobs: RecallKnobs, user_id: str, query: list[float], message: str | None, instance_id: UUID | None,
             now: datetime | None, *, demoting: bool) -> dict[str, Any]:
     """The values every call binds: the knobs, with the demotion's pool 0 when it is off (``demoting``) and no
     message when the lexical part is off (no weight, or nothing in the message to match)."""
-    lexical = (knobs.lexical_weight > 0 or knobs.lexical_year_weight > 0) and bool(text and text.strip())
+    lexical = (knobs.lexical_weight > 0 or knobs.lexical_year_weight > 0) and bool(message and message.strip())
     return knobs.model_dump() | {  # the fields the knobs do not name are not bound
         "demote_pool": knobs.demote_pool if demoting else 0,
-        "q": Vector(list(query)), "text": text if lexical else None, "user": user_id, "instance": instance_id,
+        "q": Vector(list(query)), "message": message if lexical else None, "user": user_id, "instance": instance_id,
         "now": now}
 
 
@@ -55,11 +55,11 @@ def _cap(k: int, cap: int | None) -> int:
 
 
 def ranked(layer: MemoryLayer, knobs: RecallKnobs, user_id: str, query: list[float], *, k: int,
-           cap: int | None, text: str | None = None, instance_id: UUID | None = None, now: datetime | None = None,
+           cap: int | None, message: str | None = None, instance_id: UUID | None = None, now: datetime | None = None,
            category: str | None = None) -> list[RankedMemory]:
     """The layer's top ``k`` rows by ``knobs.strategy``'s score, at most ``cap`` per category (None: no cap).
 
-    ``query`` is the embedding of the message and ``text`` the message itself, for the lexical part (None:
+    ``query`` is the embedding of the message and ``message`` the message itself, for the lexical part (None:
     similarity alone). One round trip. Rows carry their embedding, distance, decay, the score parts
     (similarity, recency_term, importance_term, lexical_term, demotion) and score. ``now`` None means the
     database's statement time. Only the profile layer is demoted, and only when ``knobs.demoting``;
@@ -68,7 +68,7 @@ def ranked(layer: MemoryLayer, knobs: RecallKnobs, user_id: str, query: list[flo
     """
     if k <= 0 or (layer is MemoryLayer.RELATIONSHIP and instance_id is None):
         return []
-    values = _values(knobs, user_id, query, text, instance_id, now, demoting=knobs.demoting) | {
+    values = _values(knobs, user_id, query, message, instance_id, now, demoting=knobs.demoting) | {
         "layer": layer.value, "category": category, "k": k, "cap": _cap(k, cap)}
     # Binary results: the embeddings come back as packed floats, not 512 numbers in text to parse.
     with connection().cursor(binary=True) as cur:
@@ -76,7 +76,7 @@ def ranked(layer: MemoryLayer, knobs: RecallKnobs, user_id: str, query: list[flo
 
 
 def candidates(knobs: RecallKnobs, user_id: str, query: list[float], *, k: int, cap: int | None,
-               relationship_k: int, instance_id: UUID | None, dedupe: float, text: str | None = None,
+               relationship_k: int, instance_id: UUID | None, dedupe: float, message: str | None = None,
                now: datetime | None = None) -> list[RecallCandidate]:
     """Both layers' rows in one round trip (engine.turn_recall): the profile's top ``k`` (at most ``cap`` per
     category) and then the relationship layer's top ``relationship_k`` of ``instance_id``, each as ``ranked``
@@ -84,7 +84,7 @@ def candidates(knobs: RecallKnobs, user_id: str, query: list[float], *, k: int, 
     that are at least ``dedupe`` cosine-similar to it."""
     if instance_id is None:
         relationship_k = 0
-    values = _values(knobs, user_id, query, text, instance_id, now, demoting=knobs.demoting) | {
+    values = _values(knobs, user_id, query, message, instance_id, now, demoting=knobs.demoting) | {
         "profile_k": max(k, 0), "profile_cap": _cap(k, cap), "relationship_k": max(relationship_k, 0),
         "dedupe": dedupe}
     with connection().cursor(binary=True) as cur:
