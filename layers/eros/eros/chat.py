@@ -73,17 +73,17 @@ class TurnResult(BaseModel):
     replayed: bool = Field(False, description="true when this is the stored reply of an earlier attempt")
 
 
-def _replay(turn: TurnMessages, client_turn_id: str) -> TurnResult:
-    meta = turn["assistant"].get("metadata") or {}
-    return TurnResult(reply=turn["assistant"]["content"], client_turn_id=client_turn_id,
-                      user_message_id=turn["user"]["id"], assistant_message_id=turn["assistant"]["id"],
+def _replay(stored: TurnMessages, client_turn_id: str) -> TurnResult:
+    meta = stored["assistant"].get("metadata") or {}
+    return TurnResult(reply=stored["assistant"]["content"], client_turn_id=client_turn_id,
+                      user_message_id=stored["user"]["id"], assistant_message_id=stored["assistant"]["id"],
                       recalled=[RecalledMemory.model_validate(r) for r in meta.get("recalled", [])],
                       model=meta.get("model", ""), replayed=True)
 
 
-def _answered(turn: TurnMessages, content: str) -> bool:
+def _answered(stored: TurnMessages, content: str) -> bool:
     """The turn is a retry of an answered one with the same message: its reply is replayed."""
-    return "assistant" in turn and turn["user"]["content"] == content
+    return "assistant" in stored and stored["user"]["content"] == content
 
 
 @tracer.capture_method(capture_response=False, capture_error=False)  # a reply is content
@@ -106,10 +106,10 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
                                   reserve=reserve)
     if opened is None:
         raise NotFound("session not found")
-    turn = opened["turn"]
-    if _answered(turn, content):
-        return _replay(turn, turn_id)  # a retry of an answered turn costs nothing: never limited
-    _check_conflict(turn, content)  # neither counted nor limited: it pays nothing
+    stored = opened["stored"]
+    if _answered(stored, content):
+        return _replay(stored, turn_id)  # a retry of an answered turn costs nothing: never limited
+    _check_conflict(stored, content)  # neither counted nor limited: it pays nothing
     if not opened["admitted"]:
         refuse(cfg, user_id, now)  # nothing was stored or paid for
     paid: list[usage_store.Call] = []
@@ -125,8 +125,8 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
             release(user_id, opened["reserved"], paid)
 
 
-def _check_conflict(turn: TurnMessages, content: str) -> None:
-    if "user" in turn and turn["user"]["content"] != content:
+def _check_conflict(stored: TurnMessages, content: str) -> None:
+    if "user" in stored and stored["user"]["content"] != content:
         raise TurnConflict("client_turn_id was already used in this session for a different message")
 
 
@@ -134,17 +134,17 @@ def _admitted_turn(cfg: Settings, user_id: str, session_id: UUID, content: str, 
                    opened: OpenedTurn) -> tuple[TurnResult, bool]:
     """The turn once admitted: the model's answer, recorded (settling the reservation); the result, and whether
     it was recorded (a replay of a concurrent sender's reply is not)."""
-    turn = opened["turn"]
-    if "user" not in turn:  # a concurrent sender's message came first, after open_turn's snapshot
-        turn = chat_store.claim_turn(user_id, session_id, content, turn_id)
-        _check_conflict(turn, content)
-    if "assistant" in turn:
-        return _replay(turn, turn_id), False
+    stored = opened["stored"]
+    if "user" not in stored:  # a concurrent sender's message came first, after open_turn's snapshot
+        stored = chat_store.claim_turn(user_id, session_id, content, turn_id)
+        _check_conflict(stored, content)
+    if "assistant" in stored:
+        return _replay(stored, turn_id), False
     session = opened["session"]
     answer = _answer(cfg, user_id, session, content, turn_id, opened["history"])
     spent = [usage_store.Call.of("chat", answer.completion), usage_store.Call.of("chat", answer.query)]
-    stored = chat_store.record_turn(
-        session, user_id, turn["user"]["id"], content, turn_id, answer.completion.text,
+    recorded = chat_store.record_turn(
+        session, user_id, stored["user"]["id"], content, turn_id, answer.completion.text,
         {"recalled": [r.model_dump(mode="json", exclude=MEMORY_DATA) for r in answer.recalled],
          "model": answer.completion.model,
          "usage": answer.completion.usage, "offline": answer.completion.offline},
@@ -152,7 +152,7 @@ def _admitted_turn(cfg: Settings, user_id: str, session_id: UUID, content: str, 
         spent, opened["reserved"],
     )
     metrics.add_metric(name="ProviderTokens", unit="Count", value=sum(c.tokens for c in spent))
-    if stored["replayed"]:  # a concurrent duplicate of this turn finished first
+    if recorded["replayed"]:  # a concurrent duplicate of this turn finished first
         return _replay(chat_store.find_turn(user_id, session_id, turn_id), turn_id), True
     metrics.add_metric(name="Turns", unit="Count", value=1)
     metrics.add_metric(name="RecallRows", unit="Count", value=len(answer.recalled))
@@ -160,7 +160,8 @@ def _admitted_turn(cfg: Settings, user_id: str, session_id: UUID, content: str, 
                                     "model": answer.completion.model, "usage": answer.completion.usage,
                                     "reserved": opened["tokens_reserved"]})
     return TurnResult(reply=answer.completion.text, client_turn_id=turn_id,
-                      user_message_id=stored["user_message_id"], assistant_message_id=stored["assistant_message_id"],
+                      user_message_id=recorded["user_message_id"],
+                      assistant_message_id=recorded["assistant_message_id"],
                       recalled=answer.recalled, model=answer.completion.model), True
 
 

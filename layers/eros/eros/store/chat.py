@@ -137,11 +137,11 @@ def open_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str,
     row = connection().execute(_OPEN_TURN, values).fetchone()
     if row is None:
         return None
-    claimed, admitted, reservation, reserved, turn, messages = (
+    claimed, admitted, reservation, reserved, stored, messages = (
         row.pop(k) for k in ("claimed_id", "admitted", "reservation", "reserved", "earlier", "history"))
     if claimed is not None:
-        turn = {"user": {"id": claimed, "role": "user", "content": content, "metadata": {}}}
-    return {"session": row, "turn": turn, "admitted": admitted, "history": messages,
+        stored = {"user": {"id": claimed, "role": "user", "content": content, "metadata": {}}}
+    return {"session": row, "stored": stored, "admitted": admitted, "history": messages,
             "reserved": usage.Admitted(values["day"], reservation), "tokens_reserved": reserved}
 
 
