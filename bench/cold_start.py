@@ -139,7 +139,7 @@ started = time.perf_counter()
 imported = time.perf_counter()
 result = {{"import": imported - started}}
 if {invoke!r}:
-    from eros.local import LambdaContext
+    from eros_dev.lambda_runtime import LambdaContext
     event = json.load(open({event!r}))
     response = app.lambda_handler(event, LambdaContext("eros-chat", 29))
     result["invoke"] = time.perf_counter() - imported
