@@ -139,10 +139,13 @@ started = time.perf_counter()
 imported = time.perf_counter()
 result = {{"import": imported - started}}
 if {invoke!r}:
-    from eros.local import LambdaContext
+    # Lambda's runtime makes the context; the local stack's stands in (its folder last: eros is the layer's), untimed.
+    sys.path.append({devstack!r})
+    from eros_dev.lambda_runtime import LambdaContext
     event = json.load(open({event!r}))
+    invoked = time.perf_counter()
     response = app.lambda_handler(event, LambdaContext("eros-chat", 29))
-    result["invoke"] = time.perf_counter() - imported
+    result["invoke"] = time.perf_counter() - invoked
     result["status"] = response["statusCode"]
 print("RESULT " + json.dumps(result))
 """
@@ -151,6 +154,7 @@ print("RESULT " + json.dumps(result))
 def run_child(task: Path, paths: list[str], env: dict[str, str], *, invoke: bool = False,
               statement: str = "import app") -> dict:
     code = CHILD.format(paths=paths, invoke=invoke, event=str(ROOT / "events" / "chat_turn.json"),
+                        devstack=str(ROOT / "devstack"),
                         preloaded=", ".join(RUNTIME_PRELOADED), statement=statement)
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-S", "-c", code], cwd=task, env=env, capture_output=True, text=True)

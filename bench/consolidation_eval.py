@@ -223,7 +223,7 @@ class Pipeline:
 
         from eros import db as eros_db
         from eros import extraction
-        from eros.local import load_function
+        from eros_dev.lambda_runtime import load_function
 
         self.args, self.configured = args, configured
         self.current: dict = {}  # the session being extracted (the scripted model reads it)
@@ -315,8 +315,8 @@ class Pipeline:
         from eros import db as eros_db
         from eros import providers
         from eros.dreaming import session as session_job
-        from eros.local import LambdaContext
         from eros.store import dreaming as store
+        from eros_dev.lambda_runtime import LambdaContext
 
         llm, voyage = self.llm, self.voyage
         at = dt.datetime.fromisoformat(session["at"])

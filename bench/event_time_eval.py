@@ -109,7 +109,7 @@ class Pipeline:
         from apiclient import Api
         from fakes import FakeOpenRouter, FakeVoyage
 
-        from eros.local import load_function
+        from eros_dev.lambda_runtime import load_function
 
         self.choice, self.configured = llm_choice, configured
         self.current: dict = {}
@@ -154,9 +154,9 @@ class Pipeline:
         """Chat the case's session, date it, claim it, extract it; read back what was stored."""
         from eros import db as eros_db
         from eros.dreaming import session as session_job
-        from eros.local import LambdaContext
         from eros.memory import event_time_text
         from eros.store import dreaming as store
+        from eros_dev.lambda_runtime import LambdaContext
 
         user = f"eval.{case['id']}"
         self.current = case

@@ -174,7 +174,7 @@ def _main(args: argparse.Namespace, command: str) -> int:
     from eros import dreaming
     from eros.config import settings
     from eros.extraction import SYSTEM_PROMPT
-    from eros.local import InProcessInvoker
+    from eros_dev.dreaming import InProcessInvoker
 
     # The bench's own database is migrated from scratch every run, so an edited migration cannot go stale.
     url = database(args.pgdata, url=args.database_url, from_scratch=True)

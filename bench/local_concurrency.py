@@ -85,7 +85,7 @@ def _main(args: argparse.Namespace, command: str) -> int:
 
 def one_run(cfg, args: argparse.Namespace) -> tuple[int, int, int, float]:
     """One server, every client at once: (requests, failed, another user's data, seconds)."""
-    from eros.local import make_server
+    from eros_dev.server import make_server
 
     server = make_server(cfg, "127.0.0.1", 0, concurrency=args.containers)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
@@ -114,7 +114,7 @@ def client(n: int, base: str, ready: threading.Barrier, cfg, rounds: int) -> tup
     answers with another user's data)."""
     import httpx
 
-    from eros.local import issue_token, local_jwt_key
+    from eros_dev.tokens import issue_token, local_jwt_key
 
     name = f"bench-local-{n:03d}"
     counts = {"done": 0, "failed": 0, "foreign": 0}

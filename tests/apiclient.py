@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from eros.local import LambdaContext, http_api_event, load_function
+from eros_dev.lambda_runtime import LambdaContext, load_function
+from eros_dev.server import http_api_event
 
 
 class Api:

@@ -204,7 +204,7 @@ class LocalServer:
         import threading
 
         from eros.config import settings
-        from eros.local import make_server
+        from eros_dev.server import make_server
 
         self.settings = settings()
         self.server = make_server(self.settings, "127.0.0.1", 0)
@@ -215,8 +215,8 @@ class LocalServer:
     def client(self, user: str | None):
         import httpx
 
-        from eros.local import issue_token, local_jwt_key
         from eros.providers.base import tls_context
+        from eros_dev.tokens import issue_token, local_jwt_key
 
         headers = {"Authorization": f"Bearer {issue_token(user, self.settings, local_jwt_key())}"} if user else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=30, verify=tls_context())

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from eros.local import LambdaContext, load_function
+from eros_dev.lambda_runtime import LambdaContext, load_function
 
 ROOT = Path(__file__).resolve().parents[1]
 EVENTS = ROOT / "events"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from eros.local import load_function
+from eros_dev.lambda_runtime import load_function
 
 FUNCTION = "eros-extract"
 

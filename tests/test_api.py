@@ -39,7 +39,8 @@ def test_openapi_document_lists_the_routes(api):
 def test_the_docs_page_is_public_self_contained_and_carries_the_document(api):
     import re
 
-    from eros.local import LambdaContext, http_api_event
+    from eros_dev.lambda_runtime import LambdaContext
+    from eros_dev.server import http_api_event
 
     result = api.function.lambda_handler(http_api_event("GET", "/v1/docs", {}, b"", None), LambdaContext("chat"))
     assert result["statusCode"] == 200 and result["headers"]["Content-Type"].startswith("text/html")

@@ -30,8 +30,9 @@ from pgvector import Vector
 from schemathesis import GenerationMode
 from schemathesis.core.result import Ok
 
-from eros.local import LambdaContext, http_api_event, load_function
 from eros.providers.offline import hash_embed
+from eros_dev.lambda_runtime import LambdaContext, load_function
+from eros_dev.server import http_api_event
 
 pytestmark = pytest.mark.e2e
 

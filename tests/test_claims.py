@@ -26,9 +26,9 @@ from eros import db as eros_db
 from eros import dreaming, extraction
 from eros.config import Settings
 from eros.dreaming import session as session_job
-from eros.local import LambdaContext, load_function
 from eros.store import claims
 from eros.store import dreaming as store
+from eros_dev.lambda_runtime import LambdaContext, load_function
 
 IDLE = timedelta(seconds=1800)  # the defaults the SPEC fixes: DREAMING_IDLE_SECS, DREAMING_CLAIM_STALE_SECS
 STALE = timedelta(seconds=600)

@@ -2,7 +2,7 @@
 
 This file starts its own embedded Postgres (a fresh data directory; the session-wide test database is
 never touched), migrates it and points DATABASE_URL at it. Chat turns run from a few threads through the
-local stack's Lambda containers (``eros.local.Function``: one thread, one module copy and one database
+local stack's Lambda containers (``eros_dev.lambda_runtime.Function``: one thread, one module copy and one database
 connection per container), offline providers. Mid-traffic the server is stopped with
 ``pg_ctl stop -m immediate`` (a crash: no checkpoint, backends killed):
 
@@ -90,7 +90,7 @@ class Client:
         self.sent = 0
 
     def call(self, method: str, path: str, body=None) -> tuple[int, dict | None]:
-        from eros.local import http_api_event
+        from eros_dev.server import http_api_event
 
         event = http_api_event(method, path, {"content-type": "application/json"},
                                json.dumps(body).encode() if body is not None else b"",
@@ -117,7 +117,7 @@ class Client:
 
 
 def test_postgres_restarted_mid_traffic_clean_503_then_recovery_nothing_acknowledged_lost(own_pg):
-    from eros.local import Function
+    from eros_dev.lambda_runtime import Function
 
     function = Function("chat", concurrency=CLIENTS, timeout_secs=30)
     try:
@@ -186,7 +186,7 @@ def test_an_extraction_whose_database_stops_fails_unstamped_and_the_next_sweep_e
         own_pg, env, fake_llm, fake_voyage, monkeypatch):
     from eros import clock, dreaming
     from eros.config import settings
-    from eros.local import LambdaContext, load_function
+    from eros_dev.lambda_runtime import LambdaContext, load_function
 
     env(LLM_BASE_URL=fake_llm.url, OPENROUTER_API_KEY="key", EMBED_BASE_URL=fake_voyage.url, VOYAGE_API_KEY="key",
         PROVIDER_MAX_RETRIES=0, DREAMING_IDLE_SECS=60, DREAMING_CLAIM_STALE_SECS=60, DREAMING_MAX_ATTEMPTS=5,

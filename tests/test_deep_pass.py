@@ -30,11 +30,11 @@ from pydantic import ValidationError
 from eros import dreaming
 from eros.config import settings
 from eros.dreaming import deep_pass, jobs
-from eros.local import InProcessInvoker, sweep_locally
 from eros.providers.offline import hash_embed
 from eros.store import consolidation
 from eros.store import deep_pass as store
 from eros.store.rows import UserClaim
+from eros_dev.dreaming import InProcessInvoker, sweep_locally
 
 # --- helpers ------------------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from eros import dreaming
 from eros.config import settings
 from eros.dreaming import session
 from eros.extraction import Unparsable, normalise_category, parse_candidates, windows
-from eros.local import sweep_locally
+from eros_dev.dreaming import sweep_locally
 
 EXTRACTED = json.dumps({"memories": [
     {"content": "Lives in Shanghai", "category": "fact", "importance": 0.6},
@@ -187,7 +187,7 @@ def test_provider_outage_is_backed_off_not_stamped_not_counted_then_extracted(on
     api = Api()
     sid, payload = _claimed_session(api, db)
     fake_llm.push(failure)
-    from eros.local import LambdaContext, load_function
+    from eros_dev.lambda_runtime import LambdaContext, load_function
 
     result = load_function("extract").lambda_handler(payload, LambdaContext("extract"))
     assert (result["outcome"], result["fault"]) == ("retry-later", "world")
@@ -406,7 +406,7 @@ def test_an_application_clock_ahead_of_the_database_does_not_reclaim_fresh_claim
 
 
 def test_eros_sweep_command_runs_one_sweep_now(db, capsys):
-    from eros import cli
+    from eros_dev import cli
 
     api = Api()
     api.call("POST", f"/v1/sessions/{api.session()}/turns", {"content": "I play the cello every evening"})

@@ -12,9 +12,12 @@ import pytest
 from apiclient import Api
 from helpers import go_idle
 
-from eros import cli, dreaming
+from eros import dreaming
 from eros.config import settings
-from eros.local import LambdaContext, http_api_event, load_function, sweep_locally
+from eros_dev import cli
+from eros_dev.dreaming import sweep_locally
+from eros_dev.lambda_runtime import LambdaContext, load_function
+from eros_dev.server import http_api_event
 
 USER = "erasure-7f3a-user"  # unique strings: a scan for them finds nothing else
 OTHER = "erasure-other-user"

@@ -24,10 +24,10 @@ from test_deep_pass import memory as stored_memory
 from test_dreaming import answer_extraction_with, chat_requests, extraction_requests
 
 from eros.extraction import parse_candidates, render_transcript
-from eros.local import sweep_locally
 from eros.memory import EventTime, InvalidEventTime, later_telling, parse_event_time
 from eros.prompt import build_messages
 from eros.providers.offline import offline_candidates
+from eros_dev.dreaming import sweep_locally
 
 THURSDAY = datetime(2026, 11, 26, 10, 0, tzinfo=UTC)  # in ISO week 2026-W48: "last week" is 2026-W47
 

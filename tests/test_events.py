@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from helpers import EVENTS, event, invoke
 
-from eros.local import load_function
+from eros_dev.lambda_runtime import load_function
 
 FUNCTION_OF = {"chat": "chat", "sweeper": "sweeper", "extract": "extract", "migrate": "migrate"}
 

@@ -33,7 +33,7 @@ from helpers import extract
 import eros.clock
 from eros import dreaming, health
 from eros.config import settings
-from eros.local import LambdaContext, load_function
+from eros_dev.lambda_runtime import LambdaContext, load_function
 
 pytestmark = pytest.mark.e2e
 
@@ -256,7 +256,7 @@ def test_five_concurrent_duplicate_deliveries_make_one_llm_call(db, stack, clock
 
 _WORKER = """
 import json, sys
-from eros.local import LambdaContext, load_function
+from eros_dev.lambda_runtime import LambdaContext, load_function
 load_function("extract").lambda_handler(json.loads(sys.argv[1]), LambdaContext("extract", timeout_secs=120))
 """
 

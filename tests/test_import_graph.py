@@ -1,7 +1,8 @@
 """The eros package imports in one direction: its import graph, read from the source (every import, at module
-level or inside a function, where a cycle hides from the linter), has no cycle. Dreaming had one (the sweep
-imported the deep pass inside a function, the deep pass imported the sweep's module) until it became a package
-of peers over one job lifecycle (``eros.dreaming``)."""
+level or inside a function, where a cycle hides from the linter), has no cycle; nor has it with the local stack
+(``eros_dev``), which imports eros and is never imported by it (``tests/test_packaging.py`` checks that side).
+Dreaming had one (the sweep imported the deep pass inside a function, the deep pass imported the sweep's module)
+until it became a package of peers over one job lifecycle (``eros.dreaming``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from helpers import ROOT
 pytestmark = pytest.mark.unit
 
 PACKAGE = ROOT / "layers" / "eros" / "eros"
+DEV_STACK = ROOT / "devstack" / "eros_dev"
 
 
 def module_name(path: Path, root: Path = PACKAGE) -> str:
@@ -53,9 +55,10 @@ def imports(path: Path, modules: set[str], root: Path = PACKAGE, typing_only: bo
 
 
 def graph(typing_only: bool = False) -> dict[str, set[str]]:
-    paths = sorted(PACKAGE.rglob("*.py"))
-    modules = {module_name(p) for p in paths}
-    return {module_name(p): imports(p, modules, typing_only=typing_only) for p in paths}
+    """Every module of eros and eros_dev, with the modules of either it imports."""
+    paths = [(p, root) for root in (PACKAGE, DEV_STACK) for p in sorted(root.rglob("*.py"))]
+    modules = {module_name(p, root) for p, root in paths}
+    return {module_name(p, root): imports(p, modules, root, typing_only=typing_only) for p, root in paths}
 
 
 def cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -94,10 +97,12 @@ def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function(tmp_path):
     assert cycle(edges) == ["pkg.a", "pkg.b", "pkg.a"]
 
 
-def test_the_eros_package_has_no_import_cycle():
+def test_the_eros_package_and_the_local_stack_have_no_import_cycle():
     edges = graph()
     assert len(edges) > 40 and edges["eros.dreaming.tick"] >= {"eros.dreaming.jobs", "eros.dreaming.session",
                                                                "eros.dreaming.deep_pass", "eros.store.claims"}
+    assert edges["eros_dev.server"] >= {"eros_dev.tokens", "eros_dev.dreaming", "eros_dev.lambda_runtime",
+                                        "eros.json_body", "eros.config"}
     assert cycle(edges) is None, cycle(edges)
 
 

@@ -70,8 +70,9 @@ def test_every_response_belongs_to_its_caller(db, local_server, busy_threads):
 def test_two_containers_resolving_at_once_each_read_their_own_event(db):
     """Both requests are inside their container's resolver (their event set) before either route reads it:
     with Powertools' process-wide ``current_event``, one user is answered as the other, every time."""
-    from eros.local import Function, http_api_event
     from eros.store import chat as chat_store
+    from eros_dev.lambda_runtime import Function
+    from eros_dev.server import http_api_event
 
     both_inside = threading.Barrier(2, timeout=10)
 
@@ -95,7 +96,7 @@ def test_two_containers_resolving_at_once_each_read_their_own_event(db):
 def test_every_container_has_its_own_routers_included_in_its_own_resolver():
     """A Powertools Router reads the request of the resolver that included it last: routers shared by two
     containers would answer one container's request with the other's. Each copy imports its own."""
-    from eros.local import load_function
+    from eros_dev.lambda_runtime import load_function
 
     copies = [load_function("chat", copy=f"own-routers-{n}") for n in range(2)]
     for area in ("health", "sessions", "memories", "account"):
@@ -135,7 +136,7 @@ def test_concurrent_invocations_keep_their_own_log_keys_and_metrics(db, local_se
     """Lambda keeps per-invocation state per container; Powertools keeps it per process. Concurrent
     extract invocations flushed each other's metrics (or none: "Must contain at least one metric"),
     and a local sweep logged with the last chat request's correlation id."""
-    from eros.local import sweep_locally
+    from eros_dev.dreaming import sweep_locally
 
     for n in range(SESSIONS):
         with local_server.client(f"dreamer-{n}") as client:
@@ -179,8 +180,8 @@ def test_overlapping_invocations_flush_only_their_own_metrics(db, monkeypatch, c
     from datetime import datetime
 
     from eros.dreaming import JobResult, session
-    from eros.local import Function
     from eros.observability import metrics
+    from eros_dev.lambda_runtime import Function
 
     inside = threading.Barrier(SESSIONS, timeout=10)
 

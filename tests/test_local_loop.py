@@ -20,8 +20,8 @@ from apiclient import Api
 from fakes import Status
 from helpers import EVENTS, ROOT
 
-from eros import cli
 from eros.migrate import migration_files
+from eros_dev import cli
 
 pytestmark = pytest.mark.e2e
 
@@ -225,7 +225,7 @@ def start_stack(data: str, port: int, *, in_background: bool = False) -> subproc
                                                                       "VOYAGE"))}
     env |= {"EROS_DATA_DIR": data, "PORT": str(port), "DREAMING_TICK_SECS": "3600"}
     disposition = signal.SIG_IGN if in_background else signal.SIG_DFL
-    process = subprocess.Popen([sys.executable, "-m", "eros.cli", "serve"], cwd=ROOT, env=env,
+    process = subprocess.Popen([sys.executable, "-m", "eros_dev.cli", "serve"], cwd=ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, disposition))  # noqa: PLW1509
     deadline = time.monotonic() + 60

@@ -111,7 +111,7 @@ def test_the_turn_fits_the_time_budget(online, db, local_server, env):
 
 
 def test_the_server_verifies_tokens_like_the_jwt_authorizer(db, local_server):
-    from eros.local import local_jwt_key
+    from eros_dev.tokens import local_jwt_key
 
     cfg = local_server.settings
     now = int(time.time())
@@ -160,8 +160,8 @@ def test_isolation_over_http(db, local_server):
 def test_eros_token_and_eros_chat_against_the_running_stack(db, local_server, monkeypatch, capsys):
     import io
 
-    from eros import cli
-    from eros.local import local_jwt_key, verify_token
+    from eros_dev import cli
+    from eros_dev.tokens import local_jwt_key, verify_token
 
     assert cli.main(["token", "dora"]) == 0
     token = capsys.readouterr().out.strip()
@@ -176,7 +176,7 @@ def test_eros_token_and_eros_chat_against_the_running_stack(db, local_server, mo
 
 
 def test_eros_chat_says_when_the_stack_is_not_running(capsys):
-    from eros import cli
+    from eros_dev import cli
 
     assert cli.main(["chat", "dora", "--url", "http://127.0.0.1:9"]) == 1
     assert "make run" in capsys.readouterr().err
@@ -226,7 +226,7 @@ def request(method: str, target: str, headers: dict[str, str], body: bytes = b""
 
 
 def bearer(server, user: str = "alice") -> dict[str, str]:
-    from eros.local import issue_token, local_jwt_key
+    from eros_dev.tokens import issue_token, local_jwt_key
 
     return {"Authorization": f"Bearer {issue_token(user, server.settings, local_jwt_key())}"}
 
@@ -238,7 +238,7 @@ def test_the_listen_backlog_holds_a_burst_of_connects(db):
     import threading
 
     from eros.config import settings
-    from eros.local import make_server
+    from eros_dev.server import make_server
 
     server = make_server(settings(), "127.0.0.1", 0)
     sockets, serving = [], False

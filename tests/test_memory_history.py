@@ -349,7 +349,7 @@ def containers(n: int) -> list[Api]:
     """n Lambda containers of the chat function, as the local stack makes them: each its own copy of
     functions/chat/app.py whose resolver keeps the request it is handling in its own state, so
     concurrent requests (which AWS gives to different containers) do not share one."""
-    from eros.local import load_function, own_resolver_state
+    from eros_dev.lambda_runtime import load_function, own_resolver_state
 
     apis = []
     for i in range(n):

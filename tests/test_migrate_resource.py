@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from eros.local import LambdaContext, load_function
+from eros_dev.lambda_runtime import LambdaContext, load_function
 
 # A loopback recorder stands in for CloudFormation's response URL in every test.
 pytestmark = pytest.mark.integration

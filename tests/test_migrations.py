@@ -217,8 +217,8 @@ def test_the_whole_app_runs_as_the_app_user(db, app_user, env):
     from apiclient import Api
 
     from eros.dreaming import session
-    from eros.local import LambdaContext, load_function
     from eros.store import dreaming as store
+    from eros_dev.lambda_runtime import LambdaContext, load_function
 
     name, dsn = app_user
     env(DATABASE_URL=dsn)
@@ -246,8 +246,8 @@ def test_every_route_and_dreaming_job_runs_as_the_app_user(db, app_user, env, tm
     from apiclient import Api
     from pgvector import Vector
 
-    from eros.local import sweep_locally
     from eros.providers.offline import hash_embed
+    from eros_dev.dreaming import sweep_locally
 
     name, dsn = app_user
     env(DATABASE_URL=dsn, EXPORT_DIR=str(tmp_path), EXPORT_BASE_URL="http://127.0.0.1:9/local",

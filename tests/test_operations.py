@@ -9,8 +9,8 @@ import pytest
 from apiclient import Api
 from helpers import emitted_metrics, instance
 
-from eros.local import sweep_locally
 from eros.store import dreaming as dreaming_store
+from eros_dev.dreaming import sweep_locally
 
 
 def session(db, user: str, quiet_for: timedelta, **columns) -> None:

@@ -1,10 +1,12 @@
 """The lock files: the layer ships what the tests run, and the virtualenv is the one the lock describes.
 
 requirements-dev.lock pins everything the virtualenv installs (tests, `make run`, the tools);
-layers/eros/requirements.lock pins, with hashes, what the Lambda layer ships. `make lock` writes both."""
+layers/eros/requirements.lock pins, with hashes, what the Lambda layer ships. `make lock` writes both.
+The layer ships what Lambda runs and nothing of the local stack (``eros_dev``) nor what only it needs."""
 
 from __future__ import annotations
 
+import ast
 import re
 from importlib import metadata
 from pathlib import Path
@@ -14,10 +16,14 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYER_LOCK = ROOT / "layers" / "eros" / "requirements.lock"
+LAYER = ROOT / "layers" / "eros"
+LAYER_LOCK = LAYER / "requirements.lock"
 DEV_LOCK = ROOT / "requirements-dev.lock"
 # What the Lambda Python runtime provides and the layer leaves out (the Makefile's RUNTIME_PROVIDED).
 RUNTIME_PROVIDED = {"boto3", "botocore", "s3transfer", "urllib3", "python-dateutil", "six"}
+DEV_STACK = ROOT / "devstack" / "eros_dev"
+# What only the local stack imports: itself, its tokens' library and the embedded Postgres.
+DEV_ONLY = {"eros_dev", "jwt", "pgserver"}
 
 
 def canonical(name: str) -> str:
@@ -58,3 +64,32 @@ def test_the_virtualenv_has_the_locked_versions():
     wrong = {name: (version, installed.get(name)) for name, version in pins(DEV_LOCK).items()
              if installed.get(name) != version}
     assert wrong == {}, "the virtualenv does not match requirements-dev.lock: run `make venv` (or `make clean venv`)"
+
+
+def shipped_modules() -> list[Path]:
+    """The layer's own modules: what layers/eros/Makefile copies beside the locked dependencies (`cp -R eros`)."""
+    assert re.findall(r"^\tcp -R (\S+) ", (LAYER / "Makefile").read_text(), re.M) == ["eros"]
+    return sorted((LAYER / "eros").rglob("*.py"))
+
+
+def imported_packages(path: Path) -> set[str]:
+    """The top-level packages ``path`` imports anywhere in it, at module level or in a function."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.partition(".")[0])
+    return found
+
+
+def test_the_layer_ships_no_module_of_the_local_stack_nor_what_only_it_needs():
+    shipped = shipped_modules()
+    assert len(shipped) > 40 and LAYER not in DEV_STACK.parents  # the local stack is outside what SAM builds from
+    importing = {str(path.relative_to(LAYER)): found for path in shipped
+                 if (found := imported_packages(path) & DEV_ONLY)}
+    assert importing == {}, "a module of the Lambda layer imports the local stack or what only it needs"
+    assert "pyjwt" not in pins(LAYER_LOCK) and "pyjwt" in pins(DEV_LOCK)
+    # The same scan sees them where they are: jwt at module level, pgserver inside the functions that start Postgres.
+    assert "jwt" in imported_packages(DEV_STACK / "tokens.py")
+    assert "pgserver" in imported_packages(DEV_STACK / "stack.py")

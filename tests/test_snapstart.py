@@ -14,8 +14,8 @@ import pytest
 import snapshot_restore_py
 
 from eros import db, providers, snapstart
-from eros.local import load_function
 from eros.providers.base import tls_context
+from eros_dev.lambda_runtime import load_function
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,9 +14,11 @@ from apiclient import Api
 
 import eros.clock
 from eros import chat
-from eros.local import LambdaContext, http_api_event, load_function, sweep_locally
 from eros.store import usage as usage_store
 from eros.usage import OverLimit
+from eros_dev.dreaming import sweep_locally
+from eros_dev.lambda_runtime import LambdaContext, load_function
+from eros_dev.server import http_api_event
 
 NOON = datetime(2026, 3, 14, 12, 0, 10, tzinfo=UTC)
 EXTRACTED = json.dumps({"memories": [{"content": "Works at a bakery", "category": "fact", "importance": 0.6}]})

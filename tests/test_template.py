@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from eros.config import Settings
-from eros.local import PUBLIC_ROUTES
+from eros_dev.server import PUBLIC_ROUTES
 
 ROOT = Path(__file__).resolve().parents[1]
 FUNCTIONS = ("ChatFunction", "SweeperFunction", "ExtractFunction", "MigrateFunction")

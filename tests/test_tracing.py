@@ -14,8 +14,8 @@ from aws_xray_sdk.core import xray_recorder
 
 from eros import tracing
 from eros.dreaming import session
-from eros.local import LambdaContext, load_function
 from eros.observability import tracer
+from eros_dev.lambda_runtime import LambdaContext, load_function
 
 SECRET = "my sister Ines-Quarzo is moving to Porto and I feel lost"
 

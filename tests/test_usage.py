@@ -16,12 +16,12 @@ from helpers import go_idle
 from pydantic import ValidationError
 from test_deep_pass import claim_one, copies
 
-from eros import cli
 from eros import usage as usage_report
 from eros.config import DEFAULT_PRICES, ModelPrice, Settings, settings
 from eros.dreaming import deep_pass
-from eros.local import sweep_locally
 from eros.store import usage as usage_store
+from eros_dev import cli
+from eros_dev.dreaming import sweep_locally
 
 EXTRACTED = json.dumps({"memories": [{"content": "Bakes sourdough on Sundays", "category": "preference",
                                       "importance": 0.6}]})

@@ -31,7 +31,7 @@ class LambdaInvoker:
 
 @lru_cache(maxsize=1)
 def invoker() -> dreaming.Invoker:
-    """One boto3 client per container. The local stack replaces this function (eros.local.sweeper)."""
+    """One boto3 client per container. The local stack replaces this function (eros_dev.dreaming.sweeper)."""
     name = settings().extract_function_name
     if not name:
         raise RuntimeError("EXTRACT_FUNCTION_NAME is not set")

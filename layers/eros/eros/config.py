@@ -188,7 +188,7 @@ class Settings(BaseModel):
     deep_pass_max_shown: int = Field(40, ge=2, le=200)  # rows shown to the model (handles m1..mN)
     deep_pass_max_supersessions: int = Field(20, ge=0)  # rows one pass may supersede, whatever it is told
 
-    # --- local stack (eros.local, eros.cli) ----------------------------------------------
+    # --- local stack (eros_dev, the `eros` command) ----------------------------------------
     jwt_issuer: str = "http://127.0.0.1:3000/local"
     jwt_audience: str = "eros-local"
     eros_data_dir: str | None = None  # the embedded Postgres and the local signing key; default .data/

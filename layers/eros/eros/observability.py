@@ -1,7 +1,7 @@
 """The one place where logging, tracing and metrics are set up (Powertools, at module scope).
 
 Per-invocation state is kept per thread. Lambda runs one invocation at a time per process, on one
-thread, so there this is exactly Powertools' behaviour; the local stack (eros.local) runs several
+thread, so there this is exactly Powertools' behaviour; the local stack (eros_dev) runs several
 "containers" of a function at once, each on its own thread, and Powertools keeps both the logger's
 appended keys (correlation id, request id, cold start) and the metrics buffer process-wide: a local
 sweep logged with the last chat request's correlation id, and concurrent extract invocations flushed

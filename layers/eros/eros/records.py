@@ -4,7 +4,7 @@
 An export is too big for a Lambda response (6 MB through API Gateway; a user with 100,000 messages has
 tens of MB), so it is written where the user can fetch it: in AWS an S3 object (EXPORT_BUCKET, uploaded in
 parts as the document is produced, encrypted, expiring), fetched with a presigned URL valid for
-``URL_SECS``; locally a file in EXPORT_DIR that the local stack serves (``eros.local``). Either way the
+``URL_SECS``; locally a file in EXPORT_DIR that the local stack serves (``eros_dev.server``). Either way the
 document is produced a page of rows at a time (``store.account.export_document``) and never held whole.
 Objects are named ``exports/<owner>/<time>-<random>.json``; ``owner`` is a hash of the user id (a key
 names no user), and erasure deletes that prefix with the rows.

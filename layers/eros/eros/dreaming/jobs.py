@@ -11,7 +11,7 @@ Whose fault (``classify``, issue 8, migration 0005):
 What follows (``next_step``): hold, back off, or give up.
 
 The invoke seam (``Invoker``): in AWS the sweeper function's boto3 invoker (InvocationType=Event); locally
-``eros.local.InProcessInvoker``. Either way one extract invocation per claimed job.
+``eros_dev.dreaming.InProcessInvoker``. Either way one extract invocation per claimed job.
 """
 
 from __future__ import annotations

@@ -16,8 +16,10 @@ def _database() -> tuple[str, str, bool]:
     """(the database URL, what to call it, whether this call started it): DATABASE_URL if set, else the
     embedded Postgres in .data/pg, started on demand. The URL is then put in the environment, where the
     functions this process runs read their settings (the local stack is their Lambda environment)."""
-    from .config import settings
-    from .local import data_dir, embedded_postgres, postgres_running
+    from eros.config import settings
+
+    from . import data_dir
+    from .stack import embedded_postgres, postgres_running
 
     configured = settings().database_url
     if configured is not None:
@@ -38,9 +40,9 @@ def _answer_only():
 
 
 def cmd_migrate(args) -> int:
-    from .config import settings
-    from .credentials import database_dsn
-    from .migrate import migrate
+    from eros.config import settings
+    from eros.credentials import database_dsn
+    from eros.migrate import migrate
 
     if not settings().database_secret_arn:
         _database()
@@ -50,8 +52,9 @@ def cmd_migrate(args) -> int:
 
 
 def cmd_token(args) -> int:
-    from .config import settings
-    from .local import issue_token, local_jwt_key
+    from eros.config import settings
+
+    from .tokens import issue_token, local_jwt_key
 
     print(issue_token(args.user, settings(), local_jwt_key(), ttl_secs=args.ttl))
     return 0
@@ -60,10 +63,13 @@ def cmd_token(args) -> int:
 def cmd_serve(args) -> int:
     import errno
 
-    from . import providers
-    from .config import settings
-    from .local import data_dir, make_server, stop_embedded_postgres
-    from .migrate import migrate
+    from eros import providers
+    from eros.config import settings
+    from eros.migrate import migrate
+
+    from . import data_dir
+    from .server import make_server
+    from .stack import stop_embedded_postgres
 
     port = args.port or settings().port
     base = f"http://{args.host}:{port}"
@@ -92,7 +98,8 @@ def cmd_serve(args) -> int:
 
 
 def _serve(args, cfg, server, base: str, database: str, described: dict) -> None:
-    from .local import run_local_sweeper, serving
+    from .dreaming import run_local_sweeper
+    from .stack import serving
 
     sweeper = run_local_sweeper(cfg) if args.sweep else None  # the local EventBridge schedule
     print(f"""
@@ -122,7 +129,7 @@ Ctrl-C (or `make stop`) stops it.
 
 def cmd_stop(args) -> int:
     """``make stop``: the running ``eros serve`` and the embedded Postgres."""
-    from .local import stop_local_stack
+    from .stack import stop_local_stack
 
     stopped = stop_local_stack()
     print(f"stopped {' and '.join(stopped)}" if stopped else "nothing was running")
@@ -133,8 +140,9 @@ def cmd_sweep(args) -> int:
     """One dreaming sweep now, waiting for its jobs: what each did, or why there was nothing to do."""
     import json
 
-    from .config import settings
-    from .local import sweep_locally
+    from eros.config import settings
+
+    from .dreaming import sweep_locally
 
     _database()
     with _answer_only():
@@ -173,7 +181,8 @@ def cmd_invoke(args) -> int:
     import json
     from pathlib import Path
 
-    from .local import LambdaContext, invoke_locally
+    from .dreaming import sweep_locally
+    from .lambda_runtime import LambdaContext, load_function
 
     path = Path(args.event)
     try:
@@ -186,7 +195,10 @@ def cmd_invoke(args) -> int:
         event = event["requestPayload"]
     _database()
     with _answer_only():
-        answer = invoke_locally(args.function, event, LambdaContext(args.function))
+        if args.function == "sweeper":  # its fan-out goes to local extract containers; the answer lists each job
+            answer = sweep_locally(event=event)
+        else:
+            answer = load_function(args.function).lambda_handler(event, LambdaContext(args.function))
     print(json.dumps(answer, default=str, indent=2))
     return 0
 
@@ -195,7 +207,7 @@ def cmd_doctor(args) -> int:
     """What ``GET /v1/health/deep`` checks, from here: the database, the schema and each provider."""
     import json
 
-    from .health import deep_report
+    from eros.health import deep_report
 
     _database()
     with _answer_only():
@@ -210,7 +222,7 @@ def cmd_doctor(args) -> int:
 
 def cmd_forget(args) -> int:
     """What ``DELETE /v1/me`` does, for an operator: erase every row of USER and their export files."""
-    from .records import erase
+    from eros.records import erase
 
     _database()
     erased = erase(args.user)
@@ -223,7 +235,7 @@ def cmd_usage(args) -> int:
     (costliest first), or one user's per day, purpose and model (what ``GET /v1/usage`` answers)."""
     import json
 
-    from . import usage
+    from eros import usage
 
     _database()
     try:
@@ -243,7 +255,7 @@ def _money(value: float) -> str:
 
 
 def _users_usage(report: dict, limit: int) -> list[str]:
-    from .store.usage import PURPOSES
+    from eros.store.usage import PURPOSES
 
     lines = [f"usage {report['from']} .. {report['to']} (UTC days), estimated {report['currency']} at list prices",
              f"{'user':<32} {'calls':>8} {'tokens':>12} " + " ".join(f"{p:>11}" for p in PURPOSES) + f" {'cost':>10}"]
@@ -290,8 +302,9 @@ def _day(value: str):
 def cmd_chat(args) -> int:
     import httpx
 
-    from .config import settings
-    from .local import issue_token, local_jwt_key
+    from eros.config import settings
+
+    from .tokens import issue_token, local_jwt_key
 
     url = args.url or f"http://127.0.0.1:{settings().port}"
     token = issue_token(args.user, settings(), local_jwt_key())
@@ -393,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _debugging() -> bool:
-    from .config import settings
+    from eros.config import settings
 
     try:
         return settings().eros_debug

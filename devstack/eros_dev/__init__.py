@@ -1,0 +1,24 @@
+"""The Docker-free local stack (``eros serve``, ``make run``), the ``eros`` command and what the tests and the
+benches run the functions with. Installed in the development virtualenv only: it is a package of its own, beside
+``eros`` and not inside it, so the Lambda layer (``layers/eros/Makefile`` ships the ``eros`` package) cannot carry
+it, and a module of the layer that imported it would fail at import (``tests/test_packaging.py`` checks).
+
+* ``stack``: the embedded Postgres, and ``eros serve``'s pid file for ``eros stop``;
+* ``tokens``: local JWTs, as the HTTP API's authorizer verifies them;
+* ``lambda_runtime``: Lambda's side: a function's containers, its context, its module loaded as Lambda loads it;
+* ``server``: API Gateway's side: the local HTTP API in front of the chat function, with the console;
+* ``dreaming``: the schedule, the sweeper and its fan-out to extract containers;
+* ``cli``: the ``eros`` command.
+"""
+
+from pathlib import Path
+
+from eros.config import settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def data_dir() -> Path:
+    """Where the local stack keeps its state: EROS_DATA_DIR, else .data/ in the checkout (never committed)."""
+    folder = settings().eros_data_dir
+    return Path(folder) if folder else ROOT / ".data"
