@@ -179,8 +179,8 @@ def test_an_erasure_and_a_turn_that_has_counted_itself_do_not_deadlock(online, d
     the sessions while waiting for the usage row would deadlock with it. Here the "turn" is a connection
     that takes the same two locks in the same order, around an erasure."""
     from eros import db as eros_db
+    from eros.account import erase as erase_user
     from eros.db import connect
-    from eros.records import erase as erase_user
 
     api = Api()
     sid = a_full_history(db, api, USER)

@@ -11,7 +11,7 @@ import pytest
 from apiclient import Api
 from pgvector import Vector
 
-from eros import records
+from eros import account
 from eros.providers.offline import hash_embed
 
 BUCKET = "eros-exports-test"
@@ -87,7 +87,7 @@ def test_a_large_export_is_written_in_bounded_memory(db, folder, monkeypatch):
                " FROM engine.chat_sessions s, generate_series(1, 25000) AS g WHERE s.id = %s", (sid,))
     tracemalloc.start()
     try:
-        link = records.export("alice")
+        link = account.export("alice")
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -129,19 +129,19 @@ def test_an_export_to_s3_is_presigned_encrypted_named_for_no_one_and_multipart_w
     status, link = api.call("GET", "/v1/export")
     assert status == 200 and "X-Amz-Signature=" in link["url"] and "X-Amz-Expires=900" in link["url"]
     [item] = s3.list_objects_v2(Bucket=BUCKET)["Contents"]
-    assert item["Key"].startswith(f"exports/{records.owner('alice')}/") and "alice" not in item["Key"]
+    assert item["Key"].startswith(f"exports/{account.owner('alice')}/") and "alice" not in item["Key"]
     body = s3.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read()
     assert json.loads(body)["user_id"] == "alice" and len(body) == link["bytes"]
 
     # Large: in parts as it is produced (S3's parts are at least 5 MB but the last).
-    monkeypatch.setattr(records, "PART_BYTES", 5 * 1024 * 1024)
+    monkeypatch.setattr(account, "PART_BYTES", 5 * 1024 * 1024)
     sid = api.session()
     db.execute("INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id)"
                " SELECT s.id, s.user_id, 'user', repeat('x', 600), 'bulk' || g"
                " FROM engine.chat_sessions s, generate_series(1, 20000) AS g WHERE s.id = %s", (sid,))
     parts = []
-    real = records._part
-    monkeypatch.setattr(records, "_part", lambda *a: parts.append(a[4]) or real(*a))
+    real = account._part
+    monkeypatch.setattr(account, "_part", lambda *a: parts.append(a[4]) or real(*a))
     link = api.call("GET", "/v1/export")[1]
     assert len(parts) >= 2
     newest = max(s3.list_objects_v2(Bucket=BUCKET)["Contents"], key=lambda o: o["LastModified"])

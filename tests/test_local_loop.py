@@ -80,7 +80,7 @@ def test_every_cli_failure_is_one_line_unless_debugging(db, env, tmp_path, capsy
     def broken(*args, **kwargs):
         raise RuntimeError("the disk is full\nand a second line")
 
-    monkeypatch.setattr("eros.records.erase", broken)
+    monkeypatch.setattr("eros.account.erase", broken)
     assert cli.main(["forget", "dora"]) == 1
     assert err_lines(capsys) == ["eros forget: RuntimeError: the disk is full (EROS_DEBUG=1 shows where)"]
     env(EROS_DEBUG="1")

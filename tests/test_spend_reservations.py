@@ -19,7 +19,7 @@ from apiclient import Api
 from fakes import FakeOpenRouter, Status
 
 import eros.clock
-from eros import chat, db, records
+from eros import account, chat, db
 from eros.store import chat as chat_store
 from eros.store import usage as usage_store
 from eros.usage import OverLimit
@@ -221,7 +221,7 @@ def test_a_turn_running_when_its_user_is_erased_answers_409_and_leaves_nothing(d
             api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "I live in Lisbon", "client_turn_id": "t-1"})))
         sender.start()
         assert asked.wait(30)  # the turn is inside its model call
-        erased = records.erase("alice")  # what DELETE /v1/me does
+        erased = account.erase("alice")  # what DELETE /v1/me does
         assert erased["sessions"] == 1 and erased["messages"] == 1 and erased["usage_days"] == 1
         release.set()
         sender.join(60)

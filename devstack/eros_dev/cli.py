@@ -222,7 +222,7 @@ def cmd_doctor(args) -> int:
 
 def cmd_forget(args) -> int:
     """What ``DELETE /v1/me`` does, for an operator: erase every row of USER and their export files."""
-    from eros.records import erase
+    from eros.account import erase
 
     _database()
     erased = erase(args.user)

@@ -56,7 +56,7 @@ def _bad_local_user(user: object) -> str | None:
 
 # Routes without the JWT authorizer; template.yaml marks the same ones `Authorizer: NONE` (a test checks).
 PUBLIC_ROUTES = frozenset({("GET", "/v1/health"), ("GET", "/v1/openapi.json"), ("GET", "/v1/docs")})
-# An export file, as eros.records names it: the local stack's stand-in for the presigned S3 URL (the random
+# An export file, as eros.account names it: the local stack's stand-in for the presigned S3 URL (the random
 # name is the capability, as the URL's signature is in AWS).
 _EXPORT_FILE = re.compile(r"^/local/(exports/[0-9a-f]{32}/[0-9]{8}T[0-9]{6}Z-[0-9a-f]{32}\.json)$")
 

@@ -8,7 +8,7 @@ from typing import Annotated
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Query
 
-from eros import records, usage
+from eros import account, usage
 from eros.observability import logger, metrics
 
 from models import Erased, Erasure, ExportLink, UsageReport
@@ -23,7 +23,7 @@ router = Router()
                         "day, and by DELETE /v1/me.",
             responses=documented((200, "the link"), (503, "exports are not configured here")))
 def export_record() -> ExportLink:
-    done = records.export(current_user(router))
+    done = account.export(current_user(router))
     metrics.add_metric(name="ExportsWritten", unit="Count", value=1)
     return ExportLink(url=done.url, expires_at=done.expires_at, bytes=done.bytes)
 
@@ -34,7 +34,7 @@ def export_record() -> ExportLink:
                            "after it. Idempotent: erasing again answers zeros.",
                responses=documented((200, "what was erased")))
 def erase_me() -> Erasure:
-    erased = records.erase(current_user(router))
+    erased = account.erase(current_user(router))
     logger.info("user erased", extra={"erased": erased})  # counts only: never the user id or any content
     metrics.add_metric(name="UsersErased", unit="Count", value=1)
     return Erasure(erased=Erased(**erased))

@@ -139,7 +139,7 @@ class Settings(BaseModel):
     # DEFAULT_PRICES (eros.usage turns usage into estimated cost with ``prices``).
     model_prices: dict[str, ModelPrice] = Field(default_factory=dict)
 
-    # --- the user's record (eros.records): where an export is written. AWS: the S3 bucket (the template's
+    # --- the user's record (eros.account): where an export is written. AWS: the S3 bucket (the template's
     # ExportBucket); the local stack: a folder it serves under EXPORT_BASE_URL (`eros serve` sets both).
     export_bucket: str | None = None
     export_dir: str | None = None
