@@ -54,7 +54,9 @@ def _within_limit(value: str) -> str:
 
 
 Content = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1), BeforeValidator(_storable),
-                    AfterValidator(_within_limit)]
+                    AfterValidator(_within_limit), Field(
+                        description="text, trimmed: at most MAX_CONTENT_CHARS (4,000) characters, no NUL character or "
+                                    "lone surrogate")]
 
 
 def _event_time(value: str) -> str:
@@ -80,6 +82,8 @@ def _as_stored(value):
 
 
 Importance = Annotated[float, BeforeValidator(_as_stored), Field(ge=0, le=1, strict=True, allow_inf_nan=False)]
+IMPORTANCE = ("a number 0..1, stored as a float4 (one too small for a float4, such as 1e-100, is 0); NaN, infinities, "
+              "text and booleans are refused")
 
 
 class ApiModel(BaseModel):
@@ -194,7 +198,8 @@ class CreatedSession(ApiModel):
 
 class DreamingState(ApiModel):
     state: Literal["active", "waiting", "claimed", "retrying", "extracted", "failed"] = Field(
-        description="active: not quiet long enough yet; waiting: for the next sweep; claimed: being extracted; "
+        description="active: not quiet for DREAMING_IDLE_SECS yet; waiting: for the next sweep; claimed: being "
+                    "extracted; "
                     "retrying: after a failure, at due_at; extracted: its memories are written; failed: given up "
                     "(error says why; a new message makes it eligible again)")
     error: str | None = Field(description="the last failed attempt's error")
@@ -224,7 +229,8 @@ class MessageView(ApiModel):
 
 class MessagePage(ApiModel):
     messages: list[MessageView] = Field(description="newest first")
-    next_before: int | None = Field(description="pass as `before` for the next (older) page; null on the last")
+    next_before: int | None = Field(description="the last message's id: pass it as `before` for the next (older) "
+                                                "page; null on the last")
 
 
 class MemorySearch(Strict):
@@ -233,7 +239,7 @@ class MemorySearch(Strict):
     category: Category | None = Field(None, description="profile memories of this category only")
     persona_id: Annotated[str, StringConstraints(min_length=1, max_length=64), BeforeValidator(_storable)] | None = \
         Field(None, description="the persona whose relationship memories (what was said to it) are searched too")
-    k: Annotated[int, Field(ge=1, le=50)] = 10
+    k: Annotated[int, Field(ge=1, le=50, description="how many results at most")] = 10
 
 
 class SearchResult(Memory):
@@ -249,14 +255,14 @@ class NewMemory(Strict):
     content: Content
     category: Category
     importance: Importance | None = Field(
-        None, description=f"0..1; default {curation.USER_IMPORTANCE} (what the user states matters)")
+        None, description=f"{IMPORTANCE}; default {curation.USER_IMPORTANCE} (what the user states matters)")
     occurred_at: EventTimeText | None = None
 
 
 class MemoryEdit(Strict):
     content: Content | None = None
     category: Category | None = None
-    importance: Importance | None = None
+    importance: Importance | None = Field(None, description=IMPORTANCE)
     occurred_at: EventTimeText | None = Field(None, description="the new event time; null clears it; left out: "
                                                                 "kept")
 
@@ -296,8 +302,10 @@ class Erasure(ApiModel):
 
 
 class ExportLink(ApiModel):
-    url: str = Field(description="where the export is, a JSON document: sessions with their messages, memories with "
-                                 "their history, usage per day")
+    url: str = Field(description="where the export is, a JSON document: `user_id`, `exported_at`, `sessions` "
+                                 "(each with its `messages`), `memories` of both layers with their history, provenance "
+                                 "and event time (never an embedding), `usage` per day and `usage_by_model` per day, "
+                                 "purpose and model")
     expires_at: datetime = Field(description="the link (and, within a day, the file) expires")
     bytes: int
 

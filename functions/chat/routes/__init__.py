@@ -11,6 +11,40 @@ from models import unstorable
 
 PUBLIC: list[dict[str, list[str]]] = [{}]  # OpenAPI: this route needs no token
 
+# The OpenAPI document's description (its ``info``): what every route shares. app.py writes the error answers.
+CONVENTIONS = """\
+No request names its user: the user is the token's `sub`.
+
+## Errors
+
+Every error is a JSON object `{"statusCode", "code", "message", ...}`. `code` is stable: branch on it.
+`message` names the problem for people and never carries a provider's text. The codes:
+
+| status | code | when |
+| --- | --- | --- |
+| 400 | `invalid_request` | the body is not UTF-8 JSON, is nested deeper than 32 levels, or has a number too long \
+to read |
+| 401 | `unauthorized` | the token's subject is missing, over 255 characters, or has a NUL character or a lone \
+surrogate |
+| 404 | `not_found` | an unknown route, or an unknown session, memory or persona (another user's id answers the same) |
+| 409 | `turn_conflict`, `session_gone`, `memory_active`, `memory_not_current` | as the route says |
+| 413 | `payload_too_large` | a body over `MAX_BODY_BYTES` (64 KiB) |
+| 422 | `invalid_request` | a field or parameter refused: missing, extra or of the wrong type, text over \
+`MAX_CONTENT_CHARS` (4,000 characters) or with a NUL character or a lone surrogate, a malformed id or cursor; \
+`errors` lists each `{field, problem, detail?}` |
+| 429 | `rate_limited`, `budget_exhausted` | over a per-user limit; `limit`, `retry_after` and the `Retry-After` \
+header say until when; nothing was stored or paid for |
+| 502 | `model_error` | the model or the embedder refused the request (a 400/401/402/403, an unusable answer): \
+`retryable: false` |
+| 503 | `model_unavailable`, `database_unavailable`, `database_busy`, `exports_unavailable` | `retryable: true` \
+but for exports; `database_busy`: the change conflicted with another each of the three times it was tried, and \
+nothing of it was written |
+| 504 | `model_timeout` | `retryable: true` |
+| 500 | `internal_error` | a bug; `request_id` names the request in the logs |
+
+A missing or invalid token never reaches the API: the HTTP API's JWT authorizer (and the local stack, the same \
+way) answers 401 with its own body, `{"message": "Unauthorized"}`. Bad input is refused before any model call."""
+
 
 def current_user(router: Router) -> str:
     """The user: the verified token's ``sub`` (the HTTP API's JWT authorizer checked the token)."""

@@ -19,9 +19,12 @@ router = Router()
 
 @router.get("/v1/export", summary="everything the engine holds about the caller",
             description="Writes the caller's whole record as one JSON document and answers a link to it (a document "
-                        "can be far larger than an API answer may be). The link expires; the file is deleted within a "
-                        "day, and by DELETE /v1/me.",
-            responses=documented((200, "the link"), (503, "exports are not configured here")))
+                        "can be far larger than an API answer may be), a page of rows at a time. In AWS the file is "
+                        "an object of the private, encrypted, TLS-only ExportBucket and the link is presigned for "
+                        f"{records.URL_SECS // 60} minutes; in the local stack it is a file the stack serves under "
+                        "/local/exports/. The file "
+                        "is deleted within a day, and by DELETE /v1/me.",
+            responses=documented((200, "the link"), (503, "exports_unavailable: exports are not configured here")))
 def export_record() -> ExportLink:
     done = account.export(current_user(router))
     metrics.add_metric(name="ExportsWritten", unit="Count", value=1)
@@ -31,7 +34,8 @@ def export_record() -> ExportLink:
 @router.delete("/v1/me", summary="erase everything of the caller",
                description="Messages, sessions, persona instances, both memory layers with their history, usage, and "
                            "any dreaming queued for them, in one transaction. Dreaming that is running writes nothing "
-                           "after it. Idempotent: erasing again answers zeros.",
+                           "after it (no memory, no usage). Idempotent: erasing again answers zeros. Operators: `eros "
+                           "forget USER` does the same.",
                responses=documented((200, "what was erased")))
 def erase_me() -> Erasure:
     erased = account.erase(current_user(router))
@@ -42,8 +46,9 @@ def erase_me() -> Erasure:
 
 @router.get("/v1/usage", summary="the caller's usage and its estimated cost",
             description="Tokens and provider calls per UTC day, purpose and model, with a cost estimated at the "
-                        f"configured list prices. Without dates: the last {usage.DEFAULT_DAYS} days; at most "
-                        f"{usage.MAX_DAYS} days at a time.",
+                        f"configured list prices. Without dates: the last {usage.DEFAULT_DAYS} days, today included "
+                        f"(from 0001-01-01 at the earliest); at most {usage.MAX_DAYS} days at a time. A date that is "
+                        f"not YYYY-MM-DD, a `from` after `to` or a longer range is a 422 naming the parameter.",
             responses=documented((200, "the report")))
 def usage_report(first: Annotated[date | None, Query(alias="from", description="first UTC day (YYYY-MM-DD)")] = None,
                  last: Annotated[date | None, Query(alias="to", description="last UTC day, included")] = None

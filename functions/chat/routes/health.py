@@ -8,14 +8,15 @@ from aws_lambda_powertools.event_handler.api_gateway import ApiGatewayResolver, 
 from eros import health as health_check
 
 from models import DeepHealth, HealthReport
-from routes import PUBLIC, current_user, documented
+from routes import CONVENTIONS, PUBLIC, current_user, documented
 
 router = Router()
 TITLE = "eros companion memory API"
 
 
 @router.get("/v1/health", summary="is the service up", security=PUBLIC,
-            responses=documented((200, "healthy"), (503, "degraded: the report says what"), public=True))
+            responses=documented((200, "healthy"),
+                                 (503, "degraded: the report (a HealthReport, not an error) says what"), public=True))
 def health() -> Response[HealthReport]:
     report = health_check.report()
     return Response(200 if report["status"] == "ok" else 503, content_types.APPLICATION_JSON,
@@ -24,11 +25,14 @@ def health() -> Response[HealthReport]:
 
 @router.get("/v1/health/deep", summary="check the database, the schema and each provider",
             description="Times a query, compares the applied migrations with the ones this build ships and makes one "
-                        "tiny call to the chat model and the embedder, at most once per DEEP_HEALTH_CACHE_SECS per "
-                        "container: meanwhile it answers the provider checks it made last, with their age. Needs a "
-                        "token; the provider calls are the deployment's, no user's usage (`eros doctor` always makes "
-                        "them).",
-            responses=documented((200, "every check passed"), (503, "a check failed: its detail says why")))
+                        "tiny call to the chat model and the embedder, at most once per DEEP_HEALTH_CACHE_SECS (300) "
+                        "per "
+                        "container: meanwhile it answers the provider checks it made last, with their age, so "
+                        "repeating it cannot make the deployment pay. Needs a token; the provider calls are the "
+                        "deployment's, no user's usage (`eros doctor` runs the same checks, always calling the "
+                        "providers).",
+            responses=documented((200, "every check passed"),
+                                 (503, "a check failed: the report (a DeepHealth, not an error) says which, and why")))
 def deep_health() -> Response[DeepHealth]:
     current_user(router)
     report = health_check.deep_report()
@@ -46,7 +50,8 @@ def openapi_document() -> str:
     if not isinstance(resolver, ApiGatewayResolver):
         raise RuntimeError("the health routes are not included in a resolver")
     bearer = HTTPBearer(bearerFormat="JWT", description="a token of the configured issuer; its `sub` is the user")
-    return resolver.get_openapi_json_schema(title=TITLE, version="1.0.0", security_schemes={"bearer": bearer},
+    return resolver.get_openapi_json_schema(title=TITLE, version="1.0.0", description=CONVENTIONS,
+                                            security_schemes={"bearer": bearer},
                                             security=[{"bearer": []}])
 
 

@@ -36,9 +36,12 @@ _MODEL_FAILURES = ((429, "rate_limited or budget_exhausted: over a per-user limi
 
 
 @router.get("/v1/memories", summary="the caller's memories, newest first",
+            description="The caller's active memories (with `include=superseded`, their history too), never an "
+                        "embedding. `next_before` is an opaque cursor of the last row's position, so paging goes on "
+                        "when that memory is deleted.",
             responses=documented((200, "a page of memories")))
-def memories(layer: Annotated[MemoryLayer | None, Query()] = None,
-             category: Annotated[Category | None, Query()] = None,
+def memories(layer: Annotated[MemoryLayer | None, Query(description="profile or relationship; default: both")] = None,
+             category: Annotated[Category | None, Query(description="default: every category")] = None,
              limit: Annotated[int, Query(ge=1, le=500)] = 100,
              before: Annotated[MemoryCursor | None,
                                Query(description="the next_before of the previous page (a memory id is accepted "
@@ -67,7 +70,7 @@ def _position(user: str, before: object) -> tuple[datetime, UUID] | None:
 
 @router.get("/v1/memories/<memory_id>", summary="one memory with its history",
             description="The memory and `history`: every version of it (what it replaced and what replaced it, "
-                        "recursively, itself included), oldest first.",
+                        "recursively, merged duplicates and itself included), oldest first.",
             responses=documented((200, "the memory"), _NOT_YOURS))
 def memory(memory_id: UUID) -> MemoryWithHistory:
     found = memory_store.get_memory(current_user(router), memory_id)
@@ -77,12 +80,13 @@ def memory(memory_id: UUID) -> MemoryWithHistory:
 
 
 @router.post("/v1/memories/<memory_id>/restore", summary="undo a supersession",
-             description="The memory is active again and confirmed now. Unless it had been merged as a duplicate, "
+             description="\"I still live in Berlin\": the memory is active again and confirmed now. Unless it had "
+                         "been merged as a duplicate, "
                          "its fact's current version, whichever it is by then, is superseded by it (reason "
                          "'reverted'): a fact never has two current versions. A merged duplicate becomes a fact of "
                          "its own again.",
              responses=documented((200, "the restored memory with its history"), _NOT_YOURS,
-                                  (409, "the memory is active: nothing to restore")))
+                                  (409, "memory_active: the memory is active, nothing to restore")))
 def restore_memory(memory_id: UUID) -> MemoryWithHistory:
     restored = memory_store.restore_memory(current_user(router), memory_id)
     if restored is None:
@@ -92,7 +96,7 @@ def restore_memory(memory_id: UUID) -> MemoryWithHistory:
 
 @router.post("/v1/memories/search", summary="search the caller's memories",
              description="The ranking a chat turn recalls with, without its per-category quota, and each result's "
-                         "score parts: why it is where it is.",
+                         "score parts: why it is where it is. The query is embedded once.",
              responses=documented((200, "the results, best first"),
                                   (404, "persona_id names a persona the caller never talked to"), *_MODEL_FAILURES))
 def search_memories(body: MemorySearch) -> SearchResults:
@@ -102,7 +106,8 @@ def search_memories(body: MemorySearch) -> SearchResults:
 
 
 @router.post("/v1/memories", summary="state a memory",
-             description="A profile memory the user states directly (source 'user'), embedded once.",
+             description="A profile memory the user states directly (source 'user'), embedded once; when the embedder "
+                         "fails, nothing is stored.",
              responses=documented((201, "the new memory"), *_MODEL_FAILURES))
 def add_memory(body: NewMemory) -> Response[MemoryWithHistory]:
     memory = curation.remember(current_user(router), body.content, body.category, body.importance,
@@ -112,10 +117,12 @@ def add_memory(body: NewMemory) -> Response[MemoryWithHistory]:
 
 @router.patch("/v1/memories/<memory_id>", summary="edit a memory",
               description="A new version of the current version of a profile memory: it supersedes the old one "
-                          "(reason 'edited'; the history keeps both) and keeps where the memory came from. The text "
-                          "is embedded again only when it changed.",
+                          "(reason 'edited'; the history keeps both) and keeps where the memory came from (its session "
+                          "and message range) and its event time unless `occurred_at` is given. The text is embedded "
+                          "again only when it changed. Restoring the old version undoes the edit.",
               responses=documented((200, "the new version with its history"), _NOT_YOURS,
-                                   (409, "not the current version of a profile memory (memory_not_current)"),
+                                   (409, "memory_not_current: history or a relationship utterance (edit the current "
+                                          "version of a profile memory)"),
                                    *_MODEL_FAILURES))
 def edit_memory(memory_id: UUID, body: MemoryEdit) -> MemoryWithHistory:
     return MemoryWithHistory.model_validate(curation.edit(current_user(router), memory_id, body.changes()))
@@ -123,7 +130,8 @@ def edit_memory(memory_id: UUID, body: MemoryEdit) -> MemoryWithHistory:
 
 @router.delete("/v1/memories", summary="delete the memories of a layer and/or a category",
                description="Every memory of the caller matching both filters, history included. At least one filter "
-                           "is required (DELETE /v1/me erases everything). Memories of other kinds that one of them "
+                           "is required: a 422 without (DELETE /v1/me erases everything). Memories of other kinds "
+                           "that one of them "
                            "had replaced stay history.",
                responses=documented((200, "how many were deleted")))
 def delete_memories(layer: Annotated[MemoryLayer | None, Query()] = None,

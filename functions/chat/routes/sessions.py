@@ -43,6 +43,8 @@ def create_session(body: NewSession) -> Response[CreatedSession]:
 
 
 @router.get("/v1/sessions", summary="the caller's sessions and where each is in dreaming",
+            description="Newest first; each with `dreaming`: its state in the background extraction, its last "
+                        "error, its attempts and when it is due.",
             responses=documented((200, "the sessions")))
 def sessions() -> SessionList:
     rows = chat_store.list_sessions(current_user(router), settings().dreaming_idle_secs)
@@ -51,20 +53,27 @@ def sessions() -> SessionList:
 
 @router.post("/v1/sessions/<session_id>/turns", summary="one chat turn",
              description="The message is stored, claiming `client_turn_id` for it, before the model is called: a "
-                         "retry with the same content replays the reply; other content with that id is a 409. On a "
-                         "model failure the message is kept; the answer says whether a retry can help (`retryable`).",
+                         "retry or a concurrent duplicate with the same content gets the one reply (`replayed: "
+                         "true`; the model is called once); other content with that id is a 409 `turn_conflict` and "
+                         "calls no model. On a model failure the message is kept and the answer says whether a retry "
+                         "can help (`retryable`): after a 503 `model_unavailable` or a 504 `model_timeout`, retry with "
+                         "the same `client_turn_id`. A 409 `session_gone` means the user was erased while the turn "
+                         "ran: nothing was stored or counted.",
              responses=documented((200, "the reply"), (404, "no such session of this user"),
                                   (409, "turn_conflict: client_turn_id already used for another message; "
                                          "session_gone: the user was erased while the turn ran"),
                                    (429, "rate_limited or budget_exhausted: over a per-user limit (Retry-After)"),
-                                   (502, "model_error: the provider refused the request (not retryable)"),
-                                   (503, "model_unavailable (retryable) or database_unavailable"),
+                                   (502, "model_error: the provider refused the request (a 400/401/402/403, or an "
+                                         "unusable answer): not retryable"),
+                                   (503, "model_unavailable (retryable), database_unavailable or database_busy"),
                                    (504, "model_timeout (retryable)")))
 def take_turn(session_id: UUID, body: NewTurn) -> chat.TurnResult:
     return chat.take_turn(current_user(router), session_id, body.content, body.client_turn_id)
 
 
 @router.get("/v1/sessions/<session_id>/messages", summary="a page of a session's messages",
+            description="Newest first; each reply with the memories its prompt recalled (ids, scores and their parts: "
+                        "the text is the memory's own, looked up by id).",
             responses=documented((200, "the page"), (404, "no such session of this user")))
 def messages(session_id: UUID, limit: Annotated[int, Query(ge=1, le=200)] = 50,
              before: Annotated[int | None, Query(ge=1, le=MAX_BIGINT)] = None) -> MessagePage:
