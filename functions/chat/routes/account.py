@@ -21,7 +21,7 @@ router = Router()
             description="Writes the caller's whole record as one JSON document and answers a link to it (a document "
                         "can be far larger than an API answer may be), a page of rows at a time. In AWS the file is "
                         "an object of the private, encrypted, TLS-only ExportBucket and the link is presigned for "
-                        f"{records.URL_SECS // 60} minutes; in the local stack it is a file the stack serves under "
+                        f"{account.URL_SECS // 60} minutes; in the local stack it is a file the stack serves under "
                         "/local/exports/. The file "
                         "is deleted within a day, and by DELETE /v1/me.",
             responses=documented((200, "the link"), (503, "exports_unavailable: exports are not configured here")))
