@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Where a short path may start, besides the root.
 HOMES = ["layers/eros", "layers/eros/eros", "layers/eros/eros/dreaming", "layers/eros/eros/migrations",
-         "functions/chat", "bench", "bench/results", "tests", "console"]
+         "functions/chat", "devstack", "devstack/eros_dev", "bench", "bench/results", "tests", "console"]
 CREATED = (".venv", ".data", ".artifacts", ".aws-sam", "exports/")  # made by make, the stack or the tests
 SUFFIXES = (".py", ".md", ".sql", ".json", ".yaml", ".toml", ".txt", ".lock", ".png", ".js", ".html", ".css",
             ".jsonl")
