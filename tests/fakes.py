@@ -31,15 +31,17 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
 import pytest
 
+import eros.clock
 from eros.providers.offline import hash_embed
 
 __all__ = ["Status", "Delay", "Malformed", "Raw", "Reply", "Disconnect", "FakeServer", "FakeOpenRouter",
-           "FakeVoyage", "SkippingClock", "fake_llm", "fake_voyage", "skipped_sleeps"]
+           "FakeVoyage", "SkippingClock", "fake_llm", "fake_voyage", "skipped_sleeps", "NOON", "Clock", "clock"]
 
 
 # --- behaviours -------------------------------------------------------------------------------------------
@@ -480,3 +482,25 @@ def skipped_sleeps(monkeypatch):
     monkeypatch.setattr(base, "monotonic", clock.monotonic)
     monkeypatch.setattr(base, "wall_time", clock.time)
     return clock
+
+
+# --- the application's clock ---------------------------------------------------------------------------------
+NOON = datetime(2026, 3, 14, 12, 0, 10, tzinfo=UTC)
+
+
+class Clock:
+    """The application's clock (``eros.clock.now``), stopped at a moment the test moves."""
+
+    def __init__(self, moment: datetime):
+        self.moment = moment
+
+    def __call__(self) -> datetime:
+        return self.moment
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    """``eros.clock.now`` stopped at NOON (a Saturday, ten seconds into a minute); move it with ``clock.moment``."""
+    stopped = Clock(NOON)
+    monkeypatch.setattr(eros.clock, "now", stopped)
+    return stopped

@@ -11,8 +11,8 @@ from uuid import UUID
 
 import pytest
 from apiclient import Api
+from fakes import NOON
 
-import eros.clock
 from eros import chat
 from eros.store import usage as usage_store
 from eros.usage import OverLimit
@@ -20,25 +20,9 @@ from eros_dev.dreaming import sweep_locally
 from eros_dev.lambda_runtime import LambdaContext, load_function
 from eros_dev.server import http_api_event
 
-NOON = datetime(2026, 3, 14, 12, 0, 10, tzinfo=UTC)
 EXTRACTED = json.dumps({"memories": [{"content": "Works at a bakery", "category": "fact", "importance": 0.6}]})
 
 
-class Clock:
-    """The spend clock and dreaming's, moved by the test."""
-
-    def __init__(self, moment: datetime):
-        self.moment = moment
-
-    def __call__(self) -> datetime:
-        return self.moment
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    clock = Clock(NOON)
-    monkeypatch.setattr(eros.clock, "now", clock)
-    return clock
 
 
 @pytest.fixture

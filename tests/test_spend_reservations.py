@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from uuid import UUID
 
 import pytest
 from apiclient import Api
-from fakes import FakeOpenRouter, Status
+from fakes import NOON, FakeOpenRouter, Status
 
-import eros.clock
 from eros import account, chat, db
 from eros.store import chat as chat_store
 from eros.store import usage as usage_store
@@ -28,22 +27,6 @@ BUDGET = 3000
 # A long message (~500 tokens to the fake providers, twice: the prompt and the query embedding), so that one turn
 # costs about a third of the budget and a wave of concurrent turns many times it.
 MESSAGE = " ".join(f"Tonight I walked along the harbour and counted {n} boats under the lights." for n in range(26))
-NOON = datetime(2026, 3, 14, 12, 0, 10, tzinfo=UTC)
-
-
-class Clock:
-    def __init__(self, moment: datetime):
-        self.moment = moment
-
-    def __call__(self) -> datetime:
-        return self.moment
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    clock = Clock(NOON)
-    monkeypatch.setattr(eros.clock, "now", clock)
-    return clock
 
 
 def answer_slowly(request: dict) -> str:
