@@ -6,10 +6,7 @@
 -- function's memory because Lambda runs many containers: only the database sees all of a user's
 -- requests. Every change is one atomic statement (INSERT .. ON CONFLICT DO UPDATE .. WHERE, which
 -- locks the row and re-checks the limit on its latest version), so concurrent turns of one user
--- cannot both pass a limit that only one of them fits under: no read-then-write race. That holds for the
--- rate; the budget's tokens were only known after the model answered, so turns in flight overshot it
--- (issue 25): since 0018 a turn reserves its tokens at admission, and the day overshoots the budget by
--- less than the reservation of one turn (0018 and docs/DESIGN.md, "Usage", state the bound).
+-- cannot both pass a limit that only one of them fits under: no read-then-write race.
 CREATE TABLE engine.user_usage (
     user_id      text NOT NULL,
     day          date NOT NULL,  -- UTC; a new day is a new row, so the budget resets at midnight UTC

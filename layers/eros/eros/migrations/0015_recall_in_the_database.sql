@@ -28,7 +28,7 @@
 -- rows, order and scores are exactly those of the statements they replace (tests/test_recall.py compares them
 -- with a brute-force ranking in Python; tests/test_lexical_recall.py likewise).
 
--- The current definition, and what it does and why: eros/sql/functions/recall.sql.
+-- Recall's knobs (eros.config.RecallParams), passed as one value. demote_pool 0 means no demotion.
 CREATE TYPE engine.recall_knobs AS (
     strategy            text,    -- grouped | recency | composite
     lam                 float8,  -- recency: weight of the decay
@@ -43,7 +43,46 @@ CREATE TYPE engine.recall_knobs AS (
     lexical_year_weight float8
 );
 
--- The current definition, and what it does and why: eros/sql/functions/recall.sql.
+-- One layer's top k rows (at most cap per category), ranked as eros.store.recall's docstring states (the
+-- formulas of each strategy and the score parts). How the statement is built, and why:
+-- * `base`, the rows a layer recalls. profile: the user's rows without an instance and with a category
+--   (uncategorised profile rows are the raw turn dump the dreaming design replaced; the prompt renders the
+--   profile by category, so such a row could never be shown), through companion_memories_profile_idx.
+--   relationship: one user x one persona instance, through companion_memories_relationship_idx. In both, a
+--   superseded row is history, kept but never recalled, and a row created after "now" did not exist yet then.
+--   An exact scan of one user's rows: an ANN index could only serve ORDER BY distance, not these scores, and
+--   filters by user only after its neighbour search (bench/recall_latency.py measures both).
+--   It computes the distance (pgvector's <=>, the cost that matters) and the decay once per row: OFFSET 0
+--   keeps it a plan node of its own, else the planner substitutes both expressions into every column that
+--   reads them and computes them once per reference (~0.5 ms per statement at 100 rows). The age is clamped
+--   at 0 (a row stamped a moment after the statement began is new) and the exponent at 700: exp() of a float8
+--   below about -745 raises "underflow" instead of returning 0, and a memory many tau old must still be
+--   recalled when it is the relevant one. A row without importance (utterances, rows from before extraction
+--   gave one) weighs 0.5: neither promoted nor buried.
+-- * The lexical part: BM25 of the message's lexemes against each row's (engine.lexemes, the same tokens on both
+--   sides, migration 0012) over the layer's rows of this user only, so the inverse document frequency is the
+--   user's own (a word all their memories have is worth nothing, their colleague's rare name a lot), divided
+--   by the best row's so that it lies in [0, 1] whatever the message's length. Term frequency 1 and no length
+--   normalisation (b = 0): memories are a sentence or two, a repeated word is no more evidence, and b = 0.75 was
+--   no better on the dev set (bench/results/recall_summary.md).
+--   `terms`: the message's lexemes, once (MATERIALIZED); none without a message, and then no row matches.
+--   `matches`: (row, document frequency) per lexeme a row shares with the message; ts_delete() drops the
+--   message's lexemes from a row's in C, so rows that match nothing (most) are never unnested, and the
+--   frequency is a window over the matches, not a second pass and a join.
+--   `bm25`: per row, the sum of idf = ln(1 + (n - df + 0.5) / (df + 0.5)) over its matched lexemes (BM25's
+--   (k1 + 1) / (1 + k1) is 1 at term frequency 1 and b = 0); n is `collection`, MATERIALIZED so that it is
+--   counted once, not once per match.
+--   A row whose event time falls in a year the message names ("what happened in 2008?", "2018年") also gets
+--   lexical_year_weight: the year is a word of the row too, but at a tie-breaker's weight it cannot lift the
+--   one memory of 2008 over ten closer in meaning, and a year named in a question is rarely a coincidence.
+-- * `scored`: the score parts and the score before demotion.
+-- * The demotion (profile only): `pool` is the layer's demote_pool best rows before demotion, `demoted` those of
+--   them with a newer row of the same category in the pool at least demote_similarity cosine-similar; they
+--   lose demote_penalty. Comparing pool rows only bounds the pairwise work at pool^2 / 2 distances, whatever
+--   the user's row count. `demoted` is MATERIALIZED: read twice, its pairwise join must run once.
+-- * `capped` numbers each category's rows by score: the per-category quota of `grouped`, the optional cap of
+--   the others (relationship rows have no category: one partition). ORDER BY score DESC, id ... LIMIT k is the
+--   top k, ties broken by id so that the same rows always come back in the same order.
 CREATE FUNCTION engine.recall_layer(
     of_layer text, of_user text, of_instance uuid, of_category text,
     query vector, message text, as_of timestamptz, knobs engine.recall_knobs, k int, cap int)
@@ -139,14 +178,19 @@ ORDER BY score DESC, capped.id
 LIMIT k
 $$;
 
--- The current definition, and what it does and why: eros/sql/functions/recall.sql.
+-- A row of a turn's recall (eros.store.rows.RecallCandidate): what both functions below return.
 CREATE TYPE engine.recall_candidate AS (
     layer text, id uuid, content text, category text, importance real, created_at timestamptz, occurred_at date,
     occurred_precision text, distance float8, decay float8, similarity float8, recency_term float8,
     importance_term float8, lexical_term float8, demotion float8, score float8, near uuid[]
 );
 
--- The current definition, and what it does and why: eros/sql/functions/recall.sql.
+-- Both layers, as a turn recalls them: the profile's top profile_k (at most profile_cap per category), then the
+-- relationship layer's top relationship_k of the instance, each exactly as recall_layer() ranks it, without
+-- embeddings, each with `near`: the rows placed before it (the profile's first, each layer by score) at least
+-- `dedupe` cosine-similar to it. A row is a near-duplicate of what the prompt already carries exactly when one
+-- of those was kept (eros.recall.Hygiene), so no vector leaves the database: at most (k + relationship_k)^2 / 2
+-- distances in C instead of dot products in Python over 60 KB of shipped vectors.
 CREATE FUNCTION engine.recall_candidates(
     of_user text, of_instance uuid, query vector, message text, as_of timestamptz, knobs engine.recall_knobs,
     profile_k int, profile_cap int, relationship_k int, dedupe float8)
@@ -175,7 +219,8 @@ FROM candidates c
 ORDER BY c.place
 $$;
 
--- The current definition, and what it does and why: eros/sql/functions/recall.sql.
+-- What a turn calls: recall_candidates() through PL/pgSQL, whose one statement the backend plans once (generic
+-- plan, see the top) and then only executes. Same arguments, same rows.
 CREATE FUNCTION engine.turn_recall(
     of_user text, of_instance uuid, query vector, message text, as_of timestamptz, knobs engine.recall_knobs,
     profile_k int, profile_cap int, relationship_k int, dedupe float8)

@@ -23,7 +23,11 @@ BEGIN
 END
 $$;
 
--- The current definition, and what it does and why: eros/sql/functions/spend.sql.
+-- Provider calls (one element per call in each array) of one user on one UTC day: first their tokens on the
+-- day's row (the row the daily budget reads; nothing when they reported none), chat and dreaming apart
+-- (extraction and the deep pass are dreaming: eros.store.usage.PURPOSES), then each call under its purpose
+-- and model (migration 0009). Always in that order: a turn locks its usage rows before its session's row, in
+-- the order open_turn takes them, so that concurrent turns of one user cannot deadlock.
 CREATE FUNCTION engine.spend(of_user text, of_day date, purposes text[], models text[], inputs bigint[],
                              outputs bigint[]) RETURNS void
 LANGUAGE plpgsql
@@ -49,7 +53,22 @@ BEGIN
 END
 $$;
 
--- The current definition, and what it does and why: eros/sql/functions/turn.sql.
+-- A turn's first statement: everything it does before its model calls, one statement and one transaction. No row:
+-- the session is not this user's, or there is none (every part reads `session`, so nothing else runs). Its parts:
+-- * stored: the messages already stored under this turn id (a retry's first attempt);
+-- * to_admit / counted: the turn counted against the spend limits (limited: one is on; rate turns per minute,
+--   budget tokens a day, 0 for off), when the turn is not the retry of an answered turn with the same message (a
+--   replay is never limited). The count and the check are one upsert on the row's latest version (ON CONFLICT DO
+--   UPDATE locks it), so concurrent turns of one user cannot overshoot a limit; `counted` has a row when the turn
+--   was admitted and counted;
+-- * claimed: the user's message, stored before any model call, claiming the turn id (the turn key decides between
+--   concurrent senders), only when there is none yet and the turn was admitted; touched: the session's activity
+--   (as touch_session), when the message was stored;
+-- * history: the last history_size messages (the turn's own excluded), oldest first, for the prompt.
+-- The admission locks the usage row before the session row is touched, as record_turn does. Every part reads one
+-- snapshot, the statement's: a concurrent sender that stored its message after it began is neither in `stored`
+-- nor beaten by `claimed` (ON CONFLICT waits for it, then does nothing); the caller then finds it
+-- (eros.store.chat.claim_turn).
 CREATE FUNCTION engine.open_turn(of_user text, of_session uuid, turn text, message text, history_size int,
                                  limited boolean, of_day date, rate_window timestamptz, rate int, budget bigint)
 RETURNS TABLE (id uuid, instance_id uuid, persona_id text, created_at timestamptz, last_active_at timestamptz,
@@ -107,7 +126,13 @@ BEGIN
 END
 $$;
 
--- The current definition, and what it does and why: eros/sql/functions/turn.sql.
+-- A turn's last statement: its reply and what goes with it, one statement and one transaction. Returns the reply's
+-- id, or NULL when a concurrent sender of the same message stored its reply first (keep that one). In order:
+-- * the turn's provider calls (spend), recorded even when the reply is not (they were paid for), first: the usage
+--   rows are locked before the session row, in the order open_turn takes them;
+-- * the assistant's message, unless a concurrent sender's is there;
+-- * with the reply only: the session's activity, and the user's message in the relationship layer, as an
+--   utterance with the embedding recall already paid for.
 CREATE FUNCTION engine.record_turn(of_user text, of_session uuid, of_instance uuid, turn text, reply text,
                                    reply_metadata jsonb, message text, message_id bigint, message_embedding vector,
                                    utterance_metadata jsonb, of_day date, purposes text[], models text[],
