@@ -104,3 +104,19 @@ def claim_concurrently(workers: int, *, idle_before: datetime, stale_before: dat
 
     with ThreadPoolExecutor(workers) as pool:
         return list(pool.map(claimer, range(workers)))
+
+
+def migrate_before(conn: Any, number: str) -> None:
+    """Apply the numbered migrations before ``number`` ("0017") to a fresh database as the runner of that time
+    did (names only in engine.schema_migrations, no checksums, no function files): a database of an earlier
+    release, for a test of what a later migration does to it."""
+    from eros.migrate import migration_files
+
+    conn.execute("CREATE SCHEMA engine")
+    conn.execute("CREATE TABLE engine.schema_migrations (name text PRIMARY KEY, applied_at timestamptz"
+                 " NOT NULL DEFAULT now())")
+    for name, sql in migration_files():
+        if name >= number:
+            break
+        conn.execute(sql)
+        conn.execute("INSERT INTO engine.schema_migrations (name) VALUES (%s)", (name,))

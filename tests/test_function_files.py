@@ -7,6 +7,7 @@ import logging
 
 import psycopg
 import pytest
+from helpers import migrate_before
 from test_migrations import fresh_database  # noqa: F401 -- the fixture
 
 from eros import migrate as runner
@@ -115,14 +116,7 @@ def test_migrations_applied_before_checksums_get_their_files_checksum_then_are_h
     """A database migrated by the runner before 0020 (names only): the first run records each file's checksum
     as it is then, and says so; an edit after that is refused."""
     with psycopg.connect(fresh_database, autocommit=True) as conn:
-        conn.execute("CREATE SCHEMA engine")
-        conn.execute("CREATE TABLE engine.schema_migrations (name text PRIMARY KEY, applied_at timestamptz"
-                     " NOT NULL DEFAULT now())")
-        for name, sql in migration_files():
-            if name.startswith("0020"):
-                break
-            conn.execute(sql)
-            conn.execute("INSERT INTO engine.schema_migrations (name) VALUES (%s)", (name,))
+        migrate_before(conn, "0020")
     caplog.set_level(logging.INFO, logger="eros")
     assert migrate(fresh_database)[0].startswith("0020")
     [first_seen] = [r for r in caplog.records if r.getMessage().startswith("checksums recorded")]

@@ -30,6 +30,7 @@ from uuid import UUID
 import psycopg
 import pytest
 from apiclient import Api
+from helpers import migrate_before
 from pgvector import Vector
 from test_memory_history import containers, queued_on_a_held_row
 from test_migrations import fresh_database  # noqa: F401 -- the fixture
@@ -482,17 +483,10 @@ def test_migration_0017_names_the_chains_of_existing_rows(fresh_database):  # no
     """Rows written before 0017: a chain is named after where its links lead; a chain already broken by a
     deletion and a restored duplicate are chains of their own; the invariant's index is built over them (it
     would fail on two current rows in one chain)."""
-    from eros.migrate import migrate, migration_files
+    from eros.migrate import migrate
 
     with psycopg.connect(fresh_database, autocommit=True) as conn:
-        conn.execute("CREATE SCHEMA engine")
-        conn.execute("CREATE TABLE engine.schema_migrations (name text PRIMARY KEY, applied_at timestamptz"
-                     " NOT NULL DEFAULT now())")
-        for name, sql in migration_files():
-            if name.startswith("0017"):
-                break
-            conn.execute(sql)
-            conn.execute("INSERT INTO engine.schema_migrations (name) VALUES (%s)", (name,))
+        migrate_before(conn, "0017")
 
         def row(content: str) -> UUID:
             return one(conn.execute(
