@@ -16,15 +16,16 @@ class MemoryLayer(StrEnum):
     """Which of the two memory layers a memory is in (not to be confused with the Lambda layer)."""
 
     PROFILE = "profile"  # who the user is: distilled facts, the user's across every persona
-    RELATIONSHIP = "relationship"  # what the user said to one persona instance: raw utterances
+    RELATIONSHIP = "relationship"  # what happened with one persona instance: raw utterances and episodes
 
 
 # The profile layer's categories, in the order the prompt shows them.
 Category = Literal["fact", "preference", "event", "emotion", "relation"]
 CATEGORIES: tuple[Category, ...] = get_args(Category)  # the one list, typed once (the CHECK of 0001 is the SQL's)
 
-# What wrote a memory: a chat utterance, session-end extraction (dreaming), the per-user deep pass, the user.
-Source = Literal["utterance", "dreaming", "deep_pass", "user"]
+# What wrote a memory: a chat utterance, session-end extraction (dreaming), the per-user deep pass, the user,
+# and a session's episode (written by the same extraction into the relationship layer; migration 0021).
+Source = Literal["utterance", "dreaming", "deep_pass", "user", "episode"]
 
 # Why a memory stopped being current (migration 0004; docs/CONSOLIDATION.md). 'outdated' is a relationship-layer
 # utterance's (a fact it stated changed); the others are a profile memory's, as supersession writes them.
