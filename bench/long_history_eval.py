@@ -293,7 +293,12 @@ class Pipeline:
                                 f"{h.lang} {h.size}")
         h.seconds["embed"] = time.monotonic() - started
         started = time.monotonic()
+        stored = 0
         for session in h.data["sessions"]:
+            if stored // 5000 != (stored + len(session["turns"])) // 5000:
+                print(f"  {h.lang} {h.size}: {stored:,} turns stored in {time.monotonic() - started:.0f} s",
+                      file=sys.stderr)
+            stored += len(session["turns"])
             created = chat_store.create_session(h.uid, PERSONA)
             assert created is not None
             h.sids.append(str(created["id"]))
