@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 from uuid import UUID, uuid4
 
 from pgvector import Vector
 from psycopg.types.json import Jsonb
 
-from ..db import connection, one, retried, transaction
+from ..db import Connection, connection, one, retried, transaction
 from ..memory import EventTime, event_columns, later_telling
 from . import claims, consolidation
-from .rows import Claim, ClaimedSession, KnownMemory, Message
+from .rows import Claim, ClaimedSession, EpisodeContext, KnownMemory, Message
 
 # The SPEC's claim: one statement, FOR UPDATE SKIP LOCKED so concurrent
 # sweepers take disjoint sets without blocking; cut-offs computed by the caller and bound.
@@ -136,6 +137,58 @@ def transcript(user_id: str, session_id: UUID, after_id: int | None, context_mes
     return earlier, new
 
 
+# What a session's episode is written with: the persona's name (the episode names it), and the episode the
+# session already has, if an earlier extraction of it wrote one (a resumed session rewrites it, migration 0021).
+_EPISODE_CONTEXT = """
+SELECT p.name AS persona_name, e.id AS episode_id, e.content AS episode, e.occurred_at, e.occurred_precision
+FROM engine.chat_sessions s
+JOIN engine.persona_instances i ON i.id = s.instance_id
+JOIN engine.personas p ON p.id = i.persona_id
+LEFT JOIN engine.companion_memories e ON e.session_id = s.id AND e.user_id = s.user_id AND e.source = 'episode'
+WHERE s.id = %(session)s AND s.user_id = %(user)s
+"""
+
+
+def episode_context(user_id: str, session_id: UUID) -> EpisodeContext:
+    """The persona of the session, and its episode so far (None: none written yet, or the user deleted it)."""
+    return one(connection().execute(_EPISODE_CONTEXT, {"session": session_id, "user": user_id}))
+
+
+# One episode per session (the unique index of migration 0021): the first extraction of a session inserts it, a
+# resumed one rewrites that row in place -- its text, embedding and event time are the model's whole updated
+# account, its range grows to the messages read since, its metadata names the model that wrote it last and
+# counts the rewrites. In place, without a version chain: an episode is no fact that changes but one account
+# that grows, and no one restores half of it (relationship rows have no versions, docs/DESIGN.md). created_at
+# stays when it was first written.
+_WRITE_EPISODE = """
+INSERT INTO engine.companion_memories AS m (id, session_id, user_id, instance_id, content, embedding, source,
+    from_message_id, through_message_id, metadata, occurred_at, occurred_precision)
+VALUES (%(id)s, %(session)s, %(user)s, %(instance)s, %(content)s, %(embedding)s, 'episode', %(from)s, %(through)s,
+        %(metadata)s, %(occurred_at)s, %(precision)s)
+ON CONFLICT (session_id) WHERE source = 'episode' DO UPDATE SET
+    content = EXCLUDED.content, embedding = EXCLUDED.embedding,
+    from_message_id = least(m.from_message_id, EXCLUDED.from_message_id),
+    through_message_id = greatest(m.through_message_id, EXCLUDED.through_message_id),
+    metadata = m.metadata || EXCLUDED.metadata
+        || jsonb_build_object('rewrites', coalesce((m.metadata->>'rewrites')::int, 0) + 1),
+    occurred_at = EXCLUDED.occurred_at, occurred_precision = EXCLUDED.occurred_precision
+WHERE m.user_id = EXCLUDED.user_id
+RETURNING (xmax = 0) AS inserted
+"""
+
+
+def write_episode(conn: Connection, session: Mapping[str, Any], episode: Mapping[str, Any]) -> str:
+    """Write the session's episode (inside the caller's transaction, under the user's memory lock): 'written'
+    (a new row) or 'rewritten' (the session's episode, updated in place)."""
+    occurred_at, precision = event_columns(episode.get("occurred"))
+    row = one(conn.execute(_WRITE_EPISODE, {
+        "id": episode.get("id") or uuid4(), "session": session["id"], "user": session["user_id"],
+        "instance": session["instance_id"], "content": episode["content"], "embedding": Vector(episode["embedding"]),
+        "from": episode["from_message_id"], "through": episode["through_message_id"],
+        "metadata": Jsonb(episode["metadata"]), "occurred_at": occurred_at, "precision": precision}))
+    return "written" if row["inserted"] else "rewritten"
+
+
 # The known memories a session touches, found with no provider call: each new user turn of the
 # session already has its vector in the relationship layer (the chat turn paid for it), so the
 # active profile rows nearest to those turns are what the session is likely to confirm or change.
@@ -178,9 +231,9 @@ def touched_memories(user_id: str, session_id: UUID, after_id: int | None, limit
 @retried
 def finish(session: ClaimedSession, claim_token: datetime, memories: list[dict], watermark: int | None,
            error: str | None, confirm: Sequence[tuple[UUID, float]] = (), first_message_id: int | None = None,
-           told: Mapping[UUID, EventTime] | None = None) -> dict | None:
-    """ONE transaction: insert the profile rows, apply their consolidation, and stamp the session,
-    only if the claim still holds.
+           told: Mapping[UUID, EventTime] | None = None, episode: Mapping[str, Any] | None = None) -> dict | None:
+    """ONE transaction: insert the profile rows, apply their consolidation, write the session's episode (if the
+    answer had one: ``write_episode``), and stamp the session, only if the claim still holds.
 
     Each memory may carry ``id``, ``occurred`` (its ``EventTime``) and ``supersedes`` (ids of known rows it
     replaces); ``confirm`` are known rows the session repeated (noted with the message range read,
@@ -189,9 +242,11 @@ def finish(session: ClaimedSession, claim_token: datetime, memories: list[dict],
     else was asked is counted as ``ignored``. The session is stamped ``extracted_at`` unless
     messages beyond the new ``watermark`` exist (turns that arrived meanwhile, or windows not read
     yet): then it stays eligible for the next sweep, which starts from the new watermark.
-    Returns the counts, or None when the claim was lost (nothing written).
+    Returns the counts (``episode``: 'written', 'rewritten' or None), or None when the claim was lost (nothing
+    written).
     """
-    counts = {"inserted": len(memories), "superseded": 0, "confirmed": 0, "ignored": 0}
+    counts: dict[str, Any] = {"inserted": len(memories), "superseded": 0, "confirmed": 0, "ignored": 0,
+                              "episode": None}
     user = session["user_id"]
     with transaction() as conn:
         consolidation.hold_user(conn, user)  # the lock order: the user's memory lock, then the session, then rows
@@ -225,6 +280,8 @@ def finish(session: ClaimedSession, claim_token: datetime, memories: list[dict],
             counts["confirmed" if ok else "ignored"] += 1
         if memories or counts["superseded"]:
             consolidation.mark_changed(conn, user)
+        if episode is not None:  # the relationship layer: nothing the deep pass reads, so no mark_changed
+            counts["episode"] = write_episode(conn, session, episode)
         conn.execute(
             "UPDATE engine.chat_sessions SET"
             " extraction_watermark = coalesce(%(watermark)s, extraction_watermark),"
