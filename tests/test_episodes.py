@@ -126,7 +126,8 @@ def test_the_offline_stand_in_writes_a_plain_deterministic_episode(db):
     assert row["content"] == "The user told Kai: \u201cMy boss keeps piling on new demands. I love hiking.\u201d."
     assert row["metadata"]["model"] == "offline/echo" and row["occurred_precision"] == "day"
     # The same transcript, the same episode.
-    transcript = "<persona>Kai</persona>\n\n<session>\n[Monday 2026-11-23]\nuser: hi there\nassistant: hello\n</session>"
+    transcript = ("<persona>Kai</persona>\n\n<session>\n[Monday 2026-11-23]\nuser: hi there\nassistant: hello\n"
+                  "</session>")
     assert offline_episode(transcript) == offline_episode(transcript) == {
         "content": "The user told Kai: \u201chi there\u201d.", "occurred_at": "2026-11-23"}
     assert offline_episode("<session>\nassistant: hello\n</session>") is None
@@ -246,7 +247,7 @@ def test_parse_reads_the_episode_beside_the_memories():
         parse_extraction('{"summary": "nothing"}')
 
 
-def test_a_changed_fact_does_not_outdate_the_episode_that_told_it(online, db):
+def test_an_episode_that_told_a_changed_fact_leaves_recall_with_it_and_comes_back_on_restore(online, db):
     fake_llm, _ = online
     answer_with(fake_llm, answer({"content": "The user told Luna she lives in Shanghai."},
                                  memories=[{"content": "Lives in Shanghai", "category": "fact"}]))
@@ -260,9 +261,74 @@ def test_a_changed_fact_does_not_outdate_the_episode_that_told_it(online, db):
     answer_with(fake_llm, moved)
     chat(api, api.session(), "I moved: I live in Tokyo now, not Shanghai")
     dream(db)
-    assert db.execute("SELECT superseded_at FROM engine.companion_memories WHERE content = 'Lives in Shanghai'"
-                      ).fetchone()["superseded_at"] is not None  # the fact changed ...
-    assert episodes(db)[0]["superseded_at"] is None  # ... what happened then still happened
-    outdated = db.execute("SELECT count(*) AS n FROM engine.companion_memories WHERE superseded_reason = 'outdated'"
-                          ).fetchone()["n"]
-    assert outdated == 1  # the utterance that said it
+    old = db.execute("SELECT id FROM engine.companion_memories WHERE content = 'Lives in Shanghai'").fetchone()["id"]
+    [episode] = episodes(db)
+    # As the utterance that said it: the prompt must not bring the old city back next to the new one.
+    assert (episode["superseded_reason"], episode["superseded_by"]) == ("outdated", old)
+    status, body = api.call("POST", f"/v1/memories/{old}/restore")
+    assert status == 200, body
+    assert episodes(db)[0]["superseded_at"] is None
+
+
+# --- the memory API: listed, filtered, corrected, deleted, exported --------------------------------------------------
+def test_the_api_lists_filters_gets_corrects_deletes_and_exports_episodes(online, db, env, tmp_path):
+    fake_llm, fake_voyage = online
+    env(EXPORT_DIR=str(tmp_path), EXPORT_BASE_URL="http://127.0.0.1:9/local")
+    answer_with(fake_llm, answer({"content": EPISODE, "occurred_at": "2026-11-25"}))
+    api = Api()
+    sid = api.session()
+    chat(api, sid, "I have the Siemens interview on Friday")
+    dream(db)
+    ids = messages(db, sid)
+
+    status, page = api.call("GET", "/v1/memories?source=episode")
+    assert status == 200 and len(page["memories"]) == 1
+    [listed] = page["memories"]
+    assert {k: listed[k] for k in ("layer", "category", "source", "persona_id", "session_id", "from_message_id",
+                                   "through_message_id", "model", "occurred_at", "occurred_precision")} == {
+        "layer": "relationship", "category": None, "source": "episode", "persona_id": "luna", "session_id": sid,
+        "from_message_id": ids[0], "through_message_id": ids[-1], "model": "anthropic/claude-haiku-4.5",
+        "occurred_at": "2026-11-25", "occurred_precision": "day"}
+    assert {m["source"] for m in api.call("GET", "/v1/memories?layer=relationship")[1]["memories"]} == {
+        "utterance", "episode"}
+    assert {m["source"] for m in api.call("GET", "/v1/memories?source=utterance")[1]["memories"]} == {"utterance"}
+    status, body = api.call("GET", "/v1/memories?source=diary")
+    assert status == 422 and "source" in json.dumps(body)
+    assert api.call("GET", "/v1/memories?source=episode", user="bob")[1]["memories"] == []
+
+    status, one = api.call("GET", f"/v1/memories/{listed['id']}")
+    assert status == 200 and one["source"] == "episode" and [h["id"] for h in one["history"]] == [listed["id"]]
+
+    # Corrected in place: the same row, its text embedded again, its provenance kept.
+    embed_before = fake_voyage.calls
+    fixed = "Mei told Luna she was nervous about the Siemens interview; they rehearsed it twice."
+    status, edited = api.call("PATCH", f"/v1/memories/{listed['id']}", {"content": fixed, "occurred_at": "2026-W48"})
+    assert status == 200, edited
+    assert (edited["id"], edited["content"], edited["occurred_at"], edited["session_id"]) == (
+        listed["id"], fixed, "2026-W48", sid)
+    assert fake_voyage.calls == embed_before + 1 and fake_voyage.requests[-1]["json"]["input"] == [fixed]
+    row = episodes(db)[0]
+    assert row["metadata"]["edited_at"] and row["superseded_at"] is None
+    status, body = api.call("PATCH", f"/v1/memories/{listed['id']}", {"category": "event"})
+    assert status == 422 and body["code"] == "not_an_episode_field" and episodes(db)[0]["content"] == fixed
+
+    # The export carries it, with its provenance.
+    status, link = api.call("GET", "/v1/export")
+    assert status == 200
+    document = json.loads((tmp_path / link["url"].split("/local/", 1)[1]).read_text())
+    [exported] = [m for m in document["memories"] if m["source"] == "episode"]
+    assert (exported["content"], exported["session_id"], exported["through_message_id"]) == (fixed, sid, ids[-1])
+
+    # A resumed session goes on from the correction; deleted, the next extraction writes a new one.
+    answer_with(fake_llm, answer(None, memories=[]))
+    chat(api, sid, "It went well")
+    dream(db)
+    assert f"<episode_so_far>\n{fixed}\n</episode_so_far>" in extraction_prompts(fake_llm)[-1]
+    assert api.call("DELETE", f"/v1/memories/{listed['id']}")[0] == 204
+    assert api.call("GET", "/v1/memories?source=episode")[1]["memories"] == []
+    answer_with(fake_llm, answer("Mei told Luna the interview went well.", memories=[]))
+    chat(api, sid, "They called back")
+    dream(db)
+    assert "<episode_so_far>" not in extraction_prompts(fake_llm)[-1]
+    [again] = episodes(db)
+    assert again["content"] == "Mei told Luna the interview went well." and again["id"] != listed["id"]

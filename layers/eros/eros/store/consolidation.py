@@ -38,8 +38,9 @@ jsonb_set(metadata, '{confirmed_in}', (
 """
 
 # The utterances that stated the superseded rows `ids`: in one of their ranges, still active, and
-# nearer to the old fact than to any active profile row (the new fact included). Utterances only: an episode
-# is an account of what happened then ("Mei told Kai she lived in Shanghai"), which a changed fact leaves true.
+# nearer to the old fact than to any active profile row (the new fact included). A session's episode too, on the
+# same rule: an account nearest to the old fact ("the user told Luna she lives in Shanghai") would bring it back
+# into the prompt next to the new one; it returns when the old fact is restored, as the utterances do.
 _OUTDATE_UTTERANCES = """
 WITH x AS (
     SELECT id, embedding, session_id, from_message_id, through_message_id, metadata
@@ -54,7 +55,7 @@ WITH x AS (
     FROM ranges rg
     JOIN x ON x.id = rg.xid
     JOIN engine.companion_memories r ON r.session_id = rg.session_id AND r.user_id = %(user)s
-         AND r.instance_id IS NOT NULL AND r.source = 'utterance' AND r.superseded_at IS NULL
+         AND r.instance_id IS NOT NULL AND r.superseded_at IS NULL
          AND r.from_message_id BETWEEN rg.lo AND rg.hi
     ORDER BY r.id, distance
 )
