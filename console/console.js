@@ -327,8 +327,8 @@ function renderMemory(memory) {
   const episode = memory.source === "episode";
   const item = el("li", { class: `memory${superseded ? " superseded" : ""}${episode ? " episode" : ""}`,
     "data-id": memory.id },
-    episode ? el("p", { class: "meta badge episode-badge" },
-      `episode of session ${short(memory.session_id || "")}${when(memory) ? ` · ${when(memory)}` : ""}`) : null,
+    episode ? el("p", { class: "meta badge episode-badge" }, `episode of session ${short(memory.session_id || "")}`)
+      : null,
     el("p", { class: "memory-text" }, memory.content),
     when(memory) ? el("p", { class: "meta when" }, `when: ${when(memory)}`) : null,
     el("p", { class: "meta" },

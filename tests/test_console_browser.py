@@ -162,6 +162,44 @@ def test_a_person_watches_memory_form_and_curates_it(browser, stack):
         visit.close()
 
 
+def test_episodes_show_in_the_relationship_view_with_their_session_and_event_time(browser, stack, providers):
+    episode = "Alice told Kai she was nervous about the Siemens interview; Kai helped her rehearse."
+    providers[0].responder = lambda body: json.dumps({
+        "memories": [{"content": "Has a job interview at Siemens", "category": "event", "importance": 0.8,
+                      "occurred_at": "2026-12-04"}],
+        "episode": {"content": episode, "occurred_at": "2026-12-03"}}) if body.get("response_format") \
+        else "You will do well. Shall we rehearse?"
+    alice = Visit(browser, stack.url)
+    page = alice.page
+    alice.sign_in("alice")
+    page.get_by_label("Persona").select_option("kai")
+    page.get_by_role("button", name="New session").click()
+    page.get_by_label("Message", exact=True).fill("I have the Siemens interview tomorrow and I am nervous")
+    page.get_by_label("Message", exact=True).press("Enter")
+    expect(page.locator("#messages li.assistant").last).to_contain_text("rehearse")
+    page.get_by_role("button", name="Sweep now").click()
+    expect(page.locator("#sweep-result")).to_contain_text("extracted")
+    group = page.locator("section[aria-label='episodes · kai']")
+    item = group.locator("li.memory.episode")
+    expect(item).to_contain_text(episode)
+    expect(item.locator(".episode-badge")).to_contain_text("episode of session")
+    expect(item.locator(".when")).to_have_text("when: 2026-12-03")
+    expect(item).to_contain_text("episode · session")  # its provenance: source, session, messages, model
+    expect(page.locator("section[aria-label='relationship · kai']")).to_contain_text("Siemens interview tomorrow")
+    alice.shot("5-episodes")
+
+    # Corrected in place: no category or importance to set, and no second version.
+    item.get_by_role("button", name="Edit").click()
+    expect(item.get_by_label("Category")).to_have_count(0)
+    item.get_by_label("Content").fill(episode + " They rehearsed twice.")
+    item.get_by_role("button", name="Save").click()
+    expect(page.locator("#status")).to_have_text("Saved: the episode is corrected.")
+    expect(group.locator("li.memory")).to_have_count(1)
+    expect(group).to_contain_text("They rehearsed twice.")
+    assert alice.errors == []
+    alice.close()
+
+
 def test_a_memory_stated_in_the_console_and_a_failed_sign_in(browser, stack):
     visit = Visit(browser, stack.url)
     page = visit.page
