@@ -11,7 +11,7 @@ import pytest
 from apiclient import Api
 from helpers import go_idle
 
-from eros.extraction import MAX_EPISODE_CHARS, Unparsable, parse_extraction
+from eros.extraction import EPISODE_PROMPT, MAX_EPISODE_CHARS, Unparsable, parse_extraction
 from eros.memory import EventTime
 from eros.providers.offline import offline_episode
 from eros_dev.dreaming import sweep_locally
@@ -332,3 +332,76 @@ def test_the_api_lists_filters_gets_corrects_deletes_and_exports_episodes(online
     assert "<episode_so_far>" not in extraction_prompts(fake_llm)[-1]
     [again] = episodes(db)
     assert again["content"] == "Mei told Luna the interview went well." and again["id"] != listed["id"]
+
+
+# --- the backfill for sessions extracted before episodes -------------------------------------------------------------
+def test_the_backfill_writes_one_episode_per_past_session_within_budget_and_skips_cut_transcripts(online, db, env):
+    from eros.config import settings
+    from eros.dreaming.episodes import backfill
+    fake_llm, fake_voyage = online
+    answer_with(fake_llm, json.dumps({"memories": MEMORIES}))  # an earlier release: no episodes
+    api = Api()
+    sessions = {}
+    for user, persona in (("alice", "luna"), ("alice", "kai"), ("bob", "luna"), ("carol", "mei")):
+        sid = api.session(user=user, persona=persona)
+        for text in (f"{user} has the Siemens interview", "Can we rehearse?"):
+            assert api.call("POST", f"/v1/sessions/{sid}/turns", {"content": text}, user=user)[0] == 200
+        sessions[(user, persona)] = sid
+    dream(db)
+    assert episodes(db) == []
+    pending = api.session(user="alice", persona="mei")  # never extracted: dreaming's, not the backfill's
+    chat(api, pending, "hello")
+    # Retention cut carol's transcript; bob is over his day's budget.
+    db.execute("DELETE FROM engine.chat_messages WHERE id = (SELECT min(id) FROM engine.chat_messages"
+               " WHERE session_id = %s)", (sessions[("carol", "mei")],))
+    env(DAILY_TOKEN_BUDGET=1_000_000)
+    db.execute("UPDATE engine.user_usage SET tokens = 2000000 WHERE user_id = 'bob'")
+
+    def told(body):
+        prompt = body["messages"][-1]["content"]
+        assert body["messages"][0]["content"] == EPISODE_PROMPT  # the episode alone: the memories were extracted
+        persona = prompt.split("<persona>", 1)[1].split("</persona>", 1)[0]
+        return json.dumps({"episode": {"content": f"Alice told {persona} about the Siemens interview.",
+                                       "occurred_at": None}})
+    answer_with(fake_llm, told)
+    llm_before, embed_before = fake_llm.calls, fake_voyage.calls
+    done = backfill(settings(), limit=10)
+    assert (done.written, done.deferred, done.retention_skipped, done.failed) == (2, 1, 1, 0)
+    assert done.deferred_users == ["bob"]
+    assert (fake_llm.calls - llm_before, fake_voyage.calls - embed_before) == (2, 2)  # 1 + 1 per session
+    rows = {r["session_id"]: r for r in episodes(db)}
+    assert set(map(str, rows)) == {sessions[("alice", "luna")], sessions[("alice", "kai")]}
+    kai = rows[next(k for k in rows if str(k) == sessions[("alice", "kai")])]
+    ids = messages(db, sessions[("alice", "kai")])
+    assert kai["content"] == "Alice told Kai about the Siemens interview."
+    assert (kai["from_message_id"], kai["through_message_id"]) == (ids[0], ids[-1])
+    assert kai["metadata"]["backfilled"] is True and kai["occurred_precision"] == "day"
+    assert db.execute("SELECT calls FROM engine.user_model_usage WHERE user_id = 'alice' AND purpose = 'extraction'"
+                      " AND model = 'anthropic/claude-haiku-4.5'").fetchone()["calls"] >= 3  # its extraction, 2 more
+
+    # Run again: nothing left for it, nothing paid; bob's budget back, his session is done.
+    llm_before = fake_llm.calls
+    again = backfill(settings(), limit=10)
+    assert (again.written, again.deferred, fake_llm.calls - llm_before) == (0, 1, 0)
+    db.execute("UPDATE engine.user_usage SET tokens = 0 WHERE user_id = 'bob'")
+    assert backfill(settings(), user_id="bob").written == 1 and len(episodes(db)) == 3
+
+
+def test_the_backfill_never_replaces_an_episode_and_the_command_runs_offline(db, capsys):
+    from eros_dev import cli
+    api = Api()
+    sid = api.session(persona="kai")
+    chat(api, sid, "My sister Lin visits next weekend.")
+    dream(db)  # the offline stand-in of this release writes its episode
+    [written] = episodes(db)
+    db.execute("DELETE FROM engine.companion_memories WHERE source = 'episode'")
+    other = api.session(persona="luna")
+    chat(api, other, "I started running on Sundays.")
+    dream(db)
+    assert cli.main(["backfill-episodes", "--limit", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "episodes written: 1;" in out and "calls: 1 LLM + 1 embedding" in out
+    [backfilled] = [r for r in episodes(db) if r["session_id"] == written["session_id"]]
+    assert backfilled["content"] == written["content"]  # the same deterministic episode, from the whole transcript
+    assert len(episodes(db)) == 2
+    assert cli.main(["backfill-episodes"]) == 0 and "episodes written: 0;" in capsys.readouterr().out

@@ -160,12 +160,13 @@ def episode_context(user_id: str, session_id: UUID) -> EpisodeContext:
 # counts the rewrites. In place, without a version chain: an episode is no fact that changes but one account
 # that grows, and no one restores half of it (relationship rows have no versions, docs/DESIGN.md). created_at
 # stays when it was first written.
-_WRITE_EPISODE = """
+_INSERT_EPISODE = """
 INSERT INTO engine.companion_memories AS m (id, session_id, user_id, instance_id, content, embedding, source,
     from_message_id, through_message_id, metadata, occurred_at, occurred_precision)
 VALUES (%(id)s, %(session)s, %(user)s, %(instance)s, %(content)s, %(embedding)s, 'episode', %(from)s, %(through)s,
         %(metadata)s, %(occurred_at)s, %(precision)s)
-ON CONFLICT (session_id) WHERE source = 'episode' DO UPDATE SET
+"""
+_WRITE_EPISODE = _INSERT_EPISODE + """ON CONFLICT (session_id) WHERE source = 'episode' DO UPDATE SET
     content = EXCLUDED.content, embedding = EXCLUDED.embedding,
     from_message_id = least(m.from_message_id, EXCLUDED.from_message_id),
     through_message_id = greatest(m.through_message_id, EXCLUDED.through_message_id),
@@ -177,16 +178,64 @@ RETURNING (xmax = 0) AS inserted
 """
 
 
-def write_episode(conn: Connection, session: Mapping[str, Any], episode: Mapping[str, Any]) -> str:
+# The backfill's write (eros.dreaming.episodes): never over an episode an extraction of the session wrote meanwhile.
+_ADD_EPISODE = _INSERT_EPISODE + ("ON CONFLICT (session_id) WHERE source = 'episode' DO NOTHING"
+                                  " RETURNING true AS inserted")
+
+
+def write_episode(conn: Connection, session: Mapping[str, Any], episode: Mapping[str, Any],
+                  replace: bool = True) -> str | None:
     """Write the session's episode (inside the caller's transaction, under the user's memory lock): 'written'
-    (a new row) or 'rewritten' (the session's episode, updated in place)."""
+    (a new row) or 'rewritten' (the session's episode, updated in place); with ``replace`` False, None when the
+    session has an episode already (left as it is)."""
     occurred_at, precision = event_columns(episode.get("occurred"))
-    row = one(conn.execute(_WRITE_EPISODE, {
+    row = conn.execute(_WRITE_EPISODE if replace else _ADD_EPISODE, {
         "id": episode.get("id") or uuid4(), "session": session["id"], "user": session["user_id"],
         "instance": session["instance_id"], "content": episode["content"], "embedding": Vector(episode["embedding"]),
         "from": episode["from_message_id"], "through": episode["through_message_id"],
-        "metadata": Jsonb(episode["metadata"]), "occurred_at": occurred_at, "precision": precision}))
-    return "written" if row["inserted"] else "rewritten"
+        "metadata": Jsonb(episode["metadata"]), "occurred_at": occurred_at, "precision": precision}).fetchone()
+    return None if row is None else "written" if row["inserted"] else "rewritten"
+
+
+# Sessions extracted before episodes existed (the backfill, eros.dreaming.episodes): read by an extraction (a
+# watermark), not claimed now, without an episode, oldest first. ``whole``: retention deleted none of the messages
+# it read -- every utterance of the session up to the watermark still has its message (an utterance row keeps its
+# message's id), and some message is left; a session without it is skipped (an episode of half a session would
+# say less than it seems to).
+_WITHOUT_EPISODE = """
+SELECT s.id, s.user_id, s.instance_id, s.extraction_watermark FROM engine.chat_sessions s
+WHERE s.extraction_watermark IS NOT NULL AND s.extraction_claimed_at IS NULL
+  AND (%(user)s::text IS NULL OR s.user_id = %(user)s)
+  AND NOT EXISTS (SELECT 1 FROM engine.companion_memories e
+                  WHERE e.session_id = s.id AND e.user_id = s.user_id AND e.source = 'episode')
+  AND (EXISTS (SELECT 1 FROM engine.chat_messages m
+               WHERE m.session_id = s.id AND m.user_id = s.user_id AND m.id <= s.extraction_watermark)
+       AND NOT EXISTS (SELECT 1 FROM engine.companion_memories u
+                       WHERE u.session_id = s.id AND u.user_id = s.user_id AND u.source = 'utterance'
+                         AND u.from_message_id <= s.extraction_watermark
+                         AND NOT EXISTS (SELECT 1 FROM engine.chat_messages m
+                                         WHERE m.id = u.from_message_id AND m.user_id = u.user_id))) = %(whole)s
+ORDER BY s.last_active_at, s.id
+LIMIT %(limit)s
+"""
+
+
+def sessions_without_episode(user_id: str | None, limit: int, whole: bool = True) -> list[dict]:
+    """Up to ``limit`` extracted sessions without an episode (of one user, or everyone's), oldest first: those
+    with their transcript whole, or (``whole`` False) those retention cut."""
+    return connection().execute(_WITHOUT_EPISODE, {"user": user_id, "limit": limit, "whole": whole}).fetchall()
+
+
+@retried
+def add_episode(session: Mapping[str, Any], episode: Mapping[str, Any]) -> str | None:
+    """The backfill's one write: the session's episode, under the user's memory lock, unless the session is gone
+    (erased meanwhile: None) or has an episode by now (None)."""
+    with transaction() as conn:
+        consolidation.hold_user(conn, session["user_id"])
+        if conn.execute("SELECT 1 FROM engine.chat_sessions WHERE id = %s AND user_id = %s FOR KEY SHARE",
+                        (session["id"], session["user_id"])).fetchone() is None:
+            return None
+        return write_episode(conn, session, episode, replace=False)
 
 
 # The known memories a session touches, found with no provider call: each new user turn of the
