@@ -31,7 +31,7 @@ from ..store import dreaming as dreaming_store
 from ..store import usage as usage_store
 from ..store.rows import Message
 from .jobs import describe_failure
-from .session import MESSAGES_PER_INVOCATION, WINDOW_CHARS, _day
+from .session import MESSAGES_PER_INVOCATION, WINDOW_CHARS, day_of
 
 
 @dataclass
@@ -100,6 +100,6 @@ def _episode(cfg: Settings, session: dict[str, Any], done: Backfilled, time_budg
     usage.spend(user, usage_store.Call.of("extraction", vectors), held_by=("session", session_id))
     written = dreaming_store.add_episode(session, {
         "content": parsed.episode.content, "embedding": vectors.vectors[0], "from_message_id": part[0]["id"],
-        "through_message_id": part[-1]["id"], "occurred": parsed.episode.event_time(_day(part[0]), _day(part[-1])),
+        "through_message_id": part[-1]["id"], "occurred": parsed.episode.event_time(day_of(part[0]), day_of(part[-1])),
         "metadata": {"model": completion.model, "embed_model": vectors.model, "backfilled": True}})
     return "written" if written else "no_episode"

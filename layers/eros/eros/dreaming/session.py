@@ -136,7 +136,7 @@ def _answers(cfg: Settings, earlier: list[Message], parts: list[list[Message]],
             out.candidates.extend(parsed.candidates)
             if parsed.episode is not None:
                 out.episode, out.episode_through, so_far = parsed.episode, part[-1]["id"], parsed.episode.content
-                out.days = _day(parts[0][0]), _day(part[-1])
+                out.days = day_of(parts[0][0]), day_of(part[-1])
             elif parsed.episode_refused:  # the memories of the same answer are kept
                 out.refused.append(parsed.episode_refused)
                 logger.warning("an extracted episode was refused", extra={
@@ -145,7 +145,7 @@ def _answers(cfg: Settings, earlier: list[Message], parts: list[list[Message]],
     return out
 
 
-def _day(message: Message) -> date | None:
+def day_of(message: Message) -> date | None:
     """The (UTC) day a message was sent on, as the transcript's day lines give it."""
     sent = message.get("sent_at")
     return sent.astimezone(UTC).date() if sent else None

@@ -159,28 +159,28 @@ def episode_context(user_id: str, session_id: UUID) -> EpisodeContext:
 # account, its range grows to the messages read since, its metadata names the model that wrote it last and
 # counts the rewrites. In place, without a version chain: an episode is no fact that changes but one account
 # that grows, and no one restores half of it (relationship rows have no versions, docs/DESIGN.md). created_at
-# stays when it was first written.
+# stays when it was first written. An UPDATE, then an INSERT when it found none, rather than INSERT ... ON
+# CONFLICT: every writer of a session's episode holds the user's memory lock (and an extraction the session's
+# claim), so nothing can come between the two, and the statements need no unique index to infer -- a database
+# partitioned by user has the index with user_id in it (tests/partitioning.py), where ON CONFLICT (session_id)
+# would find none. The index stays what makes a second episode an error.
+_REWRITE_EPISODE = """
+UPDATE engine.companion_memories m SET
+    content = %(content)s, embedding = %(embedding)s,
+    from_message_id = least(m.from_message_id, %(from)s),
+    through_message_id = greatest(m.through_message_id, %(through)s),
+    metadata = m.metadata || %(metadata)s
+        || jsonb_build_object('rewrites', coalesce((m.metadata->>'rewrites')::int, 0) + 1),
+    occurred_at = %(occurred_at)s, occurred_precision = %(precision)s
+WHERE m.session_id = %(session)s AND m.user_id = %(user)s AND m.source = 'episode'
+RETURNING m.id
+"""
 _INSERT_EPISODE = """
-INSERT INTO engine.companion_memories AS m (id, session_id, user_id, instance_id, content, embedding, source,
+INSERT INTO engine.companion_memories (id, session_id, user_id, instance_id, content, embedding, source,
     from_message_id, through_message_id, metadata, occurred_at, occurred_precision)
 VALUES (%(id)s, %(session)s, %(user)s, %(instance)s, %(content)s, %(embedding)s, 'episode', %(from)s, %(through)s,
         %(metadata)s, %(occurred_at)s, %(precision)s)
 """
-_WRITE_EPISODE = _INSERT_EPISODE + """ON CONFLICT (session_id) WHERE source = 'episode' DO UPDATE SET
-    content = EXCLUDED.content, embedding = EXCLUDED.embedding,
-    from_message_id = least(m.from_message_id, EXCLUDED.from_message_id),
-    through_message_id = greatest(m.through_message_id, EXCLUDED.through_message_id),
-    metadata = m.metadata || EXCLUDED.metadata
-        || jsonb_build_object('rewrites', coalesce((m.metadata->>'rewrites')::int, 0) + 1),
-    occurred_at = EXCLUDED.occurred_at, occurred_precision = EXCLUDED.occurred_precision
-WHERE m.user_id = EXCLUDED.user_id
-RETURNING (xmax = 0) AS inserted
-"""
-
-
-# The backfill's write (eros.dreaming.episodes): never over an episode an extraction of the session wrote meanwhile.
-_ADD_EPISODE = _INSERT_EPISODE + ("ON CONFLICT (session_id) WHERE source = 'episode' DO NOTHING"
-                                  " RETURNING true AS inserted")
 
 
 def write_episode(conn: Connection, session: Mapping[str, Any], episode: Mapping[str, Any],
@@ -189,12 +189,18 @@ def write_episode(conn: Connection, session: Mapping[str, Any], episode: Mapping
     (a new row) or 'rewritten' (the session's episode, updated in place); with ``replace`` False, None when the
     session has an episode already (left as it is)."""
     occurred_at, precision = event_columns(episode.get("occurred"))
-    row = conn.execute(_WRITE_EPISODE if replace else _ADD_EPISODE, {
-        "id": episode.get("id") or uuid4(), "session": session["id"], "user": session["user_id"],
-        "instance": session["instance_id"], "content": episode["content"], "embedding": Vector(episode["embedding"]),
-        "from": episode["from_message_id"], "through": episode["through_message_id"],
-        "metadata": Jsonb(episode["metadata"]), "occurred_at": occurred_at, "precision": precision}).fetchone()
-    return None if row is None else "written" if row["inserted"] else "rewritten"
+    values = {"id": episode.get("id") or uuid4(), "session": session["id"], "user": session["user_id"],
+              "instance": session["instance_id"], "content": episode["content"],
+              "embedding": Vector(episode["embedding"]), "from": episode["from_message_id"],
+              "through": episode["through_message_id"], "metadata": Jsonb(episode["metadata"]),
+              "occurred_at": occurred_at, "precision": precision}
+    if replace and conn.execute(_REWRITE_EPISODE, values).fetchone() is not None:
+        return "rewritten"
+    if not replace and conn.execute("SELECT 1 FROM engine.companion_memories WHERE session_id = %(session)s"
+                                    " AND user_id = %(user)s AND source = 'episode'", values).fetchone():
+        return None
+    conn.execute(_INSERT_EPISODE, values)
+    return "written"
 
 
 # Sessions extracted before episodes existed (the backfill, eros.dreaming.episodes): read by an extraction (a
