@@ -93,6 +93,7 @@ def test_a_person_watches_memory_form_and_curates_it(browser, stack):
 
     # Chat: a reply shows what was recalled for it, by layer and category, with the parts of its score.
     page.get_by_role("button", name="New session").click()
+    expect(page.get_by_label("Message", exact=True)).to_be_focused()  # the new session is open (see below)
     page.get_by_label("Message", exact=True).fill("I had a long shift as a nurse today")
     page.get_by_label("Message", exact=True).press("Enter")
     reply = page.locator("#messages li.assistant").last
