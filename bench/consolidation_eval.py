@@ -204,7 +204,7 @@ def _run(args, users: list[dict], arms: list[Arm], configured: dict) -> dict:
         conn.execute(EMPTY_ENGINE)
     pipeline = Pipeline(args, configured, url)
     try:
-        with patched((extraction, "parse_candidates", pipeline.parse_for_arm)):
+        with patched((extraction, "parse_extraction", pipeline.parse_for_arm)):
             for arm in arms:
                 for user in users:
                     pipeline.run_user(arm, user)
@@ -229,7 +229,7 @@ class Pipeline:
         self.current: dict = {}  # the session being extracted (the scripted model reads it)
         self.misses: list[dict] = []
         self.in_use: dict[str, dict] = {}
-        self.parse = extraction.parse_candidates
+        self.parse = extraction.parse_extraction
         self.llm = FakeOpenRouter(self.respond)
         self.voyage = FakeVoyage() if args.embeddings == "offline" else None
         os.environ["DATABASE_URL"] = url
@@ -267,10 +267,10 @@ class Pipeline:
 
     def parse_for_arm(self, answer: str):
         """The "before" arm for models we do not script: drop what they say about known memories."""
-        candidates = self.parse(answer)
+        parsed = self.parse(answer)
         if self.current.get("arm") is not None and not self.current["arm"].consolidate:
-            return [c.model_copy(update={"supersedes": [], "same_as": None}) for c in candidates]
-        return candidates
+            parsed.candidates = [c.model_copy(update={"supersedes": [], "same_as": None}) for c in parsed.candidates]
+        return parsed
 
     def use(self, phase: str) -> None:
         """Point the LLM at the fake (chat replies, scripted extraction), the offline stand-in or the

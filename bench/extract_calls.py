@@ -11,13 +11,15 @@ HTTP on loopback — so every request the engine makes is seen and attributed to
 transcript and the memory texts carry a session marker). The chat turns' own calls are not counted.
 
 Goal: exactly 2 calls per extracted session — 1 LLM call for the whole session and 1 embedding batch
-for all of its memories. A session with nothing worth remembering costs the LLM call only. A second
-sweep must cost nothing.
+for all of its memories and its episode (an episode is a row: a session that writes only its episode pays the
+batch too). A session with nothing worth remembering and no episode costs the LLM call only. A second
+sweep must cost nothing. In round 1 the fake model answers an episode for every session but the empty ones, and
+every 10th session (offset 5) an episode without memories.
 
 Round 2 exercises write-time consolidation: for the same users, three more sweeps of one session per
 user each, whose extraction (answering from the ``<known_memories>`` block of the actual request)
-repeats a known memory only (``same_as``: confirmed, no new row -- 1 call, the LLM), changes one
-(``supersedes``: a new row replaces it -- 2 calls), or repeats one and adds a new memory (2 calls).
+repeats a known memory only (``same_as``: confirmed, no new row, and no episode -- 1 call, the LLM), changes one
+(``supersedes``: a new row replaces it -- 2 calls), or repeats one and adds a new memory and an episode (2 calls).
 The known memories are found by SQL from the turns' stored embeddings: consolidation adds no call.
 Results go to stdout and ``bench/results/extract_calls.md``.
 """
@@ -132,17 +134,26 @@ def consolidating_answer(session_no: int, kind: str, known_block: str) -> str:
         "mixed": [{"content": f"Restates a known memory [s{session_no}]", "category": "fact", "same_as": handles[0]},
                   {"content": f"Started running on Sundays [s{session_no}]", "category": "event", "importance": 0.4}],
     }[kind]
-    return json.dumps({"memories": memories})
+    return json.dumps({"memories": memories, "episode": None if kind == "repeat" else episode(session_no)})
+
+
+def episode(session_no: int) -> dict:
+    """The session's episode (it carries the session's marker, as its memories do, for attribution)."""
+    return {"content": f"The user told Luna about work and her sister Lin [s{session_no}]", "occurred_at": None}
 
 
 def extraction_answer(session_no: int, empty_every: int) -> str:
-    """What the fake extraction model answers for session n: 1-5 memories, or none every `empty_every`."""
+    """What the fake extraction model answers for session n: 1-5 memories and an episode; nothing every
+    `empty_every`; an episode alone every `empty_every` offset by half."""
     if empty_every and session_no % empty_every == empty_every - 1:
-        return json.dumps({"memories": []})
+        return json.dumps({"memories": [], "episode": None})
+    if empty_every and session_no % empty_every == empty_every // 2 - 1:
+        return json.dumps({"memories": [], "episode": episode(session_no)})
     count = 1 + session_no % len(MEMORIES)
     return json.dumps({"memories": [{"content": f"{text} [s{session_no}]", "category": category,
                                      "importance": importance}
-                                    for text, category, importance in MEMORIES[:count]]})
+                                    for text, category, importance in MEMORIES[:count]],
+                       "episode": episode(session_no)})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,6 +256,8 @@ def _main(args: argparse.Namespace, command: str) -> int:
             stored = {marker_of(r["content"]): r["n"] for r in conn.execute(
                 "SELECT min(content) AS content, count(*) AS n FROM engine.companion_memories"
                 " WHERE instance_id IS NULL GROUP BY session_id").fetchall()}
+            episodes = {marker_of(r["content"]): 1 for r in conn.execute(
+                "SELECT content FROM engine.companion_memories WHERE source = 'episode'").fetchall()}
             unstamped = one(conn.execute("SELECT count(*) AS n FROM engine.chat_sessions WHERE extracted_at IS NULL"
                                          ))["n"]
             consolidated = one(conn.execute(
@@ -261,8 +274,8 @@ def _main(args: argparse.Namespace, command: str) -> int:
         voyage.close()
         eros_db.reset()
 
-    report, ok = render(args, command, per_session, round1, round2, stored, unstamped, consolidated, sweeps,
-                        last_sweep_calls, again)
+    report, ok = render(args, command, per_session, round1, round2, stored, episodes, unstamped, consolidated,
+                        sweeps, last_sweep_calls, again)
     print()
     print(report)
     write_results(args.out, report, notes=False)
@@ -270,16 +283,17 @@ def _main(args: argparse.Namespace, command: str) -> int:
 
 
 def render(args: argparse.Namespace, command: str, per_session: dict[int, dict[str, int]], round1: list[int],
-           round2: dict[str, list[int]], stored: dict[int, int], unstamped: int, consolidated: dict,
-           sweeps: list[tuple], last_sweep_calls: int, again) -> tuple[str, bool]:
+           round2: dict[str, list[int]], stored: dict[int, int], episodes: dict[int, int], unstamped: int,
+           consolidated: dict, sweeps: list[tuple], last_sweep_calls: int, again) -> tuple[str, bool]:
     """The report and whether every goal was met."""
     total = lambda n: per_session[n]["llm"] + per_session[n]["embed"]  # noqa: E731
     everything = round1 + [n for ns in round2.values() for n in ns]
     # What each session should cost follows from what it wrote: new rows -> LLM + one embedding batch;
-    # no new row (nothing to remember, or only repeats of known memories) -> the LLM call alone.
-    exact = all((per_session[n]["llm"], per_session[n]["embed"]) == ((1, 1) if stored.get(n) else (1, 0))
+    # no new row (nothing to remember, or only repeats of known memories, and no episode) -> the LLM call alone.
+    written = {n: stored.get(n, 0) + episodes.get(n, 0) for n in everything}  # profile rows and the episode
+    exact = all((per_session[n]["llm"], per_session[n]["embed"]) == ((1, 1) if written[n] else (1, 0))
                 for n in everything)
-    batched = all(per_session[n]["inputs"] == stored.get(n, 0) for n in everything)
+    batched = all(per_session[n]["inputs"] == written[n] for n in everything)
     with_known = [u for u in range(args.users) if any(stored.get(n) for n in round1 if n % args.users == u)]
     # Round 2 did consolidate: each user with known memories had the nearest confirmed in "repeat" and
     # one superseded in "change"; in "mixed" every user has known memories (at least the change's row).
@@ -300,10 +314,11 @@ def render(args: argparse.Namespace, command: str, per_session: dict[int, dict[s
         return (f"| {title} | {len(ns)} | {sum(per_session[n]['llm'] for n in ns)} | "
                 f"{sum(per_session[n]['embed'] for n in ns)} | {dist(ns)} | {goal} |")
 
-    new_rows = [n for n in everything if stored.get(n)]
-    no_rows = [n for n in everything if not stored.get(n)]
+    new_rows = [n for n in everything if written[n]]
+    no_rows = [n for n in everything if not written[n]]
     r1_with = [n for n in round1 if stored.get(n)]
-    r1_empty = [n for n in round1 if not stored.get(n)]
+    r1_episode_only = [n for n in round1 if episodes.get(n) and not stored.get(n)]
+    r1_empty = [n for n in round1 if not written[n]]
     total_llm = sum(per_session[n]["llm"] for n in everything)
     total_embed = sum(per_session[n]["embed"] for n in everything)
     report = "\n".join([
@@ -315,19 +330,22 @@ def render(args: argparse.Namespace, command: str, per_session: dict[int, dict[s
         "the "
         f"chat handler, idle, then one sweep (`eros.dreaming.sweep`, in-process invoker, {args.workers} workers) "
         "running the extract handler per session; every "
-        f"{args.empty_every}th session's extraction answers no memories. Round 2 (consolidation): three more sweeps "
+        f"{args.empty_every}th session's extraction answers no memories and no episode, every "
+        f"{args.empty_every}th (offset {args.empty_every // 2}) an episode alone, the others memories and an "
+        "episode. Round 2 (consolidation): three more sweeps "
         f"of one session per user each, whose extraction answers from the `<known_memories>` block of the actual "
         "request: repeat the nearest known memory only (`same_as`), change it (`supersedes`), or repeat it and add "
         "a new memory. Fake OpenRouter and Voyage from `tests/fakes.py` (real HTTP on loopback) count the calls.", "",
         "| | sessions | LLM calls | embedding calls | calls per session | goal |",
         "| --- | ---: | ---: | ---: | --- | --- |",
-        line("round 1: sessions with memories", r1_with, "exactly 2"),
-        line("round 1: sessions with nothing to remember", r1_empty, "1 (the LLM call)"),
-        line("round 2: repeat only (`same_as`, no new row)", round2["repeat"],
+        line("round 1: sessions with memories and an episode", r1_with, "exactly 2"),
+        line("round 1: sessions with an episode alone (a row: it is embedded)", r1_episode_only, "exactly 2"),
+        line("round 1: sessions with nothing to remember and no episode", r1_empty, "1 (the LLM call)"),
+        line("round 2: repeat only (`same_as`, no new row, no episode)", round2["repeat"],
              "1 (the LLM call)" + ("" if len(with_known) == args.users else
                                    f"; {args.users - len(with_known)} user(s) with nothing known answer nothing")),
-        line("round 2: changed fact (`supersedes`)", round2["change"], "exactly 2"),
-        line("round 2: repeat + a new memory", round2["mixed"], "exactly 2"),
+        line("round 2: changed fact (`supersedes`) and an episode", round2["change"], "exactly 2"),
+        line("round 2: repeat + a new memory and an episode", round2["mixed"], "exactly 2"),
         f"| **all sessions that wrote new rows** | {len(new_rows)} | {sum(per_session[n]['llm'] for n in new_rows)} | "
         f"{sum(per_session[n]['embed'] for n in new_rows)} | {dist(new_rows)} | exactly 2 "
         f"({'met' if all(total(n) == 2 for n in new_rows) else 'NOT met'}) |",
@@ -335,7 +353,8 @@ def render(args: argparse.Namespace, command: str, per_session: dict[int, dict[s
         f"{sum(per_session[n]['embed'] for n in no_rows)} | {dist(no_rows)} | 1 "
         f"({'met' if all(total(n) == 1 for n in no_rows) else 'NOT met'}) |",
         f"| last sweep (nothing eligible) | 0 | — | — | {last_sweep_calls} calls in all | 0 |", "",
-        f"* {sum(stored.values())} profile memories written, each session's memories embedded in one batch: "
+        f"* {sum(stored.values())} profile memories and {sum(episodes.values())} episodes written, each session's "
+        "memories and episode embedded in one batch: "
         f"{'yes' if batched else 'NO'}; sessions left unstamped: {unstamped}; requests not attributable to one "
         f"session: {unattributed}.",
         f"* Consolidation applied in round 2: {consolidated['superseded']} rows superseded and "

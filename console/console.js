@@ -300,7 +300,8 @@ function renderMemories(memories) {
   const groups = new Map();
   for (const category of CATEGORIES) groups.set(`profile · ${category}`, []);
   for (const memory of memories) {
-    const key = memory.layer === "profile" ? `profile · ${memory.category}` : `relationship · ${memory.persona_id}`;
+    const key = memory.layer === "profile" ? `profile · ${memory.category}`
+      : `${memory.source === "episode" ? "episodes" : "relationship"} · ${memory.persona_id}`;
     if (!groups.has(key)) groups.set(key, []);
     groups.get(key).push(memory);
   }
@@ -323,7 +324,11 @@ function provenance(memory) {
 
 function renderMemory(memory) {
   const superseded = Boolean(memory.superseded_at);
-  const item = el("li", { class: `memory${superseded ? " superseded" : ""}`, "data-id": memory.id },
+  const episode = memory.source === "episode";
+  const item = el("li", { class: `memory${superseded ? " superseded" : ""}${episode ? " episode" : ""}`,
+    "data-id": memory.id },
+    episode ? el("p", { class: "meta badge episode-badge" }, `episode of session ${short(memory.session_id || "")}`)
+      : null,
     el("p", { class: "memory-text" }, memory.content),
     when(memory) ? el("p", { class: "meta when" }, `when: ${when(memory)}`) : null,
     el("p", { class: "meta" },
@@ -338,7 +343,7 @@ function renderMemory(memory) {
   if (superseded) {
     actions.append(el("button", { type: "button", onclick: () => act("POST", `/v1/memories/${memory.id}/restore`,
       undefined, "Restored.") }, "Restore"));
-  } else if (memory.layer === "profile") {
+  } else if (memory.layer === "profile" || episode) {
     actions.append(el("button", { type: "button", onclick: () => editForm(item, memory) }, "Edit"));
   }
   const remove = el("button", { type: "button", class: "danger" }, "Delete");
@@ -384,7 +389,9 @@ function editForm(item, memory) {
   const importance = el("input", { type: "number", min: 0, max: 1, step: 0.05, "aria-label": "Importance",
     value: memory.importance ?? "" });
   const occurred = whenInput(memory.occurred_at);
-  const form = el("form", { class: "stack edit" }, content, category, importance, occurred,
+  const episode = memory.source === "episode";  // an episode has no category or importance: corrected in place
+  const form = el("form", { class: "stack edit" }, content, episode ? null : category, episode ? null : importance,
+    occurred,
     el("div", { class: "actions" }, el("button", { type: "submit" }, "Save"),
       el("button", { type: "button", onclick: () => { form.remove(); refreshMemories(true); } },
         "Cancel")));
@@ -392,14 +399,15 @@ function editForm(item, memory) {
     event.preventDefault();
     const changes = {};
     if (content.value.trim() !== memory.content) changes.content = content.value.trim();
-    if (category.value !== memory.category) changes.category = category.value;
-    if (importance.value !== "" && Number(importance.value) !== memory.importance) {
+    if (!episode && category.value !== memory.category) changes.category = category.value;
+    if (!episode && importance.value !== "" && Number(importance.value) !== memory.importance) {
       changes.importance = Number(importance.value);
     }
     if (occurred.value.trim() !== (memory.occurred_at || "")) changes.occurred_at = occurred.value.trim() || null;
     if (!Object.keys(changes).length) { form.remove(); return refreshMemories(true); }
     form.remove();
-    return act("PATCH", `/v1/memories/${memory.id}`, changes, "Saved: a new version supersedes the old one.");
+    return act("PATCH", `/v1/memories/${memory.id}`, changes,
+      episode ? "Saved: the episode is corrected." : "Saved: a new version supersedes the old one.");
   });
   item.append(form);
   content.focus();

@@ -121,7 +121,9 @@ def test_extract_calls(bench_url, tmp_path):
     report = out.read_text()
     assert report.startswith("# Provider calls per extracted session\n")
     rows = {r[0]: r[1:] for r in table_rows(report, "| | sessions | LLM calls | embedding calls |")}
-    assert rows["round 1: sessions with memories"][:3] == ["3", "3", "3"]
+    assert rows["round 1: sessions with memories and an episode"][:3] == ["1", "1", "1"]
+    assert rows["round 1: sessions with an episode alone (a row: it is embedded)"][:3] == ["2", "2", "2"]
+    assert rows["round 1: sessions with nothing to remember and no episode"][:3] == ["1", "1", "0"]
     assert rows["**all sessions that wrote new rows**"][-1] == "exactly 2 (met)"
     assert "* **Result: PASS**" in report and _common.NOTES_MARKER not in report
 

@@ -93,6 +93,7 @@ def test_a_person_watches_memory_form_and_curates_it(browser, stack):
 
     # Chat: a reply shows what was recalled for it, by layer and category, with the parts of its score.
     page.get_by_role("button", name="New session").click()
+    expect(page.get_by_label("Message", exact=True)).to_be_focused()  # the new session is open (see below)
     page.get_by_label("Message", exact=True).fill("I had a long shift as a nurse today")
     page.get_by_label("Message", exact=True).press("Enter")
     reply = page.locator("#messages li.assistant").last
@@ -160,6 +161,46 @@ def test_a_person_watches_memory_form_and_curates_it(browser, stack):
         assert all(url.startswith(stack.url) for url in visit.requests), visit.requests  # no third party
         assert visit.errors == []
         visit.close()
+
+
+def test_episodes_show_in_the_relationship_view_with_their_session_and_event_time(browser, stack, providers):
+    episode = "Alice told Kai she was nervous about the Siemens interview; Kai helped her rehearse."
+    providers[0].responder = lambda body: json.dumps({
+        "memories": [{"content": "Has a job interview at Siemens", "category": "event", "importance": 0.8,
+                      "occurred_at": "2026-12-04"}],
+        "episode": {"content": episode, "occurred_at": "2026-12-03"}}) if body.get("response_format") \
+        else "You will do well. Shall we rehearse?"
+    alice = Visit(browser, stack.url)
+    page = alice.page
+    alice.sign_in("alice")
+    page.get_by_label("Persona").select_option("kai")
+    page.get_by_role("button", name="New session").click()
+    box = page.get_by_label("Message", exact=True)
+    expect(box).to_be_focused()  # the new session is open: its (empty) history is on the page
+    box.fill("I have the Siemens interview tomorrow and I am nervous")
+    box.press("Enter")
+    expect(page.locator("#messages li.assistant").last).to_contain_text("rehearse", timeout=15_000)
+    page.get_by_role("button", name="Sweep now").click()
+    expect(page.locator("#sweep-result")).to_contain_text("extracted")
+    group = page.locator("section[aria-label='episodes · kai']")
+    item = group.locator("li.memory.episode")
+    expect(item).to_contain_text(episode)
+    expect(item.locator(".episode-badge")).to_contain_text("episode of session")
+    expect(item.locator(".when")).to_have_text("when: 2026-12-03")
+    expect(item).to_contain_text("episode · session")  # its provenance: source, session, messages, model
+    expect(page.locator("section[aria-label='relationship · kai']")).to_contain_text("Siemens interview tomorrow")
+    alice.shot("5-episodes")
+
+    # Corrected in place: no category or importance to set, and no second version.
+    item.get_by_role("button", name="Edit").click()
+    expect(item.get_by_label("Category")).to_have_count(0)
+    item.get_by_label("Content").fill(episode + " They rehearsed twice.")
+    item.get_by_role("button", name="Save").click()
+    expect(page.locator("#status")).to_have_text("Saved: the episode is corrected.")
+    expect(group.locator("li.memory")).to_have_count(1)
+    expect(group).to_contain_text("They rehearsed twice.")
+    assert alice.errors == []
+    alice.close()
 
 
 def test_a_memory_stated_in_the_console_and_a_failed_sign_in(browser, stack):

@@ -25,7 +25,7 @@ SAID = "my tortoise Zebulon"
 EXTRACTED = json.dumps({"memories": [
     {"content": "Has a tortoise named Zebulon", "category": "relation", "importance": 0.8},
     {"content": "Lives in Porto", "category": "fact", "importance": 0.6},
-]})
+], "episode": {"content": f"The user told Luna about {SAID}; Luna asked what he eats", "occurred_at": None}})
 
 
 @pytest.fixture
@@ -89,17 +89,20 @@ def test_erasure_leaves_nothing_of_the_user_in_any_table_and_keeps_everyone_else
     assert {"chat_messages", "chat_sessions", "companion_memories", "persona_instances", "user_consolidation",
             "user_usage", "user_model_usage"} <= set(before) | {"chat_messages"}
     assert rows_mentioning(db, f"{SAID} of {USER}")["chat_messages"] >= 2
+    assert db.execute("SELECT count(*) AS n FROM engine.companion_memories WHERE user_id = %s AND source = 'episode'"
+                      " AND content LIKE %s", (USER, f"%{SAID}%")).fetchone()["n"] == 1
     others = rows_mentioning(db, OTHER)
 
     status, body = erase(api, USER)
     assert status == 200
     erased = body["erased"]
     assert erased["sessions"] == 2 and erased["messages"] == 6 and erased["persona_instances"] == 2
-    assert erased["memories"] == 2 + 1 + 3  # two dreamed, one superseded version, three relationship utterances
+    assert erased["memories"] == 2 + 1 + 3 + 1  # two dreamed, one superseded version, three utterances, an episode
     assert erased["deep_pass"] == 1 and erased["usage_days"] == 1
     assert erased["usage_by_model"] >= 3  # chat and extraction, each with the LLM and the embedder
 
     assert rows_mentioning(db, USER, f"{SAID} of {USER}") == {}  # the id and what they said: nowhere
+    assert rows_mentioning(db, f"about {SAID}; Luna") == {"companion_memories": 1}  # OTHER's episode alone
     assert rows_mentioning(db, OTHER) == others  # nobody else lost anything
 
 

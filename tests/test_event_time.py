@@ -116,7 +116,7 @@ def test_an_event_time_the_parse_cannot_read_is_dropped_and_the_memory_kept_unlo
         ("Adopted a dog called Rex", None), ("Met Mehmet in Izmir", EventTime(date(2019, 1, 1), "year")),
         ("Likes mocha", None), ("Plans a trip", None), ("Moved to Porto", EventTime(date(2021, 1, 1), "year")),
         ("Quit smoking", None)]
-    dropped = [r for r in caplog.records if r.getMessage() == "an extracted memory's event time was dropped"]
+    dropped = [r for r in caplog.records if r.getMessage() == "an extracted event time was dropped"]
     assert len(dropped) == 3
     logged = " ".join(str(r.__dict__) for r in caplog.records)
     assert not {"Rex", "birthday", "2027", "Quit", "W54"} & set(logged.replace("'", " ").split())

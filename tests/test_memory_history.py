@@ -210,7 +210,7 @@ def test_listing_and_history_statements_use_the_indexes(db, world):
                         " ORDER BY created_at DESC, id DESC OFFSET 10 LIMIT 1").fetchone()
     for statement in (memory_store._LIST_ACTIVE, memory_store._LIST_ALL):
         for before_at, before_id in [(None, None), (cursor["created_at"], cursor["id"])]:
-            listing = plan(statement, {"user": "user7", "layer": None, "category": None, "limit": 100,
+            listing = plan(statement, {"user": "user7", "layer": None, "category": None, "source": None, "limit": 100,
                                        "before_at": before_at, "before_id": before_id})
             assert "companion_memories_user_listing_idx" in listing, listing
             assert "companion_memories_superseded_by_idx" in listing, listing

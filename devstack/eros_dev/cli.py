@@ -1,5 +1,5 @@
 """The ``eros`` command: serve (the local stack) and stop it, migrate, token, chat, sweep, invoke, doctor,
-forget, usage. Every failure is one line on stderr (EROS_DEBUG=1 shows the traceback)."""
+forget, usage, backfill-episodes. Every failure is one line on stderr (EROS_DEBUG=1 shows the traceback)."""
 
 from __future__ import annotations
 
@@ -230,6 +230,20 @@ def cmd_forget(args) -> int:
     return 0
 
 
+def cmd_backfill_episodes(args) -> int:
+    """Episodes for sessions extracted before episodes existed (``eros.dreaming.episodes``): one batch."""
+    from eros.config import settings
+    from eros.dreaming.episodes import backfill
+
+    _database()
+    done = backfill(settings(), args.user, args.limit)
+    print(f"episodes written: {done.written}; no episode in the answer: {done.no_episode}; refused: {done.refused};"
+          f" over budget (skipped this run): {done.deferred}; transcript cut by retention (skipped):"
+          f" {done.retention_skipped}; provider failures (taken again next run): {done.failed};"
+          f" calls: {done.llm_calls} LLM + {done.embedding_calls} embedding")
+    return 0
+
+
 def cmd_usage(args) -> int:
     """An operator's usage report: every user's tokens, calls and estimated cost in a range of UTC days
     (costliest first), or one user's per day, purpose and model (what ``GET /v1/usage`` answers)."""
@@ -362,6 +376,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("forget", help="erase everything stored about USER (what DELETE /v1/me does)")
     p.add_argument("user")
     p.set_defaults(func=cmd_forget)
+
+    p = sub.add_parser("backfill-episodes", help="write episodes for sessions extracted before episodes existed"
+                                                 " (one LLM call and one embedding per session, within each user's"
+                                                 " budget); run again until it writes none")
+    p.add_argument("--user", help="one user's sessions; default: everyone's, oldest first")
+    p.add_argument("--limit", type=int, default=100, help="sessions in this run (default 100)")
+    p.set_defaults(func=cmd_backfill_episodes)
 
     p = sub.add_parser("usage", help="tokens, provider calls and estimated cost per user (or one user's per day)")
     p.add_argument("--from", dest="first", type=_day, help="first UTC day (YYYY-MM-DD); default 30 days ago")

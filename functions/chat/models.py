@@ -119,7 +119,9 @@ class Memory(ApiModel):
                                                 f"none was said")
     occurred_precision: Precision | None = Field(description="the size of that period; null with occurred_at")
     source: Source = Field(
-        description="what wrote it: a chat utterance, session-end dreaming, the per-user deep pass, the user")
+        description="what wrote it: a chat utterance, session-end dreaming, the per-user deep pass, the user, or "
+                    "'episode': a session's account of what happened between the user and the persona (relationship "
+                    "layer, one per session, rewritten when the session resumes)")
     session_id: UUID | None = Field(description="the session it came from")
     from_message_id: int | None = Field(description="first message of the range it was distilled from")
     through_message_id: int | None = Field(description="last message of that range")

@@ -12,7 +12,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 from aws_lambda_powertools.event_handler.openapi.params import Query
 
 from eros import curation, errors
-from eros.memory import Category, MemoryLayer
+from eros.memory import Category, MemoryLayer, Source
 from eros.store import memories as memory_store
 
 from models import (
@@ -42,6 +42,9 @@ _MODEL_FAILURES = ((429, "rate_limited or budget_exhausted: over a per-user limi
             responses=documented((200, "a page of memories")))
 def memories(layer: Annotated[MemoryLayer | None, Query(description="profile or relationship; default: both")] = None,
              category: Annotated[Category | None, Query(description="default: every category")] = None,
+             source: Annotated[Source | None,
+                               Query(description="what wrote it ('episode': the sessions' episodes); default: "
+                                                 "every source")] = None,
              limit: Annotated[int, Query(ge=1, le=500)] = 100,
              before: Annotated[MemoryCursor | None,
                                Query(description="the next_before of the previous page (a memory id is accepted "
@@ -51,7 +54,7 @@ def memories(layer: Annotated[MemoryLayer | None, Query(description="profile or 
                                                   "default: active memories only")] = None) -> MemoryPage:
     user = current_user(router)
     rows = memory_store.list_memories(user, layer, category, limit, _position(user, before),
-                                      include_superseded=include == "superseded")
+                                      include_superseded=include == "superseded", source=source)
     return MemoryPage.model_validate(
         {"memories": rows, "next_before": memory_store.memory_cursor(rows[-1]) if len(rows) == limit else None})
 
@@ -119,10 +122,13 @@ def add_memory(body: NewMemory) -> Response[MemoryWithHistory]:
               description="A new version of the current version of a profile memory: it supersedes the old one "
                           "(reason 'edited'; the history keeps both) and keeps where the memory came from (its session "
                           "and message range) and its event time unless `occurred_at` is given. The text is embedded "
-                          "again only when it changed. Restoring the old version undoes the edit.",
+                          "again only when it changed. Restoring the old version undoes the edit. An episode (source "
+                          "'episode') is corrected in place instead (its content and `occurred_at`; it has no "
+                          "versions), and stays its session's episode: a later extraction goes on from the correction.",
               responses=documented((200, "the new version with its history"), _NOT_YOURS,
                                    (409, "memory_not_current: history or a relationship utterance (edit the current "
                                           "version of a profile memory)"),
+                                   (422, "not_an_episode_field: a category or an importance for an episode"),
                                    *_MODEL_FAILURES))
 def edit_memory(memory_id: UUID, body: MemoryEdit) -> MemoryWithHistory:
     return MemoryWithHistory.model_validate(curation.edit(current_user(router), memory_id, body.changes()))

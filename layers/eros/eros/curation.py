@@ -58,18 +58,23 @@ def remember(user_id: str, content: str, category: str, importance: float | None
 
 
 def edit(user_id: str, memory_id: UUID, changes: dict[str, Any]) -> MemoryWithHistory:
-    """A new version of a current profile memory that supersedes it (reason 'edited', history kept):
-    ``changes`` as ``store.memories.edit_memory`` takes them; the text is embedded again only when it changed."""
+    """A new version of a current profile memory that supersedes it (reason 'edited', history kept), or an
+    episode corrected in place (it has no versions: ``store.memories.edit_episode``): ``changes`` as
+    ``store.memories.edit_memory`` takes them; the text is embedded again only when it changed."""
     current = memory_store.by_ids(user_id, [memory_id]).get(memory_id)  # the row alone, not its history
     if current is None:
         raise NotFound("memory not found")
-    if current["layer"] != "profile" or current["superseded_at"] is not None:  # before paying for an embedding
-        raise memory_store.NotCurrent(memory_id)
+    episode = current["source"] == "episode"
+    if episode and ("category" in changes or "importance" in changes):
+        raise memory_store.NotAnEpisodeField(memory_id)
+    if not episode and (current["layer"] != "profile" or current["superseded_at"] is not None):
+        raise memory_store.NotCurrent(memory_id)  # before paying for an embedding
     vectors = None
     if "content" in changes and changes["content"] != current["content"]:
         vectors = _embed(user_id, changes["content"])
-    edited = memory_store.edit_memory(user_id, memory_id, changes, vectors.vectors[0] if vectors else None,
-                                      vectors.model if vectors else None)
+    write = memory_store.edit_episode if episode else memory_store.edit_memory
+    edited = write(user_id, memory_id, changes, vectors.vectors[0] if vectors else None,
+                   vectors.model if vectors else None)
     if edited is None:  # deleted meanwhile
         raise NotFound("memory not found")
     return edited

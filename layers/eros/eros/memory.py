@@ -161,6 +161,20 @@ def event_time_text(start: date | None, precision: str | None) -> str | None:
     return event.text() if event else None
 
 
+def covering(first: date, last: date) -> EventTime:
+    """The event time of something that took place from day ``first`` to day ``last`` (a session, an
+    episode): the smallest of the day, the ISO week, the month or the year that holds both; a span across a
+    new year is the first day's year."""
+    if first == last:
+        return EventTime(first, "day")
+    monday = first - timedelta(days=first.weekday())
+    if last < monday + timedelta(days=7):
+        return EventTime(monday, "week")
+    if (first.year, first.month) == (last.year, last.month):
+        return EventTime(date(first.year, first.month, 1), "month")
+    return EventTime(date(first.year, 1, 1), "year")
+
+
 def later_telling(earlier: EventTime | None, later: EventTime | None) -> EventTime | None:
     """The event time of one memory told twice (a repeat, a merged duplicate): the later telling's, which
     knows more (or resolved "last week" against a later day), unless the earlier one lies within it: then

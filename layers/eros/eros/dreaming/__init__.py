@@ -9,6 +9,9 @@ The lifecycle is written once: the claim, lease, release, backoff and give-up in
 spend deferral, the attempts cap, whose fault a failure is and what follows (hold, back off, give up), the one
 result type (``JobResult``) and the fan-out in ``jobs``.
 
+Not a job: ``episodes.py`` backfills the episodes of sessions extracted before episodes existed, when an operator
+runs ``eros backfill-episodes`` (within each user's budget, as the jobs are).
+
 A new kind of job (re-embedding every memory when the embedder changes, episodes, ...) supplies a ``jobs.Kind``:
   * a ``store.claims.JobTable``: the table that holds one row per job (keyed by user_id, plus its own key), the
     prefix of its lifecycle columns (claimed_at, started_at, attempts, retries, retrying_since, error,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from datetime import date, timedelta
 
 from ..config import EMBED_DIM
-from ..memory import EventTime, InvalidEventTime, parse_event_time, statement_key
+from ..memory import EventTime, InvalidEventTime, covering, parse_event_time, statement_key
 from .embed import Embeddings, InputType
 from .llm import Completion
 
@@ -75,7 +75,8 @@ class OfflineChat:
         if json_mode and "<group g" in last_user:
             text = json.dumps({"actions": offline_actions(last_user)}, ensure_ascii=False)
         elif json_mode:
-            text = json.dumps({"memories": offline_candidates(last_user)}, ensure_ascii=False)
+            text = json.dumps({"memories": offline_candidates(last_user), "episode": offline_episode(last_user)},
+                              ensure_ascii=False)
         else:
             system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
             known = system.count("\n- ")
@@ -161,6 +162,36 @@ def offline_candidates(transcript: str) -> list[dict]:
             memory["supersedes"] = [h for h, _, text in known if topic_slot(text) == slot]
         found.append(memory)
     return found[:_MOST]
+
+
+_PERSONA = re.compile(r"^<persona>(.*)</persona>$", re.M)
+_SO_FAR = re.compile(r"<episode_so_far>\n(.*)\n</episode_so_far>")
+_EPISODE_CHARS = 480  # under eros.extraction.MAX_EPISODE_CHARS, which refuses a longer one
+_QUOTE_CHARS = 140
+
+
+def _clip(text: str, most: int) -> str:
+    return text if len(text) <= most else text[: most - 1] + "…"
+
+
+def offline_episode(transcript: str) -> dict | None:
+    """A deterministic stand-in for the extraction model's episode: the persona (``<persona>``) and what the user
+    first said in the new part of the session, quoted, appended to the episode so far (``<episode_so_far>``) of a
+    resumed session; its event time is the days of the new part's messages for a first episode, and left to the
+    server (``eros.extraction.Episode.event_time``) for a rewritten one. None: the user said nothing."""
+    persona = found[1] if (found := _PERSONA.search(transcript)) else "the persona"
+    so_far = found[1] if (found := _SO_FAR.search(transcript)) else None
+    session = transcript.split("<session>", 1)[-1]
+    said = [line[6:] for line in session.splitlines() if line.startswith("user: ")]
+    days = [date.fromisoformat(m[1]) for line in session.splitlines() if (m := _DAY_LINE.match(line))]
+    if not said:
+        return None
+    told = f"the user told {persona}: \u201c{_clip(said[0], _QUOTE_CHARS)}\u201d."
+    if so_far is None:
+        return {"content": told[0].upper() + told[1:],
+                "occurred_at": covering(days[0], days[-1]).text() if days else None}
+    later = f" Later, {told}"
+    return {"content": _clip(so_far, _EPISODE_CHARS - len(later)) + later, "occurred_at": None}
 
 
 # --- the offline extractor's calendar: a few time words, resolved against the day they were said ----------

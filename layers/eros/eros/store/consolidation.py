@@ -38,7 +38,9 @@ jsonb_set(metadata, '{confirmed_in}', (
 """
 
 # The utterances that stated the superseded rows `ids`: in one of their ranges, still active, and
-# nearer to the old fact than to any active profile row (the new fact included).
+# nearer to the old fact than to any active profile row (the new fact included). A session's episode too, on the
+# same rule: an account nearest to the old fact ("the user told Luna she lives in Shanghai") would bring it back
+# into the prompt next to the new one; it returns when the old fact is restored, as the utterances do.
 _OUTDATE_UTTERANCES = """
 WITH x AS (
     SELECT id, embedding, session_id, from_message_id, through_message_id, metadata

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 from uuid import UUID, uuid4
 
 from pgvector import Vector
 from psycopg.types.json import Jsonb
 
-from ..db import connection, one, retried, transaction
+from ..db import Connection, connection, one, retried, transaction
 from ..memory import EventTime, event_columns, later_telling
 from . import claims, consolidation
-from .rows import Claim, ClaimedSession, KnownMemory, Message
+from .rows import Claim, ClaimedSession, EpisodeContext, KnownMemory, Message
 
 # The SPEC's claim: one statement, FOR UPDATE SKIP LOCKED so concurrent
 # sweepers take disjoint sets without blocking; cut-offs computed by the caller and bound.
@@ -136,6 +137,113 @@ def transcript(user_id: str, session_id: UUID, after_id: int | None, context_mes
     return earlier, new
 
 
+# What a session's episode is written with: the persona's name (the episode names it), and the episode the
+# session already has, if an earlier extraction of it wrote one (a resumed session rewrites it, migration 0021).
+_EPISODE_CONTEXT = """
+SELECT p.name AS persona_name, e.id AS episode_id, e.content AS episode, e.occurred_at, e.occurred_precision
+FROM engine.chat_sessions s
+JOIN engine.persona_instances i ON i.id = s.instance_id
+JOIN engine.personas p ON p.id = i.persona_id
+LEFT JOIN engine.companion_memories e ON e.session_id = s.id AND e.user_id = s.user_id AND e.source = 'episode'
+WHERE s.id = %(session)s AND s.user_id = %(user)s
+"""
+
+
+def episode_context(user_id: str, session_id: UUID) -> EpisodeContext:
+    """The persona of the session, and its episode so far (None: none written yet, or the user deleted it)."""
+    return one(connection().execute(_EPISODE_CONTEXT, {"session": session_id, "user": user_id}))
+
+
+# One episode per session (the unique index of migration 0021): the first extraction of a session inserts it, a
+# resumed one rewrites that row in place -- its text, embedding and event time are the model's whole updated
+# account, its range grows to the messages read since, its metadata names the model that wrote it last and
+# counts the rewrites. In place, without a version chain: an episode is no fact that changes but one account
+# that grows, and no one restores half of it (relationship rows have no versions, docs/DESIGN.md). created_at
+# stays when it was first written. An UPDATE, then an INSERT when it found none, rather than INSERT ... ON
+# CONFLICT: every writer of a session's episode holds the user's memory lock (and an extraction the session's
+# claim), so nothing can come between the two, and the statements need no unique index to infer -- a database
+# partitioned by user has the index with user_id in it (tests/partitioning.py), where ON CONFLICT (session_id)
+# would find none. The index stays what makes a second episode an error.
+_REWRITE_EPISODE = """
+UPDATE engine.companion_memories m SET
+    content = %(content)s, embedding = %(embedding)s,
+    from_message_id = least(m.from_message_id, %(from)s),
+    through_message_id = greatest(m.through_message_id, %(through)s),
+    metadata = m.metadata || %(metadata)s
+        || jsonb_build_object('rewrites', coalesce((m.metadata->>'rewrites')::int, 0) + 1),
+    occurred_at = %(occurred_at)s, occurred_precision = %(precision)s
+WHERE m.session_id = %(session)s AND m.user_id = %(user)s AND m.source = 'episode'
+RETURNING m.id
+"""
+_INSERT_EPISODE = """
+INSERT INTO engine.companion_memories (id, session_id, user_id, instance_id, content, embedding, source,
+    from_message_id, through_message_id, metadata, occurred_at, occurred_precision)
+VALUES (%(id)s, %(session)s, %(user)s, %(instance)s, %(content)s, %(embedding)s, 'episode', %(from)s, %(through)s,
+        %(metadata)s, %(occurred_at)s, %(precision)s)
+"""
+
+
+def write_episode(conn: Connection, session: Mapping[str, Any], episode: Mapping[str, Any],
+                  replace: bool = True) -> str | None:
+    """Write the session's episode (inside the caller's transaction, under the user's memory lock): 'written'
+    (a new row) or 'rewritten' (the session's episode, updated in place); with ``replace`` False, None when the
+    session has an episode already (left as it is)."""
+    occurred_at, precision = event_columns(episode.get("occurred"))
+    values = {"id": episode.get("id") or uuid4(), "session": session["id"], "user": session["user_id"],
+              "instance": session["instance_id"], "content": episode["content"],
+              "embedding": Vector(episode["embedding"]), "from": episode["from_message_id"],
+              "through": episode["through_message_id"], "metadata": Jsonb(episode["metadata"]),
+              "occurred_at": occurred_at, "precision": precision}
+    if replace and conn.execute(_REWRITE_EPISODE, values).fetchone() is not None:
+        return "rewritten"
+    if not replace and conn.execute("SELECT 1 FROM engine.companion_memories WHERE session_id = %(session)s"
+                                    " AND user_id = %(user)s AND source = 'episode'", values).fetchone():
+        return None
+    conn.execute(_INSERT_EPISODE, values)
+    return "written"
+
+
+# Sessions extracted before episodes existed (the backfill, eros.dreaming.episodes): read by an extraction (a
+# watermark), not claimed now, without an episode, oldest first. ``whole``: retention deleted none of the messages
+# it read -- every utterance of the session up to the watermark still has its message (an utterance row keeps its
+# message's id), and some message is left; a session without it is skipped (an episode of half a session would
+# say less than it seems to).
+_WITHOUT_EPISODE = """
+SELECT s.id, s.user_id, s.instance_id, s.extraction_watermark FROM engine.chat_sessions s
+WHERE s.extraction_watermark IS NOT NULL AND s.extraction_claimed_at IS NULL
+  AND (%(user)s::text IS NULL OR s.user_id = %(user)s)
+  AND NOT EXISTS (SELECT 1 FROM engine.companion_memories e
+                  WHERE e.session_id = s.id AND e.user_id = s.user_id AND e.source = 'episode')
+  AND (EXISTS (SELECT 1 FROM engine.chat_messages m
+               WHERE m.session_id = s.id AND m.user_id = s.user_id AND m.id <= s.extraction_watermark)
+       AND NOT EXISTS (SELECT 1 FROM engine.companion_memories u
+                       WHERE u.session_id = s.id AND u.user_id = s.user_id AND u.source = 'utterance'
+                         AND u.from_message_id <= s.extraction_watermark
+                         AND NOT EXISTS (SELECT 1 FROM engine.chat_messages m
+                                         WHERE m.id = u.from_message_id AND m.user_id = u.user_id))) = %(whole)s
+ORDER BY s.last_active_at, s.id
+LIMIT %(limit)s
+"""
+
+
+def sessions_without_episode(user_id: str | None, limit: int, whole: bool = True) -> list[dict]:
+    """Up to ``limit`` extracted sessions without an episode (of one user, or everyone's), oldest first: those
+    with their transcript whole, or (``whole`` False) those retention cut."""
+    return connection().execute(_WITHOUT_EPISODE, {"user": user_id, "limit": limit, "whole": whole}).fetchall()
+
+
+@retried
+def add_episode(session: Mapping[str, Any], episode: Mapping[str, Any]) -> str | None:
+    """The backfill's one write: the session's episode, under the user's memory lock, unless the session is gone
+    (erased meanwhile: None) or has an episode by now (None)."""
+    with transaction() as conn:
+        consolidation.hold_user(conn, session["user_id"])
+        if conn.execute("SELECT 1 FROM engine.chat_sessions WHERE id = %s AND user_id = %s FOR KEY SHARE",
+                        (session["id"], session["user_id"])).fetchone() is None:
+            return None
+        return write_episode(conn, session, episode, replace=False)
+
+
 # The known memories a session touches, found with no provider call: each new user turn of the
 # session already has its vector in the relationship layer (the chat turn paid for it), so the
 # active profile rows nearest to those turns are what the session is likely to confirm or change.
@@ -178,9 +286,9 @@ def touched_memories(user_id: str, session_id: UUID, after_id: int | None, limit
 @retried
 def finish(session: ClaimedSession, claim_token: datetime, memories: list[dict], watermark: int | None,
            error: str | None, confirm: Sequence[tuple[UUID, float]] = (), first_message_id: int | None = None,
-           told: Mapping[UUID, EventTime] | None = None) -> dict | None:
-    """ONE transaction: insert the profile rows, apply their consolidation, and stamp the session,
-    only if the claim still holds.
+           told: Mapping[UUID, EventTime] | None = None, episode: Mapping[str, Any] | None = None) -> dict | None:
+    """ONE transaction: insert the profile rows, apply their consolidation, write the session's episode (if the
+    answer had one: ``write_episode``), and stamp the session, only if the claim still holds.
 
     Each memory may carry ``id``, ``occurred`` (its ``EventTime``) and ``supersedes`` (ids of known rows it
     replaces); ``confirm`` are known rows the session repeated (noted with the message range read,
@@ -189,9 +297,11 @@ def finish(session: ClaimedSession, claim_token: datetime, memories: list[dict],
     else was asked is counted as ``ignored``. The session is stamped ``extracted_at`` unless
     messages beyond the new ``watermark`` exist (turns that arrived meanwhile, or windows not read
     yet): then it stays eligible for the next sweep, which starts from the new watermark.
-    Returns the counts, or None when the claim was lost (nothing written).
+    Returns the counts (``episode``: 'written', 'rewritten' or None), or None when the claim was lost (nothing
+    written).
     """
-    counts = {"inserted": len(memories), "superseded": 0, "confirmed": 0, "ignored": 0}
+    counts: dict[str, Any] = {"inserted": len(memories), "superseded": 0, "confirmed": 0, "ignored": 0,
+                              "episode": None}
     user = session["user_id"]
     with transaction() as conn:
         consolidation.hold_user(conn, user)  # the lock order: the user's memory lock, then the session, then rows
@@ -225,6 +335,8 @@ def finish(session: ClaimedSession, claim_token: datetime, memories: list[dict],
             counts["confirmed" if ok else "ignored"] += 1
         if memories or counts["superseded"]:
             consolidation.mark_changed(conn, user)
+        if episode is not None:  # the relationship layer: nothing the deep pass reads, so no mark_changed
+            counts["episode"] = write_episode(conn, session, episode)
         conn.execute(
             "UPDATE engine.chat_sessions SET"
             " extraction_watermark = coalesce(%(watermark)s, extraction_watermark),"

@@ -53,6 +53,7 @@ _LIST = ("SELECT" + FIELDS + FROM +
          " WHERE m.user_id = %(user)s {active}"
          "   AND (%(layer)s::text IS NULL OR (%(layer)s = 'profile') = (m.instance_id IS NULL))"
          "   AND (%(category)s::text IS NULL OR m.category = %(category)s)"
+         "   AND (%(source)s::text IS NULL OR m.source = %(source)s)"
          "   AND (%(before_at)s::timestamptz IS NULL OR (m.created_at, m.id) < (%(before_at)s, %(before_id)s::uuid))"
          " ORDER BY m.created_at DESC, m.id DESC LIMIT %(limit)s")
 # Two fixed statements rather than a boolean parameter: the default (active rows only) is a plain
@@ -112,6 +113,14 @@ class NotSuperseded(ClientError):
     status, code = 409, "memory_active"
 
 
+class NotAnEpisodeField(ClientError):
+    """An edit of an episode that names a category or an importance: an episode has neither."""
+    status, code = 422, "not_an_episode_field"
+
+    def __init__(self, memory_id: UUID):
+        super().__init__(f"memory {memory_id} is an episode: only its content and occurred_at can be edited")
+
+
 class NotCurrent(ClientError):
     """An edit of a memory that is history (superseded) or not in the profile layer: only the current
     version of a profile memory can be edited."""
@@ -123,14 +132,17 @@ class NotCurrent(ClientError):
 
 
 def list_memories(user_id: str, layer: str | None, category: str | None, limit: int,
-                  before: tuple[datetime, UUID] | None = None, include_superseded: bool = False) -> list[Memory]:
-    """The user's own memories, newest first, without embeddings; active rows only unless
-    ``include_superseded``. ``before`` is the (created_at, id) of the last row of the previous page: the
-    page goes on from that position whether or not the row is still there (it may have been deleted)."""
+                  before: tuple[datetime, UUID] | None = None, include_superseded: bool = False,
+                  source: str | None = None) -> list[Memory]:
+    """The user's own memories, newest first, without embeddings, of one ``source`` if given (e.g. 'episode');
+    active rows only unless ``include_superseded``. ``before`` is the (created_at, id) of the last row of the
+    previous page: the page goes on from that position whether or not the row is still there (it may have been
+    deleted)."""
     before_at, before_id = before or (None, None)
     return connection().execute(
         _LIST_ALL if include_superseded else _LIST_ACTIVE,
-        {"user": user_id, "layer": layer, "category": category, "limit": limit, "before_at": before_at,
+        {"user": user_id, "layer": layer, "category": category, "source": source, "limit": limit,
+         "before_at": before_at,
          "before_id": before_id},
     ).fetchall()
 
@@ -304,6 +316,32 @@ def edit_memory(user_id: str, memory_id: UUID, changes: dict, embedding: list[fl
             consolidation.outdate_utterances(conn, user_id, [memory_id])  # than to the new, goes with it
         consolidation.mark_changed(conn, user_id)
         return _with_history(conn, user_id, new_id)
+
+
+@retried
+def edit_episode(user_id: str, memory_id: UUID, changes: dict, embedding: list[float] | None = None,
+                 embed_model: str | None = None) -> MemoryWithHistory | None:
+    """Correct one of the user's episodes in place: ``changes`` of content (with its new ``embedding``) and
+    ``occurred`` (an ``EventTime``, or None to clear it); the row stays the session's one episode, with its
+    provenance, and metadata.edited_at says the user changed it. In place, as a resumed session's extraction
+    rewrites it: an episode has no versions (a later extraction of the session is shown the corrected text and
+    goes on from it). None: the user has no such episode."""
+    occurred_at, precision = event_columns(changes.get("occurred"))
+    with transaction() as conn:
+        consolidation.hold_user(conn, user_id)
+        row = conn.execute(
+            "UPDATE engine.companion_memories SET content = coalesce(%(content)s, content),"
+            " embedding = coalesce(%(embedding)s, embedding),"
+            " occurred_at = CASE WHEN %(set_occurred)s THEN %(occurred_at)s::date ELSE occurred_at END,"
+            " occurred_precision = CASE WHEN %(set_occurred)s THEN %(precision)s::text ELSE occurred_precision END,"
+            " metadata = metadata || jsonb_build_object('edited_at', now())"
+            "     || CASE WHEN %(embed_model)s::text IS NULL THEN '{}'::jsonb"
+            "             ELSE jsonb_build_object('embed_model', %(embed_model)s::text) END"
+            " WHERE id = %(id)s AND user_id = %(user)s AND source = 'episode' RETURNING id",
+            {"content": changes.get("content"), "embedding": Vector(embedding) if embedding is not None else None,
+             "set_occurred": "occurred" in changes, "occurred_at": occurred_at, "precision": precision,
+             "embed_model": embed_model, "id": memory_id, "user": user_id}).fetchone()
+        return _with_history(conn, user_id, memory_id) if row else None
 
 
 @retried

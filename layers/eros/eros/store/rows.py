@@ -105,6 +105,16 @@ class ClaimedSession(ClaimedJob):
     extraction_watermark: int | None  # the last message extraction has read; None: none yet
 
 
+class EpisodeContext(TypedDict):
+    """What a session's episode is written with (``store.dreaming.episode_context``): the persona's name, and the
+    session's episode so far, if one was written."""
+    persona_name: str
+    episode_id: UUID | None
+    episode: str | None
+    occurred_at: date | None
+    occurred_precision: str | None
+
+
 class KnownMemory(TypedDict):
     """An active profile memory shown to extraction (``store.dreaming.touched_memories``)."""
     id: UUID
