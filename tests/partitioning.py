@@ -18,9 +18,6 @@ follows without an edit here) and changes only what partitioning forces:
   (chat_messages' two keys to its session) is kept once.
 * Storage parameters (``toast_tuple_target``) go on each partition: a partitioned table stores nothing.
 
-* A unique index must include the partition key too: migration 0021's one episode per session, ``(session_id)``,
-  becomes ``(session_id, user_id)`` (a session is one user's, so it still allows one episode per session).
-
 Every other index is recreated on the partitioned parent as the migrations define it (each partition gets
 its own copy), every CHECK, default, generated column and identity is kept, and the application role's
 grants are applied again.
@@ -96,19 +93,6 @@ def _catalog(conn: Any, tables: tuple[str, ...]) -> dict[str, list[dict]]:
     options = conn.execute("SELECT relname AS name, reloptions AS options FROM pg_class"
                            " WHERE oid = ANY (%(t)s::regclass[]) AND reloptions IS NOT NULL", {"t": names}).fetchall()
     return {"keys": keys, "indexes": indexes, "options": options}
-
-
-_UNIQUE_INDEX = re.compile(r"(?P<head>CREATE UNIQUE INDEX \S+ ON \S+ USING \w+) \((?P<columns>[^)]*)\)(?P<rest>.*)")
-
-
-def _with_key_if_unique(definition: str, conversion: Conversion) -> str:
-    """A unique index's definition with the partition key among its columns (any other index's as it is)."""
-    found = _UNIQUE_INDEX.fullmatch(definition)
-    if found is None or KEY in _columns(found["columns"]):
-        return definition
-    changed = f"{found['head']} ({_listed(_with_key(_columns(found['columns'])))}){found['rest']}"
-    conversion.changes.append(f"{definition} -> {changed}")
-    return changed
 
 
 def _unique_keys(keys: list[dict], conversion: Conversion) -> list[tuple[str, str]]:
@@ -190,7 +174,7 @@ def partition_by_user(conn: Any, tables: tuple[str, ...] = TABLES, partitions: i
         for owner, clause in keys:
             conn.execute(f"ALTER TABLE {owner} {clause}")
         for index in catalog["indexes"]:
-            conn.execute(_with_key_if_unique(index["definition"], conversion))
+            conn.execute(index["definition"])
         grant_app_role(conn)
     return conversion
 
