@@ -239,6 +239,11 @@ def start_stack(data: str, port: int, *, in_background: bool = False) -> subproc
     raise AssertionError(f"the stack did not start: {process.communicate()[0][-2000:]}")
 
 
+# How long a stopping stack may take to exit: it stops its Postgres (a shutdown checkpoint), more than 15 s at a
+# load average of 15 here. A deadline, not a wait: the test goes on as soon as the process has exited.
+STOPS_WITHIN = 120
+
+
 def test_ctrl_c_and_eros_stop_stop_what_make_run_started(tmp_path, env, capsys):
     data, port = str(tmp_path / "data"), free_port()
     pg = tmp_path / "data" / "pg" / "postmaster.pid"
@@ -246,7 +251,7 @@ def test_ctrl_c_and_eros_stop_stop_what_make_run_started(tmp_path, env, capsys):
     stack = start_stack(data, port)
     assert pg.exists() and (tmp_path / "data" / "serve.pid").read_text() == str(stack.pid)
     stack.send_signal(signal.SIGINT)  # Ctrl-C
-    out, _ = stack.communicate(timeout=30)
+    out, _ = stack.communicate(timeout=STOPS_WITHIN)
     assert stack.returncode == 0 and "stopped the embedded Postgres" in out and "Traceback" not in out
     assert not pg.exists() and not (tmp_path / "data" / "serve.pid").exists()
 
@@ -254,10 +259,27 @@ def test_ctrl_c_and_eros_stop_stop_what_make_run_started(tmp_path, env, capsys):
     env(EROS_DATA_DIR=data)
     assert cli.main(["stop"]) == 0
     assert capsys.readouterr().out.strip() == f"stopped eros serve (pid {stack.pid})"
-    out, _ = stack.communicate(timeout=30)
+    out, _ = stack.communicate(timeout=STOPS_WITHIN)
     assert stack.returncode == 0 and "stopped the embedded Postgres" in out  # it stopped itself, cleanly
     assert not pg.exists()
     assert cli.main(["stop"]) == 0 and capsys.readouterr().out.strip() == "nothing was running"
+
+
+def test_a_postgres_stopped_by_someone_else_meanwhile_counts_as_stopped(tmp_path, monkeypatch):
+    """`eros stop` and the `eros serve` that started the embedded Postgres may both stop it: whoever saw it
+    running and then finds it gone (pg_ctl: no server) has what it asked for, not an error."""
+    from eros_dev import stack
+
+    folder = tmp_path / "pg"
+    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from eros_dev import stack;"
+                    " stack.embedded_postgres(Path(sys.argv[1]))", str(folder)], cwd=ROOT, check=True,
+                   timeout=STOPS_WITHIN)  # in a process of its own, as `make run` starts it
+    assert stack.stop_embedded_postgres(folder) and not stack.postgres_running(folder)  # the other stopper
+    seen = iter([True])  # this one looked before the other had finished
+    running = stack.postgres_running
+    monkeypatch.setattr(stack, "postgres_running", lambda f=None: next(seen, None) or running(f))
+    assert stack.stop_embedded_postgres(folder)
+    assert stack.stop_embedded_postgres(folder) is False  # and now it sees that nothing runs
 
 
 # --- the OpenAPI document --------------------------------------------------------------------------------------------
