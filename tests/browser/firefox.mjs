@@ -5,7 +5,9 @@
 import puppeteer from "puppeteer-core";
 
 const [base, executablePath] = process.argv.slice(2);
-const TIMEOUT_MS = 15000;
+// How long the page may take to show what a step waits for (the local stack's first turn and sweep load their
+// functions on 2 shared cores: at a load average of 15, more than 15 s); every wait ends as soon as it holds.
+const TIMEOUT_MS = 60000;
 
 // Waits for a condition by asking the page again and again from here. puppeteer's page.waitForFunction
 // builds its poller inside the page with Function(), which the console's Content-Security-Policy forbids
