@@ -192,14 +192,22 @@ function renderSessionPicker() {
     el("option", { value: s.id, selected: s.id === state.session }, `${personaOf(s)} · ${short(s.id)} · ${ago(s.created_at)}`)));
 }
 
+// The message box is enabled only while a session's history is on the page (openSession): from the page's load,
+// and from the moment "New session" is pressed, a message typed waits for its session instead of going to the
+// previous one, or nowhere (send() has no session yet).
 async function newSession(event) {
   event.preventDefault();
+  const previous = state.session;
+  composing(false);
   try {
     const session = await call("POST", "/v1/sessions", { persona_id: $("persona").value });
     await refreshSessions();
     await openSession(session.id);
     $("message").focus();
-  } catch (error) { say(error.message, true); }
+  } catch (error) {
+    if (previous && state.session === previous) composing(true);  // still on the session it was on
+    say(error.message, true);
+  }
 }
 
 function composing(enabled) {
