@@ -65,7 +65,8 @@ def stop_local_stack(wait_secs: float = 120.0) -> list[str]:
     rather than started, or of a serve that did not exit within ``wait_secs``). Returns what was stopped.
 
     The wait is for the process, not for a fixed time: a stack stops its Postgres itself (a shutdown checkpoint),
-    which on a loaded machine took more than 15 s, and stopping it from here meanwhile raced that shutdown."""
+    which a loaded machine can make slow, and stopping it from here meanwhile (after a fixed 15 s, before) raced
+    that shutdown."""
     stopped = []
     pid_file = data_dir() / "serve.pid"
     pid = int(pid_file.read_text()) if pid_file.exists() and pid_file.read_text().strip().isdigit() else None
