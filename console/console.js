@@ -168,8 +168,12 @@ async function start() {
   $("app").hidden = false;
   $("sweep").hidden = !state.local;
   await refresh();
-  if (state.sessions.length) await openSession(state.sessions[0].id);
-  else composing(false);
+  // A session the person opened meanwhile ("New session" pressed during sign-in) stays the open one: opening the
+  // newest session as well would toggle the message box under their typing.
+  if (!state.session) {
+    if (state.sessions.length) await openSession(state.sessions[0].id);
+    else composing(false);
+  }
   clearInterval(state.timer);
   state.timer = setInterval(() => { if (!document.hidden) refresh().catch(() => {}); }, POLL_MS);
   say(`Signed in as ${state.user}.`);

@@ -80,6 +80,7 @@ class Visit:
         self.page.get_by_label("User").fill(user)
         self.page.get_by_label("User").press("Enter")  # the keyboard alone signs in
         expect(self.page.locator("#me")).to_have_text(user)
+        expect(self.page.locator("#status")).to_have_text(f"Signed in as {user}.")  # its sessions are loaded
 
     def memory(self, text: str):
         return self.page.locator("#memory-groups li.memory", has_text=text)

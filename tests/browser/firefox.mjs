@@ -37,6 +37,7 @@ try {
   await page.type("#user", "fiona");
   await page.keyboard.press("Enter");
   await waitUntil(page, () => document.querySelector("#me").textContent === "fiona");
+  await waitUntil(page, () => document.querySelector("#status").textContent === "Signed in as fiona.");
   await page.waitForSelector("#memory-groups li.memory");
   seen.memoriesBefore = await text("#memory-groups");
 
