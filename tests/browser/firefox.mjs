@@ -55,6 +55,9 @@ try {
   seen.sweep = await text("#sweep-result");
   await waitUntil(page, () => document.querySelector("#memory-groups").textContent.includes("Keeps bees"));
   seen.memoriesAfter = await text("#memory-groups");
+  // The sessions' panel is refreshed beside the memories', not before it: wait for the state the judge expects
+  // (it still fails if the session never shows as extracted).
+  await waitUntil(page, () => document.querySelector("#dream-sessions").textContent.includes("extracted"));
   seen.dreaming = await text("#dream-sessions");
 
   await page.evaluate(() => [...document.querySelectorAll("#memory-groups li.memory")]
