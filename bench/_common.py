@@ -203,7 +203,7 @@ def database(pgdata: str | Path, *, url: str = "", name: str | None = None, fres
 
 # Every user's rows gone (personas and the migration log stay): where a bench starts from an empty engine.
 EMPTY_ENGINE = ("TRUNCATE engine.companion_memories, engine.chat_messages, engine.chat_sessions,"
-                " engine.user_consolidation, engine.persona_instances CASCADE")
+                " engine.user_deep_pass, engine.persona_instances CASCADE")
 
 
 def one(cursor) -> Any:

@@ -124,7 +124,7 @@ def forget_this_run(url: str) -> None:
         conn.execute("DELETE FROM engine.companion_memories WHERE source = 'dreaming' AND content LIKE %s",
                      (MEMORY_TEXT + "%",))
         conn.execute("DELETE FROM engine.user_model_usage WHERE user_id LIKE 'bench-u%'")
-        conn.execute("DELETE FROM engine.user_consolidation WHERE user_id LIKE 'bench-u%'")
+        conn.execute("DELETE FROM engine.user_deep_pass WHERE user_id LIKE 'bench-u%'")
     turns.forget_earlier_runs(url)
 
 

@@ -168,8 +168,12 @@ async function start() {
   $("app").hidden = false;
   $("sweep").hidden = !state.local;
   await refresh();
-  if (state.sessions.length) await openSession(state.sessions[0].id);
-  else composing(false);
+  // A session the person opened meanwhile ("New session" pressed during sign-in) stays the open one: opening the
+  // newest session as well would toggle the message box under their typing.
+  if (!state.session) {
+    if (state.sessions.length) await openSession(state.sessions[0].id);
+    else composing(false);
+  }
   clearInterval(state.timer);
   state.timer = setInterval(() => { if (!document.hidden) refresh().catch(() => {}); }, POLL_MS);
   say(`Signed in as ${state.user}.`);
@@ -192,14 +196,22 @@ function renderSessionPicker() {
     el("option", { value: s.id, selected: s.id === state.session }, `${personaOf(s)} · ${short(s.id)} · ${ago(s.created_at)}`)));
 }
 
+// The message box is enabled only while a session's history is on the page (openSession): from the page's load,
+// and from the moment "New session" is pressed, a message typed waits for its session instead of going to the
+// previous one, or nowhere (send() has no session yet).
 async function newSession(event) {
   event.preventDefault();
+  const previous = state.session;
+  composing(false);
   try {
     const session = await call("POST", "/v1/sessions", { persona_id: $("persona").value });
     await refreshSessions();
     await openSession(session.id);
     $("message").focus();
-  } catch (error) { say(error.message, true); }
+  } catch (error) {
+    if (previous && state.session === previous) composing(true);  // still on the session it was on
+    say(error.message, true);
+  }
 }
 
 function composing(enabled) {

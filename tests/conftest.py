@@ -142,7 +142,7 @@ def reset_process_state() -> None:
 # Children before parents: a DELETE of a handful of rows is several times cheaper than a TRUNCATE (which
 # takes exclusive locks and rewrites files), and one statement batch is one round trip.
 CLEAN_SCHEMA = ";".join(f"DELETE FROM engine.{table}" for table in (
-    "companion_memories", "chat_messages", "chat_sessions", "user_consolidation", "persona_instances",
+    "companion_memories", "chat_messages", "chat_sessions", "user_deep_pass", "persona_instances",
     "provider_blocks", "user_usage", "user_model_usage"))
 
 

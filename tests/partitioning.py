@@ -16,11 +16,13 @@ follows without an edit here) and changes only what partitioning forces:
   its own user's. ``ON DELETE SET NULL`` names the column it nulls (``SET NULL (session_id)``, PostgreSQL
   15+): ``user_id`` is NOT NULL, and still the row's. A key that becomes equal to another one of its table
   (chat_messages' two keys to its session) is kept once.
+* A unique index (not a constraint) gets ``user_id`` too, as a unique constraint does.
 * Storage parameters (``toast_tuple_target``) go on each partition: a partitioned table stores nothing.
 
 Every other index is recreated on the partitioned parent as the migrations define it (each partition gets
-its own copy), every CHECK, default, generated column and identity is kept, and the application role's
-grants are applied again.
+its own copy), every CHECK, default, generated column and identity is kept, a view over a converted table
+(a previous release's name of it, e.g. 0022's ``user_consolidation``) is made again over the partitioned one,
+and the application role's grants are applied again.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from eros.store import recall as recall_store
 # The user tables a turn, a recall, the claim and an extraction touch. chat_messages joined them with
 # migration 0013, whose turn key (the conflict target of the store's INSERT ... ON CONFLICT) names user_id,
 # as partitioning forces every unique key to; its foreign key to the sessions already carried user_id.
-TABLES = ("persona_instances", "chat_sessions", "chat_messages", "companion_memories", "user_consolidation",
+TABLES = ("persona_instances", "chat_sessions", "chat_messages", "companion_memories", "user_deep_pass",
           "user_usage", "user_model_usage")
 PARTITIONS = 4
 KEY = "user_id"
@@ -92,7 +94,12 @@ def _catalog(conn: Any, tables: tuple[str, ...]) -> dict[str, list[dict]]:
         " ORDER BY 1", {"t": names}).fetchall()
     options = conn.execute("SELECT relname AS name, reloptions AS options FROM pg_class"
                            " WHERE oid = ANY (%(t)s::regclass[]) AND reloptions IS NOT NULL", {"t": names}).fetchall()
-    return {"keys": keys, "indexes": indexes, "options": options}
+    views = conn.execute(
+        "SELECT DISTINCT v.oid::regclass::text AS name, pg_get_viewdef(v.oid) AS definition"
+        " FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid JOIN pg_class v ON v.oid = r.ev_class"
+        " WHERE d.classid = 'pg_rewrite'::regclass AND d.refobjid = ANY (%(t)s::regclass[])"
+        "   AND v.relkind = 'v' AND v.oid <> d.refobjid ORDER BY 1", {"t": names}).fetchall()
+    return {"keys": keys, "indexes": indexes, "options": options, "views": views}
 
 
 def _unique_keys(keys: list[dict], conversion: Conversion) -> list[tuple[str, str]]:
@@ -153,6 +160,20 @@ def _foreign_keys(keys: list[dict], partitioned: set[str], conversion: Conversio
     return out
 
 
+_UNIQUE_INDEX = re.compile(r"(?P<head>CREATE UNIQUE INDEX \S+ ON \S+ USING \w+ )\((?P<columns>[^)]*)\)(?P<tail>.*)")
+
+
+def _index_with_key(definition: str, conversion: Conversion) -> str:
+    """A unique index as a partitioned table allows it: with the partition key (0021's one episode per session
+    stays one per session: a session is one user's)."""
+    found = _UNIQUE_INDEX.fullmatch(definition)
+    if found is None or KEY in _columns(found["columns"]):
+        return definition
+    changed = f"{found['head']}({_listed(_with_key(_columns(found['columns'])))}){found['tail']}"
+    conversion.changes.append(f"{definition} -> {changed}")
+    return changed
+
+
 def partition_by_user(conn: Any, tables: tuple[str, ...] = TABLES, partitions: int = PARTITIONS) -> Conversion:
     """Turn ``tables`` (names in schema engine, all empty) of the migrated database on ``conn`` into tables
     partitioned by hash of user_id into ``partitions`` partitions each (``<table>_p0`` ...), in one
@@ -169,12 +190,16 @@ def partition_by_user(conn: Any, tables: tuple[str, ...] = TABLES, partitions: i
         for key in catalog["keys"]:  # first, so that each plain table can go without CASCADE
             if key["kind"] == "f":
                 conn.execute(f"ALTER TABLE {key['owner']} DROP CONSTRAINT {key['name']}")
+        for view in catalog["views"]:  # likewise
+            conn.execute(f"DROP VIEW {view['name']}")
         for table in tables:
             _rebuild(conn, table, partitions, options.get(table), conversion)
         for owner, clause in keys:
             conn.execute(f"ALTER TABLE {owner} {clause}")
         for index in catalog["indexes"]:
-            conn.execute(index["definition"])
+            conn.execute(_index_with_key(index["definition"], conversion))
+        for view in catalog["views"]:
+            conn.execute(f"CREATE VIEW {view['name']} AS {view['definition']}")
         grant_app_role(conn)
     return conversion
 

@@ -65,6 +65,27 @@ def test_openapi_documents_the_turns_errors_and_their_codes(api):
     assert {"statusCode", "code", "message"} <= set(error["required"]) and "retryable" in error["properties"]
 
 
+def test_a_refused_request_answers_the_422_the_document_describes(api):
+    """Whatever refuses it (the resolver's validation, or a use-case's BadRange), a 422 is the body the OpenAPI
+    document gives every route, and only that: not Powertools' default shape, whose schemas the document drops."""
+    import jsonschema_rs  # schemathesis's validator (tests/test_api_fuzz.py)
+
+    document = api.call("GET", "/v1/openapi.json", user=None)[1]
+    assert not {"HTTPValidationError", "ValidationError", "ResponseValidationError"} & set(
+        document["components"]["schemas"])
+    session = api.session()
+    for method, target, path, body in (
+            ("POST", f"/v1/sessions/{session}/turns", "/v1/sessions/{session_id}/turns", {"content": ""}),
+            ("POST", "/v1/sessions", "/v1/sessions", {"persona_id": "luna", "user": "mallory"}),
+            ("GET", "/v1/memories?limit=0", "/v1/memories", None),
+            ("GET", "/v1/usage?from=2026-02-01&to=2026-01-01", "/v1/usage", None),
+            ("DELETE", "/v1/memories", "/v1/memories", None)):
+        status, answer = api.call(method, target, body)
+        assert status == 422, (target, answer)
+        jsonschema_rs.validate(document["paths"][path][method.lower()]["responses"]["422"]["content"][
+            "application/json"]["schema"], answer)
+
+
 def test_personas_are_seeded(api):
     status, body = api.call("GET", "/v1/personas")
     assert status == 200

@@ -21,6 +21,7 @@ import os
 from collections import Counter
 from urllib.parse import urlencode, urlsplit
 
+import jsonschema_rs
 import pytest
 import schemathesis
 from apiclient import Api
@@ -104,6 +105,9 @@ def test_no_input_gives_a_5xx_and_a_refused_request_costs_no_provider_call(world
             assert (llm.calls, embedder.calls) == calls, f"{status} after a provider call for {sent}: {body[:300]}"
             answer = json.loads(body)
             assert answer["statusCode"] == status and answer["code"] and answer["message"], answer
+            if status == 422:  # the body the document describes, exactly
+                jsonschema_rs.validate(DOCUMENT["paths"][op.path][op.method]["responses"]["422"]["content"][
+                    "application/json"]["schema"], answer)
 
     statuses: list[int] = []
     try:

@@ -191,15 +191,15 @@ def test_a_deep_pass_claim_takes_no_more_than_its_limit_when_the_table_was_analy
                                                                                          limit):
     from eros.store import deep_pass as users_store
 
-    db.execute("DELETE FROM engine.user_consolidation")
-    db.execute("ANALYZE engine.user_consolidation")
+    db.execute("DELETE FROM engine.user_deep_pass")
+    db.execute("ANALYZE engine.user_deep_pass")
     now = utcnow()
     for i, user in enumerate(["u1", "u2", "u3", "u4", "u5"]):
-        db.execute("INSERT INTO engine.user_consolidation (user_id, changed_at) VALUES (%s, %s)",
+        db.execute("INSERT INTO engine.user_deep_pass (user_id, changed_at) VALUES (%s, %s)",
                    (user, now - timedelta(hours=3, minutes=-i)))
     taken = users_store.claim_users(now - timedelta(hours=1), now - STALE, limit, now)
     assert {r["user_id"] for r in taken} == set(["u1", "u2"][:limit])
-    assert db.execute("SELECT count(*) AS n FROM engine.user_consolidation WHERE claimed_at IS NOT NULL"
+    assert db.execute("SELECT count(*) AS n FROM engine.user_deep_pass WHERE claimed_at IS NOT NULL"
                       ).fetchone()["n"] == limit
 
 

@@ -29,6 +29,12 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SHOTS = Path(os.environ.get("CONSOLE_SCREENSHOTS") or ROOT / ".artifacts" / "console")
 EXTRACTED = json.dumps({"memories": [{"content": "Has a dog named Biscuit", "category": "relation",
                                       "importance": 0.8, "occurred_at": "2026-W47"}]})
+# How long the page may take to show what a step waits for. The local stack answers on 2 shared cores, and a
+# tab's first turn and first sweep also load their function "containers" (the handlers' imports, ~0.4 s idle):
+# at a load average of 15 that outlasted Playwright's default of 5 s. A deadline, not a pause: every expect and
+# action goes on as soon as its condition holds.
+WITHIN_MS = 60_000
+expect.set_options(timeout=WITHIN_MS)
 # What a closed network needs: no first-run, sync, component or background fetches (all refused here).
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
@@ -57,6 +63,7 @@ class Visit:
 
     def __init__(self, browser: Browser, url: str):
         self.context = browser.new_context(viewport={"width": 1400, "height": 900})
+        self.context.set_default_timeout(WITHIN_MS)
         self.page: Page = self.context.new_page()
         self.requests: list[str] = []
         self.errors: list[str] = []
@@ -73,6 +80,7 @@ class Visit:
         self.page.get_by_label("User").fill(user)
         self.page.get_by_label("User").press("Enter")  # the keyboard alone signs in
         expect(self.page.locator("#me")).to_have_text(user)
+        expect(self.page.locator("#status")).to_have_text(f"Signed in as {user}.")  # its sessions are loaded
 
     def memory(self, text: str):
         return self.page.locator("#memory-groups li.memory", has_text=text)
@@ -297,6 +305,7 @@ def open_console(browser: Browser, url: str) -> Visit:
     """A tab that already holds a signed-in token (as one does after sign-in and a reload), opening ``url``."""
     visit = Visit.__new__(Visit)
     visit.context = browser.new_context()
+    visit.context.set_default_timeout(WITHIN_MS)
     visit.context.add_init_script('sessionStorage.setItem("eros-console", JSON.stringify('
                                   '{"token": "secret-token", "user": "alice"}))')
     visit.page = visit.context.new_page()

@@ -107,7 +107,7 @@ def test_a_changed_fact_supersedes_the_old_one_in_the_same_extraction(db, provid
     assert "Lives in Shanghai" not in [m["content"] for m in recalled] and "Lives in Tokyo" in [
         m["content"] for m in recalled]
     # The user consolidation queue knows the user changed (the deep pass is due).
-    assert db.execute("SELECT changed_at FROM engine.user_consolidation WHERE user_id = 'alice'").fetchone()
+    assert db.execute("SELECT changed_at FROM engine.user_deep_pass WHERE user_id = 'alice'").fetchone()
 
 
 def test_a_repeat_confirms_the_known_memory_and_adds_no_row(db, providers):

@@ -57,7 +57,7 @@ def copies(db, user: str, content: str, n: int, *, first_day: int = 10) -> list[
 
 def due(db, user: str, *, changed_ago: timedelta = timedelta(hours=2), consolidated_at=None, claimed_at=None,
         attempts: int = 0) -> None:
-    db.execute("INSERT INTO engine.user_consolidation (user_id, changed_at, consolidated_at, claimed_at, attempts)"
+    db.execute("INSERT INTO engine.user_deep_pass (user_id, changed_at, consolidated_at, claimed_at, attempts)"
                " VALUES (%s, now() - %s, %s, %s, %s)", (user, changed_ago, consolidated_at, claimed_at, attempts))
 
 
@@ -92,7 +92,7 @@ def active(db, user: str) -> list[dict]:
 
 def state(db, user: str) -> dict:
     return db.execute("SELECT *, (consolidated_at IS NULL OR consolidated_at < changed_at) AS is_due"
-                      " FROM engine.user_consolidation WHERE user_id = %s", (user,)).fetchone()
+                      " FROM engine.user_deep_pass WHERE user_id = %s", (user,)).fetchone()
 
 
 def handle_of(request: dict, content: str) -> list[str]:
@@ -139,7 +139,7 @@ def test_claim_takes_users_that_are_due_quiet_and_free_or_stale_oldest_change_fi
 
 def test_concurrent_claimers_take_every_user_exactly_once(db):
     users = [f"user-{i:03d}" for i in range(300)]
-    db.execute("INSERT INTO engine.user_consolidation (user_id, changed_at)"
+    db.execute("INSERT INTO engine.user_deep_pass (user_id, changed_at)"
                " SELECT u, now() - interval '2 hours' FROM unnest(%s::text[]) AS u", (users,))
     start = threading.Barrier(8)
 
@@ -155,7 +155,7 @@ def test_concurrent_claimers_take_every_user_exactly_once(db):
     taken = [u for part in results for u in part]
     assert len(taken) == len(set(taken)) == 300 and set(taken) == set(users)
     assert sum(1 for part in results if part) > 1  # the claimers did run side by side
-    assert db.execute("SELECT count(*) AS n FROM engine.user_consolidation WHERE attempts = 0"
+    assert db.execute("SELECT count(*) AS n FROM engine.user_deep_pass WHERE attempts = 0"
                       " AND claimed_at IS NOT NULL").fetchone()["n"] == 300
 
 
@@ -689,7 +689,7 @@ def test_what_two_sessions_wrote_twice_is_merged_by_the_next_quiet_sweep(db, env
     assert len(active(db, "alice")) == 2 and state(db, "alice")["is_due"]
     assert sweep_locally()["users_claimed"] == 0  # changed just now: not quiet yet
 
-    db.execute("UPDATE engine.user_consolidation SET changed_at = changed_at - interval '2 hours'")
+    db.execute("UPDATE engine.user_deep_pass SET changed_at = changed_at - interval '2 hours'")
     calls = fake_llm.calls
     result = sweep_locally()
     assert (result["claimed"], result["users_claimed"], result["deep_pass_invoked"]) == (0, 1, 1)

@@ -53,7 +53,7 @@ def a_full_history(db, api: Api, user: str) -> str:
     assert api.call("POST", f"/v1/sessions/{pending}/turns", {"content": f"{SAID} of {user} is asleep"},
                     user=user)[0] == 200
     db.execute("UPDATE engine.chat_sessions SET extraction_claimed_at = now() WHERE id = %s", (pending,))
-    db.execute("INSERT INTO engine.user_consolidation (user_id, changed_at) VALUES (%s, now())"
+    db.execute("INSERT INTO engine.user_deep_pass (user_id, changed_at) VALUES (%s, now())"
                " ON CONFLICT (user_id) DO NOTHING", (user,))
     return pending
 
@@ -64,7 +64,7 @@ def rows_mentioning(db, *needles: str) -> dict[str, int]:
     tables = [r["table_name"] for r in db.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = 'engine'"
         " AND table_type = 'BASE TABLE' ORDER BY table_name").fetchall()]
-    assert {"chat_messages", "chat_sessions", "companion_memories", "persona_instances", "user_consolidation",
+    assert {"chat_messages", "chat_sessions", "companion_memories", "persona_instances", "user_deep_pass",
             "user_usage", "user_model_usage"} <= set(tables)
     found = {}
     for table in tables:
@@ -86,7 +86,7 @@ def test_erasure_leaves_nothing_of_the_user_in_any_table_and_keeps_everyone_else
     a_full_history(db, api, OTHER)
     before = rows_mentioning(db, USER)
     # (messages carry the text, not the user id)
-    assert {"chat_messages", "chat_sessions", "companion_memories", "persona_instances", "user_consolidation",
+    assert {"chat_messages", "chat_sessions", "companion_memories", "persona_instances", "user_deep_pass",
             "user_usage", "user_model_usage"} <= set(before) | {"chat_messages"}
     assert rows_mentioning(db, f"{SAID} of {USER}")["chat_messages"] >= 2
     assert db.execute("SELECT count(*) AS n FROM engine.companion_memories WHERE user_id = %s AND source = 'episode'"

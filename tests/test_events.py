@@ -86,7 +86,7 @@ def test_extract_deep_pass_event_runs_the_claimed_users_pass(db):
         db.execute("INSERT INTO engine.companion_memories (user_id, content, embedding, category, created_at)"
                    " VALUES (%s, 'Lives in Lisbon', %s, 'fact', now() - make_interval(days => %s))",
                    (sample["user_id"], Vector(hash_embed("Lives in Lisbon")), days))
-    db.execute("INSERT INTO engine.user_consolidation (user_id, changed_at, claimed_at, attempts)"
+    db.execute("INSERT INTO engine.user_deep_pass (user_id, changed_at, claimed_at, attempts)"
                " VALUES (%s, now() - interval '2 hours', %s, 1)",
                (sample["user_id"], datetime.fromisoformat(sample["claim_token"])))
     result = invoke("extract", sample)

@@ -16,13 +16,8 @@ from eros.migrate import EditedMigration, checksum, function_files, migrate, mig
 # Defined by migrations, not by the files: what stored data depends on (README.md, "What may not go here") ...
 VERSIONED = {"engine.lexemes(text)"}
 # ... and the previous release's signatures, kept for its containers until a later migration drops them (the _v2
-# rule): open_turn and admit of 0018, replaced by open_turn_v2 and admit_v2.
-RETIRING = {
-    "engine.open_turn(text,uuid,text,text,integer,boolean,date,timestamp with time zone,integer,bigint,"
-    "timestamp with time zone,bigint,timestamp with time zone)",
-    "engine.admit(text,date,timestamp with time zone,timestamp with time zone,integer,bigint,bigint,"
-    "timestamp with time zone,integer)",
-}
+# rule). None now: 0022 dropped 0018's open_turn and admit, which open_turn_v2 and admit_v2 replaced.
+RETIRING: set[str] = set()
 
 
 def definitions(conn) -> dict:

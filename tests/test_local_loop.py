@@ -8,11 +8,15 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -217,6 +221,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# How long `make run` may take to answer in a fresh folder (initdb, Postgres, the migrations): ~5 s idle, over 60 s
+# at a load average of 20 here. A deadline, not a wait: the test goes on at the first answer.
+STARTS_WITHIN = 240
+
+
 def start_stack(data: str, port: int, *, in_background: bool = False) -> subprocess.Popen:
     """`make run` in a fresh data folder: in a terminal's foreground, SIGINT at its default whatever this run
     inherited (a test run started in the background, `cmd &` from a script, has it ignored); ``in_background``:
@@ -228,7 +237,7 @@ def start_stack(data: str, port: int, *, in_background: bool = False) -> subproc
     process = subprocess.Popen([sys.executable, "-m", "eros_dev.cli", "serve"], cwd=ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, disposition))  # noqa: PLW1509
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + STARTS_WITHIN
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/v1/health", timeout=1).status_code == 200:
@@ -239,25 +248,62 @@ def start_stack(data: str, port: int, *, in_background: bool = False) -> subproc
     raise AssertionError(f"the stack did not start: {process.communicate()[0][-2000:]}")
 
 
-def test_ctrl_c_and_eros_stop_stop_what_make_run_started(tmp_path, env, capsys):
-    data, port = str(tmp_path / "data"), free_port()
-    pg = tmp_path / "data" / "pg" / "postmaster.pid"
+@pytest.fixture
+def stack_folder() -> Iterator[Path]:
+    """A folder for a Postgres of the test's own, outside pytest's temporary root. Under root, pgserver runs
+    Postgres as the user pgserver and opens the folder's parents to it (o+rx), but every pytest session that
+    starts meanwhile (another run, an xdist worker) takes those permissions off /tmp/pytest-of-root again: initdb,
+    the server or pg_ctl then got "Permission denied" (the run's own database is in /tmp for the same reason)."""
+    from eros_dev.stack import stop_embedded_postgres
+
+    folder = Path(tempfile.mkdtemp(prefix="eros-stack-test-"))
+    yield folder
+    for pid_file in folder.rglob("postmaster.pid"):  # a test that failed midway
+        stop_embedded_postgres(pid_file.parent)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+# How long a stopping stack may take to exit: it stops its Postgres (a shutdown checkpoint), more than 15 s at a
+# load average of 15 here. A deadline, not a wait: the test goes on as soon as the process has exited.
+STOPS_WITHIN = 120
+
+
+def test_ctrl_c_and_eros_stop_stop_what_make_run_started(stack_folder, env, capsys):
+    data, port = str(stack_folder / "data"), free_port()
+    pg = stack_folder / "data" / "pg" / "postmaster.pid"
 
     stack = start_stack(data, port)
-    assert pg.exists() and (tmp_path / "data" / "serve.pid").read_text() == str(stack.pid)
+    assert pg.exists() and (stack_folder / "data" / "serve.pid").read_text() == str(stack.pid)
     stack.send_signal(signal.SIGINT)  # Ctrl-C
-    out, _ = stack.communicate(timeout=30)
+    out, _ = stack.communicate(timeout=STOPS_WITHIN)
     assert stack.returncode == 0 and "stopped the embedded Postgres" in out and "Traceback" not in out
-    assert not pg.exists() and not (tmp_path / "data" / "serve.pid").exists()
+    assert not pg.exists() and not (stack_folder / "data" / "serve.pid").exists()
 
     stack = start_stack(data, port, in_background=True)  # `make stop` from another terminal
     env(EROS_DATA_DIR=data)
     assert cli.main(["stop"]) == 0
     assert capsys.readouterr().out.strip() == f"stopped eros serve (pid {stack.pid})"
-    out, _ = stack.communicate(timeout=30)
+    out, _ = stack.communicate(timeout=STOPS_WITHIN)
     assert stack.returncode == 0 and "stopped the embedded Postgres" in out  # it stopped itself, cleanly
     assert not pg.exists()
     assert cli.main(["stop"]) == 0 and capsys.readouterr().out.strip() == "nothing was running"
+
+
+def test_a_postgres_stopped_by_someone_else_meanwhile_counts_as_stopped(stack_folder, monkeypatch):
+    """`eros stop` and the `eros serve` that started the embedded Postgres may both stop it: whoever saw it
+    running and then finds it gone (pg_ctl: no server) has what it asked for, not an error."""
+    from eros_dev import stack
+
+    folder = stack_folder / "pg"
+    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from eros_dev import stack;"
+                    " stack.embedded_postgres(Path(sys.argv[1]))", str(folder)], cwd=ROOT, check=True,
+                   timeout=STOPS_WITHIN)  # in a process of its own, as `make run` starts it
+    assert stack.stop_embedded_postgres(folder) and not stack.postgres_running(folder)  # the other stopper
+    seen = iter([True])  # this one looked before the other had finished
+    running = stack.postgres_running
+    monkeypatch.setattr(stack, "postgres_running", lambda f=None: next(seen, None) or running(f))
+    assert stack.stop_embedded_postgres(folder)
+    assert stack.stop_embedded_postgres(folder) is False  # and now it sees that nothing runs
 
 
 # --- the OpenAPI document --------------------------------------------------------------------------------------------

@@ -289,7 +289,7 @@ def active_ids(api, user: str = "alice") -> set[str]:
 
 
 def due_for_deep_pass(db, user: str) -> bool:
-    return db.execute("SELECT 1 FROM engine.user_consolidation WHERE user_id = %s", (user,)).fetchone() is not None
+    return db.execute("SELECT 1 FROM engine.user_deep_pass WHERE user_id = %s", (user,)).fetchone() is not None
 
 
 def test_restore_undoes_a_change_and_retires_the_version_that_replaced_it(api, db, world):

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import threading
 import uuid
-from datetime import UTC
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import dict_row
 
 from eros.migrate import function_files, migrate, migration_files, personas
 
@@ -146,7 +147,7 @@ def test_the_app_user_cannot_change_the_schema(db, app_user, statement):
                       ).fetchone()["n"] == 0
 
 
-# What the runtime does to each table (store/, the turn's functions in eros/sql/functions, the erasure, the
+# What the runtime does to each table or view (store/, the turn's functions in eros/sql/functions, the erasure, the
 # retention), and so all the app role may do to it (eros/sql/functions/grants.sql). A table of a later migration
 # must be named here with what its code does to it.
 READ_WRITE = {"SELECT", "INSERT", "UPDATE", "DELETE"}
@@ -156,8 +157,9 @@ APP_TABLE_PRIVILEGES = {
     "personas": {"SELECT"},  # seeded by the migrations' own user: no runtime path changes a persona's prompt
     "chat_messages": {"SELECT", "INSERT", "DELETE"},  # a message is never changed; retention and erasure delete
     "persona_instances": {"SELECT", "INSERT", "DELETE"},  # and UPDATE of user_id alone (below)
-    "chat_sessions": READ_WRITE, "companion_memories": READ_WRITE, "user_consolidation": READ_WRITE,
+    "chat_sessions": READ_WRITE, "companion_memories": READ_WRITE, "user_deep_pass": READ_WRITE,
     "user_usage": READ_WRITE, "user_model_usage": READ_WRITE, "provider_blocks": READ_WRITE,
+    "user_consolidation": READ_WRITE,  # a view: user_deep_pass by the previous release's name (migration 0022)
 }
 # create_session's INSERT .. ON CONFLICT DO UPDATE SET user_id = EXCLUDED.user_id returns the existing instance.
 APP_COLUMN_UPDATES = {("persona_instances", "user_id")}
@@ -170,7 +172,7 @@ def test_the_app_role_may_do_to_each_table_only_what_the_runtime_does(db):
                   "SELECT c.relname AS name, " + ", ".join(
                       f"has_table_privilege('eros_app', c.oid, '{p}') AS {p.lower()}"
                       for p in ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")) +
-                  " FROM pg_class c WHERE c.relnamespace = 'engine'::regnamespace AND c.relkind IN ('r', 'p')"
+                  " FROM pg_class c WHERE c.relnamespace = 'engine'::regnamespace AND c.relkind IN ('r', 'p', 'v')"
                   " AND NOT c.relispartition").fetchall()}
     assert tables.keys() == APP_TABLE_PRIVILEGES.keys(), "name every table in APP_TABLE_PRIVILEGES"
     assert tables == APP_TABLE_PRIVILEGES
@@ -269,7 +271,7 @@ def test_every_route_and_dreaming_job_runs_as_the_app_user(db, app_user, env, tm
         db.execute("INSERT INTO engine.companion_memories (user_id, content, embedding, category, source, created_at)"
                    " VALUES ('alice', 'Keeps bees', %s, 'fact', 'dreaming', now() - make_interval(days => %s))",
                    (Vector(hash_embed("Keeps bees")), days))
-    db.execute("UPDATE engine.user_consolidation SET changed_at = now() - interval '2 h'")
+    db.execute("UPDATE engine.user_deep_pass SET changed_at = now() - interval '2 h'")
     db.execute("UPDATE engine.chat_messages SET sent_at = now() - interval '3 days'")
     swept = sweep_locally(idle_now=True)
     assert sorted((job["kind"], job["outcome"]) for job in swept["jobs"]) == [
@@ -281,6 +283,43 @@ def test_every_route_and_dreaming_job_runs_as_the_app_user(db, app_user, env, tm
     assert status == 200 and erased["erased"]["sessions"] == 2, erased
     from eros.db import connection
     assert connection().execute("SELECT current_user AS u").fetchone()["u"] == name
+
+
+def test_the_previous_releases_name_of_the_deep_pass_table_still_reads_and_writes_it(db, app_user):
+    """0022 renamed engine.user_consolidation to engine.user_deep_pass and left the old name as a view, for the
+    containers of the previous release during a deploy. Their statements (this release's, by the old name), as the
+    app user, reach the table's rows: the change mark, the claim, the lease, the erasure's row lock, the spend's
+    key share, the DELETE."""
+    from eros.store import deep_pass as deep_pass_store
+    from eros.store import usage as usage_store
+
+    def old(statement: str) -> str:
+        return statement.replace("engine.user_deep_pass", "engine.user_consolidation")
+
+    _, dsn = app_user
+    user, mark = "old-release", ("INSERT INTO engine.user_consolidation (user_id, changed_at) VALUES (%s, %s)"
+                                 " ON CONFLICT (user_id) DO UPDATE SET changed_at = EXCLUDED.changed_at")
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as app:
+        app.execute(mark, (user, datetime.now(UTC) - timedelta(hours=3)))
+        app.execute(mark, (user, datetime.now(UTC) - timedelta(hours=2)))  # the conflict's UPDATE
+        now = datetime.now(UTC)
+        [claimed] = app.execute(old(deep_pass_store._CLAIM), {
+            "quiet_before": now - timedelta(hours=1), "stale_before": now - timedelta(minutes=10), "now": now,
+            "limit": 10}).fetchall()
+        assert claimed == {"user_id": user, "claim_token": now}
+        assert app.execute("UPDATE engine.user_consolidation SET started_at = %s WHERE user_id = %s"
+                           " AND claimed_at = %s AND started_at IS NULL RETURNING user_id", (now, user, now)
+                           ).fetchone() == {"user_id": user}
+        with app.transaction():
+            assert app.execute("SELECT user_id FROM engine.user_consolidation WHERE user_id = %s FOR UPDATE",
+                               (user,)).fetchone() == {"user_id": user}
+            assert app.execute(old(usage_store._HELD_BY["deep_pass"]), {"held": user}).fetchone() is not None
+        row = db.execute("SELECT claimed_at, started_at, changed_at < now() - interval '90 minutes' AS marked"
+                         " FROM engine.user_deep_pass WHERE user_id = %s", (user,)).fetchone()
+        assert row == {"claimed_at": now, "started_at": now, "marked": True}
+        assert app.execute("DELETE FROM engine.user_consolidation WHERE user_id = %s", (user,)).rowcount == 1
+    assert db.execute("SELECT count(*) AS n FROM engine.user_deep_pass WHERE user_id = %s", (user,)
+                      ).fetchone()["n"] == 0
 
 
 def test_tables_of_later_migrations_are_granted_too(db, app_user, database_url):

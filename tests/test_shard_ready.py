@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 
 STORES = ROOT / "layers" / "eros" / "eros" / "store"
 FUNCTIONS = ROOT / "layers" / "eros" / "eros" / "sql" / "functions"
-USER_TABLES = {"chat_sessions", "chat_messages", "companion_memories", "persona_instances", "user_consolidation",
+USER_TABLES = {"chat_sessions", "chat_messages", "companion_memories", "persona_instances", "user_deep_pass",
                "user_usage", "user_model_usage"}
 SHARED_TABLES = {"personas", "provider_blocks", "schema_migrations", "schema_objects"}  # reference data: on every shard
 # Cross-user by design, each with why. On a sharded database these run on every shard (a fan-out) or per shard.
@@ -91,7 +91,7 @@ def _strings(node: ast.AST) -> list[str]:
 
 # ``store.claims`` writes a dreaming job's lease, backoff and give-up once for every job table: its statements
 # say ``engine.{table}``, and name the user as any other (``user_id = %(user_id)s``).
-JOB_TABLES = {"chat_sessions", "user_consolidation"}
+JOB_TABLES = {"chat_sessions", "user_deep_pass"}
 
 
 def tables(sql: str) -> set[str]:
@@ -100,11 +100,13 @@ def tables(sql: str) -> set[str]:
 
 def test_every_table_of_a_users_data_has_the_user_key():
     migrations = "\n".join(p.read_text() for p in sorted((ROOT / "layers/eros/eros/migrations").glob("*.sql")))
-    created = set(re.findall(r"CREATE TABLE engine\.(\w+)", migrations))
-    assert created == USER_TABLES | (SHARED_TABLES - {"schema_migrations"})
+    first_named = {new: old for old, new in re.findall(r"ALTER TABLE engine\.(\w+) RENAME TO (\w+)", migrations)}
+    created = set(re.findall(r"CREATE TABLE engine\.(\w+)", migrations)) - set(first_named.values())
+    assert created | first_named.keys() == USER_TABLES | (SHARED_TABLES - {"schema_migrations"})
     for table in USER_TABLES:
-        body = re.search(rf"CREATE TABLE engine\.{table} \((.*?)\n\);", migrations, re.S)[1]
-        added = re.search(rf"ALTER TABLE engine\.{table} ADD COLUMN user_id", migrations)
+        first = first_named.get(table, table)
+        body = re.search(rf"CREATE TABLE engine\.{first} \((.*?)\n\);", migrations, re.S)[1]
+        added = re.search(rf"ALTER TABLE engine\.{first} ADD COLUMN user_id", migrations)
         assert re.search(r"^\s*user_id\s+text", body, re.M) or added, table
 
 

@@ -1,7 +1,7 @@
 """The daily token budget under concurrency (issue 25, item 3): a turn reserves its tokens when it is admitted
-(engine.admit, migration 0018) and settles them when it is recorded, so that turns in flight count against the
-budget before they have paid. What the day can spend is bounded: below the budget plus the reservation of the
-last turn admitted (docs/DESIGN.md, "Usage").
+(engine.admit_v2; the reservations came with migration 0018) and settles them when it is recorded, so that turns
+in flight count against the budget before they have paid. What the day can spend is bounded: below the budget
+plus the reservation of the last turn admitted (docs/DESIGN.md, "Usage").
 
 Concurrent turns are threads calling the real chat use-case, each with its own database connection, against
 the fake OpenRouter and Voyage on loopback (the fake model answers after a short wait, so that every turn of a
@@ -52,7 +52,7 @@ def limited(db, env, slow_llm, fake_voyage, clock):
 
 @pytest.fixture
 def reservations(monkeypatch) -> list[int]:
-    """What each admitted turn reserved (engine.open_turn's answer, as take_turn receives it)."""
+    """What each admitted turn reserved (engine.open_turn_v2's answer, as take_turn receives it)."""
     seen: list[int] = []
     real = chat_store.open_turn
 

@@ -101,7 +101,7 @@ def test_every_provider_call_is_counted_by_purpose_and_model_with_the_tokens_rep
     go_idle(db)
     phase(db, online, "extraction", lambda: sweep_locally())
     copies(db, "alice", "Lives in Shanghai", 3)
-    db.execute("UPDATE engine.user_consolidation SET changed_at = now() - interval '2 hours'")  # quiet long enough
+    db.execute("UPDATE engine.user_deep_pass SET changed_at = now() - interval '2 hours'")  # quiet long enough
     phase(db, online, "deep_pass",
           lambda: deep_pass.run(settings(), "alice", claim_one(db, "alice")))
     consistent(db)

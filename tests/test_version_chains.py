@@ -94,7 +94,7 @@ def a_chain(user: str) -> Chain:
 def deep_pass_apply(db, user: str, kind: str, survivor: UUID, target: UUID):
     """The deep pass's one guarded write with a plan of one action, under a claim taken as a sweep takes it."""
     token = one(eros_db.connection().execute(
-        "INSERT INTO engine.user_consolidation (user_id, changed_at, claimed_at) VALUES (%s, now(), clock_timestamp())"
+        "INSERT INTO engine.user_deep_pass (user_id, changed_at, claimed_at) VALUES (%s, now(), clock_timestamp())"
         " ON CONFLICT (user_id) DO UPDATE SET claimed_at = clock_timestamp(), started_at = NULL RETURNING claimed_at",
         (user,)))["claimed_at"]
     snap = deep_store.snapshot(user, 100, 0.75)

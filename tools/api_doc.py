@@ -20,9 +20,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CHAT = ROOT / "functions" / "chat"
 TARGET = ROOT / "docs" / "API.md"
 REGENERATE = ".venv/bin/python tools/api_doc.py"
-# Powertools documents every route's 422 with its own default shape; the API answers its error body instead
-# (functions/chat/app.py, invalid_request), so those two schemas are not rendered and a 422 links to the errors.
-POWERTOOLS_422 = {"HTTPValidationError", "ValidationError", "ResponseValidationError"}
 METHODS = ("get", "post", "put", "patch", "delete")
 
 Schema = dict[str, Any]
@@ -64,7 +61,7 @@ def _type(schema: Schema) -> str:
     """A schema's type in a few words: links for named shapes, the values of an enumeration."""
     if "$ref" in schema:
         name = _ref_name(schema)
-        return "[error](#errors)" if name in POWERTOOLS_422 else f"[{name}](#{_anchor(name)})"
+        return f"[{name}](#{_anchor(name)})"
     if "anyOf" in schema:
         return " or ".join(_type(option) for option in schema["anyOf"])
     if "enum" in schema:
@@ -154,9 +151,7 @@ def _answer_body(response: Schema) -> str:
 def _responses(operation: Schema) -> list[str]:
     rows = ["| status | when | body |", "| --- | --- | --- |"]
     for status, response in sorted(operation["responses"].items()):
-        refused = "invalid request: a parameter or field the schema refuses"
-        when = refused if status == "422" else response["description"]
-        rows.append(f"| {status} | {_cell(when)} | {_answer_body(response)} |")
+        rows.append(f"| {status} | {_cell(response['description'])} | {_answer_body(response)} |")
     return [*rows, ""]
 
 
@@ -194,8 +189,7 @@ def render(document: Schema) -> str:
                 lines += _operation(method, path, operations[method], components)
     lines += ["## Shapes", ""]
     for name, schema in components.items():
-        if name not in POWERTOOLS_422:
-            lines += _schema(name, schema)
+        lines += _schema(name, schema)
     return "\n".join(lines).rstrip() + "\n"
 
 

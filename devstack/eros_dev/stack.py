@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 import warnings
 from collections.abc import Iterator
@@ -25,14 +26,19 @@ def postgres_running(folder: Path | None = None) -> bool:
 
 def stop_embedded_postgres(folder: Path | None = None) -> bool:
     """Stop the embedded Postgres of ``folder`` (a fast shutdown: sessions are ended, nothing is lost);
-    False when it was not running."""
+    False when it was not running. Stopped by someone else meanwhile (``eros stop`` and the ``eros serve`` that
+    started it may both get here) is stopped: pg_ctl then fails for want of a server, which is no error."""
     from pgserver._commands import pg_ctl  # type: ignore[attr-defined]  # made by a factory at import
 
     folder = folder or data_dir() / "pg"
     if not postgres_running(folder):
         return False
     runs_as = {"user": "pgserver"} if os.geteuid() == 0 else {}  # pgserver runs it as this user under root
-    pg_ctl(["-w", "-m", "fast", "stop"], pgdata=folder, **runs_as)
+    try:
+        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=folder, **runs_as)
+    except subprocess.CalledProcessError:
+        if postgres_running(folder):
+            raise
     return True
 
 
@@ -52,10 +58,15 @@ def serving() -> Iterator[None]:
             pid_file.unlink()
 
 
-def stop_local_stack(wait_secs: float = 15.0) -> list[str]:
+def stop_local_stack(wait_secs: float = 120.0) -> list[str]:
     """``make stop``: ask a running ``eros serve`` to stop (SIGTERM, which it handles as Ctrl-C: it then stops
     the Postgres it started; SIGINT would not reach a stack started in the background, where it is ignored),
-    then stop the embedded Postgres if it is still up. Returns what was stopped."""
+    wait until it has exited, then stop the embedded Postgres if it is still up (one that ``eros serve`` joined
+    rather than started, or of a serve that did not exit within ``wait_secs``). Returns what was stopped.
+
+    The wait is for the process, not for a fixed time: a stack stops its Postgres itself (a shutdown checkpoint),
+    which a loaded machine can make slow, and stopping it from here meanwhile (after a fixed 15 s, before) raced
+    that shutdown."""
     stopped = []
     pid_file = data_dir() / "serve.pid"
     pid = int(pid_file.read_text()) if pid_file.exists() and pid_file.read_text().strip().isdigit() else None

@@ -31,7 +31,7 @@ class DeepPassEvent(BaseModel):
 
     kind: Literal["deep_pass"]
     user_id: str = Field(min_length=1)
-    claim_token: AwareDatetime  # the user's user_consolidation.claimed_at; guards every write
+    claim_token: AwareDatetime  # the user's user_deep_pass.claimed_at; guards every write
 
 
 Job: TypeAdapter[ExtractEvent | DeepPassEvent] = TypeAdapter(

@@ -5,7 +5,9 @@
 import puppeteer from "puppeteer-core";
 
 const [base, executablePath] = process.argv.slice(2);
-const TIMEOUT_MS = 15000;
+// How long the page may take to show what a step waits for (the local stack's first turn and sweep load their
+// functions on 2 shared cores: at a load average of 15, more than 15 s); every wait ends as soon as it holds.
+const TIMEOUT_MS = 60000;
 
 // Waits for a condition by asking the page again and again from here. puppeteer's page.waitForFunction
 // builds its poller inside the page with Function(), which the console's Content-Security-Policy forbids
@@ -35,6 +37,7 @@ try {
   await page.type("#user", "fiona");
   await page.keyboard.press("Enter");
   await waitUntil(page, () => document.querySelector("#me").textContent === "fiona");
+  await waitUntil(page, () => document.querySelector("#status").textContent === "Signed in as fiona.");
   await page.waitForSelector("#memory-groups li.memory");
   seen.memoriesBefore = await text("#memory-groups");
 
@@ -52,6 +55,9 @@ try {
   seen.sweep = await text("#sweep-result");
   await waitUntil(page, () => document.querySelector("#memory-groups").textContent.includes("Keeps bees"));
   seen.memoriesAfter = await text("#memory-groups");
+  // The sessions' panel is refreshed beside the memories', not before it: wait for the state the judge expects
+  // (it still fails if the session never shows as extracted).
+  await waitUntil(page, () => document.querySelector("#dream-sessions").textContent.includes("extracted"));
   seen.dreaming = await text("#dream-sessions");
 
   await page.evaluate(() => [...document.querySelectorAll("#memory-groups li.memory")]

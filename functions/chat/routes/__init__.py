@@ -59,8 +59,8 @@ def current_user(router: Router) -> str:
 
 
 def documented(ok: tuple[int, str], *errors: tuple[int, str], public: bool = False) -> dict:
-    """OpenAPI responses of a route: its success and the errors it answers besides 422 (and 401, unless the
-    route is ``public``)."""
+    """OpenAPI responses of a route: its success and the errors it answers besides 422 (``INVALID_REQUEST``, on
+    every route) and 401 (unless the route is ``public``)."""
     if not public:
         errors = ((401, "no valid bearer token"), *errors)
     error = {"application/json": {"schema": {"type": "object", "required": ["statusCode", "code", "message"],
@@ -70,3 +70,22 @@ def documented(ok: tuple[int, str], *errors: tuple[int, str], public: bool = Fal
                                                              "retryable": {"type": "boolean"},
                                                              "client_turn_id": {"type": "string"}}}}}
     return {ok[0]: {"description": ok[1]}, **{code: {"description": text, "content": error} for code, text in errors}}
+
+
+# The 422 every route answers when the resolver's validation refuses a request: app.py's invalid_request body,
+# documented in place of Powertools' default shape (which the API never sends), exactly: no other field.
+INVALID_REQUEST = {
+    "description": "invalid request: a parameter or field the schema refuses",
+    "content": {"application/json": {"schema": {
+        "type": "object", "additionalProperties": False, "required": ["statusCode", "code", "message", "errors"],
+        "properties": {
+            "statusCode": {"const": 422}, "code": {"const": "invalid_request"},
+            "message": {"type": "string", "description": "invalid request: each field and its problem"},
+            "errors": {"type": "array", "description": "each refused field", "items": {
+                "type": "object", "additionalProperties": False, "required": ["field", "problem"],
+                "properties": {
+                    "field": {"type": "string", "description": "where, e.g. body.content or query.limit"},
+                    "problem": {"type": "string"},
+                    "detail": {"type": "string", "description": "a refused text's reason, when there is one"}}}}}}}},
+}
+POWERTOOLS_422 = ("HTTPValidationError", "ValidationError", "ResponseValidationError")  # its default shapes: unused

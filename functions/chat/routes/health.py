@@ -2,13 +2,15 @@
 
 # No `from __future__ import annotations` here: pydantic and the resolver would then compile and evaluate
 # every annotation of the models and routes from its text at import (~115 evaluations a cold start).
+import json
+
 from aws_lambda_powertools.event_handler import Response, content_types
 from aws_lambda_powertools.event_handler.api_gateway import ApiGatewayResolver, Router
 
 from eros import health as health_check
 
 from models import DeepHealth, HealthReport
-from routes import CONVENTIONS, PUBLIC, current_user, documented
+from routes import CONVENTIONS, INVALID_REQUEST, POWERTOOLS_422, PUBLIC, current_user, documented
 
 router = Router()
 TITLE = "eros companion memory API"
@@ -50,9 +52,15 @@ def openapi_document() -> str:
     if not isinstance(resolver, ApiGatewayResolver):
         raise RuntimeError("the health routes are not included in a resolver")
     bearer = HTTPBearer(bearerFormat="JWT", description="a token of the configured issuer; its `sub` is the user")
-    return resolver.get_openapi_json_schema(title=TITLE, version="1.0.0", description=CONVENTIONS,
-                                            security_schemes={"bearer": bearer},
-                                            security=[{"bearer": []}])
+    document = json.loads(resolver.get_openapi_json_schema(title=TITLE, version="1.0.0", description=CONVENTIONS,
+                                                           security_schemes={"bearer": bearer},
+                                                           security=[{"bearer": []}]))
+    for operations in document["paths"].values():
+        for operation in operations.values():
+            operation["responses"]["422"] = INVALID_REQUEST
+    for name in POWERTOOLS_422:
+        document["components"]["schemas"].pop(name, None)
+    return json.dumps(document)
 
 
 @router.get("/v1/openapi.json", summary="this document", security=PUBLIC, compress=True)

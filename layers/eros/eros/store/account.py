@@ -15,7 +15,7 @@ never deadlocks with one, and the user's writes queued behind it find nothing. T
   re-checks its claim (``store.dreaming.finish``), so it either committed before the erasure (and its
   rows are deleted below, in later statements that see them) or finds no session and writes nothing;
   a chat turn's message insert needs the session row too and fails on the missing key;
-* the user's deep-pass row (``user_consolidation``, ``FOR UPDATE``): a deep pass applies its plan only
+* the user's deep-pass row (``user_deep_pass``, ``FOR UPDATE``): a deep pass applies its plan only
   while it holds that row with its claim token (``store.deep_pass``), so the same holds for it.
 
 Then everything keyed by the user goes: both memory layers with their superseded history, messages,
@@ -60,7 +60,7 @@ _ERASE = (
     ("messages", "DELETE FROM engine.chat_messages WHERE user_id = %(user)s"),
     ("sessions", "DELETE FROM engine.chat_sessions WHERE user_id = %(user)s"),
     ("persona_instances", "DELETE FROM engine.persona_instances WHERE user_id = %(user)s"),
-    ("deep_pass", "DELETE FROM engine.user_consolidation WHERE user_id = %(user)s"),
+    ("deep_pass", "DELETE FROM engine.user_deep_pass WHERE user_id = %(user)s"),
 )
 # Usage goes in a statement of its own, after the transaction: a chat turn locks its user's usage rows and
 # then the session (store.chat.open_turn, record_turn), so an erasure holding the sessions must not wait
@@ -149,7 +149,7 @@ def _erase_rows(user_id: str) -> dict[str, int]:
     with transaction() as conn:
         consolidation.hold_user(conn, user_id)
         conn.execute("SELECT id FROM engine.chat_sessions WHERE user_id = %s ORDER BY id FOR UPDATE", (user_id,))
-        conn.execute("SELECT user_id FROM engine.user_consolidation WHERE user_id = %s FOR UPDATE", (user_id,))
+        conn.execute("SELECT user_id FROM engine.user_deep_pass WHERE user_id = %s FOR UPDATE", (user_id,))
         return {kind: conn.execute(statement, {"user": user_id}).rowcount for kind, statement in _ERASE}
 
 

@@ -30,7 +30,7 @@ _LIFECYCLE = ("claimed_at", "started_at", "attempts", "retries", "retrying_since
 class JobTable:
     """Where one kind of job keeps its claims. The lifecycle columns are ``prefix`` + claimed_at, started_at,
     attempts, retries, retrying_since, error, next_attempt_at (``extraction_`` on chat_sessions, none on
-    user_consolidation)."""
+    user_deep_pass)."""
 
     table: LiteralString  # engine.<table>: a table of a user's data, keyed by user_id (and ``key``)
     claim: LiteralString  # the kind's claim: ONE statement, FOR UPDATE SKIP LOCKED (docs/DESIGN.md "The claim")

@@ -172,7 +172,7 @@ def mark_changed(conn: Connection, user_id: str) -> None:
     transaction's start: the stamp should be as close to the commit as it can, so that a deep pass
     that read the rows before this change committed is not taken for having seen it."""
     conn.execute(
-        "INSERT INTO engine.user_consolidation (user_id, changed_at) VALUES (%s, clock_timestamp())"
+        "INSERT INTO engine.user_deep_pass (user_id, changed_at) VALUES (%s, clock_timestamp())"
         " ON CONFLICT (user_id) DO UPDATE SET changed_at = clock_timestamp()",
         (user_id,),
     )

@@ -1,7 +1,7 @@
 """The deep pass's data access: its claim, a user's candidate clusters, and the one guarded write of a plan.
 
 A user's deep pass is a dreaming job (``store.claims``): ``USERS`` says where its claim lives (the user's
-``engine.user_consolidation`` row); the claim's lease, backoff and give-up are written once, in ``store.claims``.
+``engine.user_deep_pass`` row); the claim's lease, backoff and give-up are written once, in ``store.claims``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ _TICK = timedelta(microseconds=1)  # timestamptz resolution
 # rescanned by the plan and then claims every due user, whatever the limit.
 _CLAIM = """
 WITH picked AS MATERIALIZED (
-    SELECT user_id FROM engine.user_consolidation
+    SELECT user_id FROM engine.user_deep_pass
     WHERE (consolidated_at IS NULL OR consolidated_at < changed_at)
       AND changed_at < %(quiet_before)s
       AND (claimed_at IS NULL OR claimed_at < %(stale_before)s)
@@ -38,7 +38,7 @@ WITH picked AS MATERIALIZED (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-UPDATE engine.user_consolidation u
+UPDATE engine.user_deep_pass u
 SET claimed_at = %(now)s,
     started_at = NULL,
     attempts = u.attempts + (u.started_at IS NOT NULL)::int,
@@ -52,7 +52,7 @@ RETURNING u.user_id, u.claimed_at AS claim_token
 """
 # The claim's cut-offs: quiet_before (not changed since), stale_before (a claim older is presumed dead). A user
 # given up on is stamped consolidated: the next memory change makes the pass due again (it re-drives itself).
-USERS = claims.JobTable("user_consolidation", _CLAIM, reads=("changed_at",),
+USERS = claims.JobTable("user_deep_pass", _CLAIM, reads=("changed_at",),
                         given_up="consolidated_at = greatest(now(), changed_at), attempts = 0")
 
 
@@ -102,7 +102,7 @@ def snapshot(user_id: str, max_rows: int, similarity: float) -> Snapshot:
     conn = connection()
     state = one(conn.execute(
         "SELECT clock_timestamp() AS read_at,"
-        " (SELECT changed_at FROM engine.user_consolidation WHERE user_id = %s) AS changed_at",
+        " (SELECT changed_at FROM engine.user_deep_pass WHERE user_id = %s) AS changed_at",
         (user_id,),
     ))
     rows = conn.execute(_ROWS, {"user": user_id, "limit": max_rows}).fetchall()
@@ -125,7 +125,7 @@ class Applied:
 
 def _stamp(conn, user_id: str, consolidated_at, error: str | None) -> None:
     conn.execute(
-        "UPDATE engine.user_consolidation SET consolidated_at = %s, claimed_at = NULL, started_at = NULL,"
+        "UPDATE engine.user_deep_pass SET consolidated_at = %s, claimed_at = NULL, started_at = NULL,"
         " attempts = 0, retries = 0, retrying_since = NULL, next_attempt_at = NULL, error = %s WHERE user_id = %s",
         (consolidated_at, error and error[:1000], user_id),
     )

@@ -108,7 +108,7 @@ def load(stale_before: datetime, idle_before: datetime) -> tuple[int, float]:
     row = one(connection().execute(
         "SELECT (SELECT count(*) FROM engine.chat_sessions WHERE extraction_claimed_at IS NOT NULL"
         "        AND extracted_at IS NULL AND extraction_claimed_at >= %(stale)s)"
-        "     + (SELECT count(*) FROM engine.user_consolidation WHERE claimed_at IS NOT NULL"
+        "     + (SELECT count(*) FROM engine.user_deep_pass WHERE claimed_at IS NOT NULL"
         "        AND claimed_at >= %(stale)s) AS n,"
         " coalesce(extract(epoch FROM %(idle)s::timestamptz - (SELECT min(last_active_at) FROM engine.chat_sessions"
         "        WHERE extracted_at IS NULL AND last_active_at < %(idle)s)), 0)::float8 AS backlog",

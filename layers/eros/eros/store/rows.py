@@ -189,7 +189,7 @@ class MemoryWithHistory(Memory):
 class UserClaim(TypedDict):
     """A user the sweep claimed for a deep pass (``store.claims.claim`` of ``store.deep_pass.USERS``)."""
     user_id: str
-    claim_token: datetime  # the claim's user_consolidation.claimed_at
+    claim_token: datetime  # the claim's user_deep_pass.claimed_at
 
 
 class ClaimedUser(ClaimedJob):

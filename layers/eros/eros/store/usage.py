@@ -1,13 +1,13 @@
 """Per-user spend: the rate window and the daily token budget (migrations 0007 and 0018).
 
-Every request that pays a provider is admitted by one atomic SQL statement (engine.admit): the limits are
+Every request that pays a provider is admitted by one atomic SQL statement (engine.admit_v2): the limits are
 checked by the same upsert that counts against them, on the row's latest version (ON CONFLICT DO UPDATE locks
 it), and under a budget it *reserves* an upper estimate of the request's tokens. The statement that counts the
 real usage releases the reservation (engine.spend). Concurrent requests of one user are admitted one after
 the other, each counting what the others spent and reserved: the day's tokens end below the budget plus the
 reservation of the last request admitted, as long as no request spends more than it reserved (migration 0018
 and docs/DESIGN.md, "Usage", state the bound and its one assumption). A chat turn runs the admission and the
-settlement inside its own statements (engine.open_turn, engine.record_turn), so that they cost no round trip
+settlement inside its own statements (engine.open_turn_v2, engine.record_turn), so that they cost no round trip
 of their own."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def _count(usage: dict, key: str) -> int:
 # template.yaml; tests/test_template.py checks it is shorter), so that it never expires under a live request, and
 # short enough that a reservation left by a killed container holds the user's budget back for a minute only.
 RESERVATION_SECS = 60
-# What a turn's reservation adds to the bytes of its prompt's text (engine.open_turn counts those): the prompt's
+# What a turn's reservation adds to the bytes of its prompt's text (engine.open_turn_v2 counts those): the prompt's
 # own fixed text (the data rule, headings, category labels) and an allowance per recalled memory, whose text is
 # not known before the turn's recall. A memory written by dreaming is one short sentence (~20-40 tokens).
 PROMPT_OVERHEAD = 256
@@ -82,7 +82,7 @@ PER_MEMORY = 128
 
 def turn_reserve(chat_max_tokens: int, recalled_at_most: int) -> int:
     """The part of a turn's reservation that its prompt's text does not tell: the reply's cap, the prompt's
-    fixed text and the recalled memories' allowance (engine.open_turn adds the text's bytes)."""
+    fixed text and the recalled memories' allowance (engine.open_turn_v2 adds the text's bytes)."""
     return chat_max_tokens + PROMPT_OVERHEAD + PER_MEMORY * recalled_at_most
 
 
@@ -92,7 +92,7 @@ def embedding_reserve(text: str) -> int:
 
 
 def admission(now: datetime, turns_per_minute: int, daily_budget: int, reserve: int = 0) -> dict:
-    """The spend limits' parameters of engine.admit (and engine.open_turn) for a request at ``now``; ``limited``
+    """The spend limits' parameters of engine.admit_v2 (and engine.open_turn_v2) for a request at ``now``; ``limited``
     is false when no limit is on (then nothing is counted or reserved and every request is admitted)."""
     return {"limited": bool(turns_per_minute or daily_budget), "day": now.astimezone(UTC).date(),
             "window": _window(now), "rate": turns_per_minute, "budget": daily_budget, "at": now,
@@ -160,7 +160,7 @@ def held_until(user_id: str, now: datetime, daily_budget: int) -> datetime | Non
 # waits for the count and deletes it with the rest: an erased user gets no usage row from work in flight.
 _HELD_BY = {
     "session": "SELECT 1 FROM engine.chat_sessions h WHERE h.id = %(held)s AND h.user_id = %(user)s FOR KEY SHARE",
-    "deep_pass": "SELECT 1 FROM engine.user_consolidation h WHERE h.user_id = %(held)s FOR KEY SHARE",
+    "deep_pass": "SELECT 1 FROM engine.user_deep_pass h WHERE h.user_id = %(held)s FOR KEY SHARE",
 }
 
 

@@ -13,7 +13,7 @@
 -- expiry (`until`, eros.store.usage.RESERVATION_SECS after the admission, longer than the chat function can
 -- run: template.yaml), after which it counts for nothing and the next admission drops it.
 
--- The tokens the unexpired reservations hold at `at` (the request clock's now: eros.store.usage.utcnow).
+-- The tokens the unexpired reservations hold at `at` (the request clock's now: eros.clock.now()).
 CREATE OR REPLACE FUNCTION engine.reserved(reservations jsonb, at timestamptz) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
