@@ -16,7 +16,6 @@ follows without an edit here) and changes only what partitioning forces:
   its own user's. ``ON DELETE SET NULL`` names the column it nulls (``SET NULL (session_id)``, PostgreSQL
   15+): ``user_id`` is NOT NULL, and still the row's. A key that becomes equal to another one of its table
   (chat_messages' two keys to its session) is kept once.
-* A unique index (not a constraint) gets ``user_id`` too, as a unique constraint does.
 * Storage parameters (``toast_tuple_target``) go on each partition: a partitioned table stores nothing.
 
 Every other index is recreated on the partitioned parent as the migrations define it (each partition gets
@@ -160,20 +159,6 @@ def _foreign_keys(keys: list[dict], partitioned: set[str], conversion: Conversio
     return out
 
 
-_UNIQUE_INDEX = re.compile(r"(?P<head>CREATE UNIQUE INDEX \S+ ON \S+ USING \w+ )\((?P<columns>[^)]*)\)(?P<tail>.*)")
-
-
-def _index_with_key(definition: str, conversion: Conversion) -> str:
-    """A unique index as a partitioned table allows it: with the partition key (0021's one episode per session
-    stays one per session: a session is one user's)."""
-    found = _UNIQUE_INDEX.fullmatch(definition)
-    if found is None or KEY in _columns(found["columns"]):
-        return definition
-    changed = f"{found['head']}({_listed(_with_key(_columns(found['columns'])))}){found['tail']}"
-    conversion.changes.append(f"{definition} -> {changed}")
-    return changed
-
-
 def partition_by_user(conn: Any, tables: tuple[str, ...] = TABLES, partitions: int = PARTITIONS) -> Conversion:
     """Turn ``tables`` (names in schema engine, all empty) of the migrated database on ``conn`` into tables
     partitioned by hash of user_id into ``partitions`` partitions each (``<table>_p0`` ...), in one
@@ -197,7 +182,7 @@ def partition_by_user(conn: Any, tables: tuple[str, ...] = TABLES, partitions: i
         for owner, clause in keys:
             conn.execute(f"ALTER TABLE {owner} {clause}")
         for index in catalog["indexes"]:
-            conn.execute(_index_with_key(index["definition"], conversion))
+            conn.execute(index["definition"])
         for view in catalog["views"]:
             conn.execute(f"CREATE VIEW {view['name']} AS {view['definition']}")
         grant_app_role(conn)
