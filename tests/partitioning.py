@@ -19,8 +19,8 @@ follows without an edit here) and changes only what partitioning forces:
 * Storage parameters (``toast_tuple_target``) go on each partition: a partitioned table stores nothing.
 
 Every other index is recreated on the partitioned parent as the migrations define it (each partition gets
-its own copy), every CHECK, default, generated column and identity is kept, and the application role's
-grants are applied again.
+its own copy), and so is every trigger (a row trigger of the parent fires for each partition's rows); every
+CHECK, default, generated column and identity is kept, and the application role's grants are applied again.
 """
 
 from __future__ import annotations
@@ -90,9 +90,12 @@ def _catalog(conn: Any, tables: tuple[str, ...]) -> dict[str, list[dict]]:
         " FROM pg_index i WHERE i.indrelid = ANY (%(t)s::regclass[])"
         "   AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid AND c.contype IN ('p', 'u'))"
         " ORDER BY 1", {"t": names}).fetchall()
+    triggers = conn.execute(
+        "SELECT tgname AS name, pg_get_triggerdef(oid) AS definition FROM pg_trigger"
+        " WHERE tgrelid = ANY (%(t)s::regclass[]) AND NOT tgisinternal ORDER BY 1", {"t": names}).fetchall()
     options = conn.execute("SELECT relname AS name, reloptions AS options FROM pg_class"
                            " WHERE oid = ANY (%(t)s::regclass[]) AND reloptions IS NOT NULL", {"t": names}).fetchall()
-    return {"keys": keys, "indexes": indexes, "options": options}
+    return {"keys": keys, "indexes": indexes, "triggers": triggers, "options": options}
 
 
 def _unique_keys(keys: list[dict], conversion: Conversion) -> list[tuple[str, str]]:
@@ -115,6 +118,18 @@ def _unique_keys(keys: list[dict], conversion: Conversion) -> list[tuple[str, st
             conversion.changes.append(f"{key['owner']}: {kind} ({listed}) -> {kind} ({_listed(columns)})")
         out.append((key["owner"], f"ADD CONSTRAINT {key['name']} {kind} ({_listed(columns)})"))
     return out
+
+
+def _index_definition(index: dict, conversion: Conversion) -> str:
+    """An index as the migrations define it; a unique index (not a constraint: migration 0021's one episode per
+    session) gets the partition key first, as the unique constraints do (the same rows are unique: a session's
+    rows are its user's)."""
+    definition = index["definition"]
+    if definition.startswith("CREATE UNIQUE INDEX") and not re.search(rf"\b{KEY}\b", definition.split(" WHERE ")[0]):
+        widened = definition.replace(" USING btree (", f" USING btree ({KEY}, ", 1)
+        conversion.changes.append(f"{index['name']}: {definition} -> {widened}")
+        return widened
+    return definition
 
 
 _FOREIGN = re.compile(r"FOREIGN KEY \((?P<local>[^)]*)\) REFERENCES (?P<target>[\w.]+)\((?P<remote>[^)]*)\)"
@@ -174,7 +189,9 @@ def partition_by_user(conn: Any, tables: tuple[str, ...] = TABLES, partitions: i
         for owner, clause in keys:
             conn.execute(f"ALTER TABLE {owner} {clause}")
         for index in catalog["indexes"]:
-            conn.execute(index["definition"])
+            conn.execute(_index_definition(index, conversion))
+        for trigger in catalog["triggers"]:  # row triggers on the parent fire for every partition's rows
+            conn.execute(trigger["definition"])
         grant_app_role(conn)
     return conversion
 

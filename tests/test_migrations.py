@@ -24,10 +24,16 @@ def fresh_database(database_url):
         conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
+# Numbers taken by work on other branches (issue 27's episodes and deep-pass rename), whose migrations land with
+# their merge: until then the sequence has these gaps, and no other.
+RESERVED = {22}
+
+
 def test_files_are_numbered_in_order_and_commented():
     files = migration_files()
     numbers = [int(name[:4]) for name, _ in files]
-    assert numbers == list(range(1, len(files) + 1))
+    assert numbers == [n for n in range(1, len(files) + len(RESERVED & set(range(1, max(numbers)))) + 1)
+                       if n not in RESERVED or n in numbers]
     assert all(sql.lstrip().startswith("--") for _, sql in files), "every migration starts by saying why"
 
 
