@@ -194,3 +194,24 @@ def test_the_bounds_read_from_the_environment(monkeypatch):
     fields = {"RECALL_UTTERANCE_WINDOW": "0", "RECALL_SIGN_POOL": "300", "RECALL_LEXICAL_POOL": "0"}
     knobs = RecallKnobs.model_validate(fields)
     assert (knobs.utterance_window, knobs.sign_pool, knobs.lexical_pool) == (0, 300, 0)
+
+
+def test_extraction_s_candidate_search_shortlists_by_signs_and_ranks_exactly(db, monkeypatch):
+    """The known memories a session touches (store.dreaming.touched_memories) from 400 profile rows with a
+    shortlist of 50 per turn: the nearest rows to the session's turn, in exact order."""
+    from eros.store import dreaming
+
+    rng = random.Random(34)
+    instance = instance_for(db, "alice")
+    session = db.execute("INSERT INTO engine.chat_sessions (user_id, instance_id) VALUES ('alice', %s) RETURNING id",
+                         (instance,)).fetchone()["id"]
+    turn = random_vector(rng)
+    said = insert(db, "alice", "what I said", turn, category=None, instance=instance)
+    db.execute("UPDATE engine.companion_memories SET session_id = %s, from_message_id = 1, through_message_id = 1"
+               " WHERE id = %s", (session, said["id"]))
+    nearest = [insert(db, "alice", f"close {i}", near(turn, rng, 0.4 + 0.15 * i)) for i in range(5)]
+    for i in range(395):
+        insert(db, "alice", f"unrelated {i}", random_vector(rng))
+    monkeypatch.setattr(dreaming, "TOUCHED_SHORTLIST", 50)
+    got = dreaming.touched_memories("alice", session, None, 5)
+    assert [r["id"] for r in got] == [r["id"] for r in nearest]
