@@ -4,7 +4,7 @@
 -- runs it, invisible to RDS Proxy, so a turn's recall is planned once per backend instead of on every turn.
 --
 -- * engine.recall_layer_v2()      one layer's ranked rows: the statement itself (its formulas and what it reads
---                                 are written above it).
+--                                 are written above it), with engine.recall_older_v2(), its lexical path.
 -- * engine.recall_candidates_v2() both layers' rows and the near-duplicates among them (a turn's recall).
 -- * engine.turn_recall_v2()       the same rows as recall_candidates_v2(), through a PL/pgSQL body whose plan the
 --                                 backend keeps: what a turn calls.
@@ -83,6 +83,31 @@ RETURN CASE (of_knobs).strategy
            ELSE of_similarity * ((of_knobs).floor + (1 - (of_knobs).floor) * of_decay)
                 * ((of_knobs).importance_floor + (1 - (of_knobs).importance_floor) * of_weight) END
        + (of_knobs).importance_weight * of_weight + of_lexical;
+
+-- The lexical path of recall_layer_v2 (below, `older`): the instance's active rows older than of_before (the
+-- oldest row of the window) that hold one of of_terms, newest first, at most of_limit, found through
+-- companion_memories_instance_terms_idx (of_keys: the terms hashed with the instance, as the index keys them;
+-- a collision is dropped by the ts_delete() test). A function of its own, planned with its values every time
+-- (force_custom_plan, ~0.1 ms): a plan made without them cannot tell a user of 100,000 rows from one of 100, and
+-- ANDs the GIN index with an index of every row of the user, whose cost is the history's length.
+CREATE OR REPLACE FUNCTION engine.recall_older_v2(
+    of_user text, of_instance uuid, of_terms text[], of_keys bigint[], of_as_of timestamptz, of_before timestamptz,
+    of_limit int)
+RETURNS SETOF uuid
+LANGUAGE plpgsql STABLE PARALLEL SAFE ROWS 50
+SET plan_cache_mode = force_custom_plan
+AS $$
+BEGIN
+    RETURN QUERY
+        SELECT m.id FROM engine.companion_memories m
+        WHERE engine.instance_terms(m.instance_id, m.lexemes) && of_keys
+          AND m.user_id = of_user AND m.instance_id = of_instance AND m.superseded_at IS NULL
+          AND m.created_at < of_before AND m.created_at <= coalesce(of_as_of, statement_timestamp())
+          AND length(ts_delete(m.lexemes, of_terms)) < length(m.lexemes)
+        ORDER BY m.created_at DESC
+        LIMIT of_limit;
+END
+$$;
 
 -- One layer's top k rows (at most cap per category), by
 --
@@ -182,25 +207,28 @@ WITH terms AS MATERIALIZED (
 ), profile AS (
     SELECT m.ctid, m.id, m.content, m.category, m.importance, m.created_at, m.occurred_at, m.occurred_precision,
            m.lexemes, m.signs
-    FROM engine.companion_memories m, terms
-    WHERE of_layer = 'profile' AND m.user_id = of_user AND m.instance_id IS NULL AND m.category IS NOT NULL
-      AND (of_category IS NULL OR m.category = of_category)
-      AND m.superseded_at IS NULL AND m.created_at <= terms.as_of
+    FROM (SELECT ctid, * FROM engine.companion_memories
+          WHERE of_layer = 'profile' AND user_id = of_user AND instance_id IS NULL AND category IS NOT NULL
+            AND (of_category IS NULL OR category = of_category) AND superseded_at IS NULL
+          OFFSET 0) m  -- the fence keeps the time condition out of the scan: else the generic plan may take
+                       -- the listing index (user_id, created_at), which walks every row of the user, both layers
+    WHERE m.created_at <= coalesce(of_as_of, statement_timestamp())
 ), recent AS MATERIALIZED (
     SELECT m.ctid, m.id, m.content, m.category, m.importance, m.created_at, m.occurred_at, m.occurred_precision,
            m.lexemes, m.signs
-    FROM engine.companion_memories m, terms
+    FROM engine.companion_memories m
     WHERE of_layer = 'relationship' AND m.user_id = of_user AND m.instance_id = of_instance
-      AND m.superseded_at IS NULL AND m.created_at <= terms.as_of
-      AND (m.source <> 'episode' OR NOT terms.bounded)
+      AND m.superseded_at IS NULL AND m.created_at <= coalesce(of_as_of, statement_timestamp())
+      AND (m.source <> 'episode' OR (of_knobs).utterance_window = 0)
     ORDER BY m.created_at DESC
     LIMIT nullif((of_knobs).utterance_window, 0)
 ), episodes AS (
     SELECT m.id
-    FROM engine.companion_memories m, terms
-    WHERE of_layer = 'relationship' AND terms.bounded AND m.user_id = of_user AND m.instance_id = of_instance
-      AND m.source = 'episode' AND m.superseded_at IS NULL AND m.created_at <= terms.as_of
-    ORDER BY coalesce(bit_count(m.signs # terms.signs), 0), m.id
+    FROM engine.companion_memories m
+    WHERE of_layer = 'relationship' AND (of_knobs).utterance_window > 0 AND m.user_id = of_user
+      AND m.instance_id = of_instance AND m.source = 'episode' AND m.superseded_at IS NULL
+      AND m.created_at <= coalesce(of_as_of, statement_timestamp())
+    ORDER BY coalesce(bit_count(m.signs # (SELECT terms.signs FROM terms)), 0), m.id
     LIMIT (of_knobs).sign_pool
 ), common AS (
     SELECT lexeme FROM recent r, terms, unnest(tsvector_to_array(r.lexemes)) AS lexeme
@@ -213,23 +241,20 @@ WITH terms AS MATERIALIZED (
     FROM terms, unnest(terms.terms) AS t(term)
     WHERE of_layer = 'relationship' AND terms.bounded AND t.term NOT IN (SELECT lexeme FROM common)
 ), older AS (
-    SELECT m.id
-    FROM engine.companion_memories m, rare, terms
-    WHERE engine.instance_terms(m.instance_id, m.lexemes) && rare.keys
-      AND m.user_id = of_user AND m.instance_id = of_instance AND m.superseded_at IS NULL
-      AND m.created_at <= terms.as_of AND length(ts_delete(m.lexemes, rare.terms)) < length(m.lexemes)
-      AND m.id NOT IN (SELECT recent.id FROM recent)
-    ORDER BY m.created_at DESC
-    LIMIT (of_knobs).lexical_pool
+    SELECT o.id
+    FROM rare, engine.recall_older_v2(of_user, of_instance, rare.terms, rare.keys, of_as_of,
+                                      (SELECT min(recent.created_at) FROM recent), (of_knobs).lexical_pool) AS o(id)
+    WHERE rare.keys IS NOT NULL
 ), reach AS (
     SELECT * FROM profile
     UNION ALL
     SELECT * FROM recent
     UNION ALL
-    SELECT m.ctid, m.id, m.content, m.category, m.importance, m.created_at, m.occurred_at, m.occurred_precision,
-           m.lexemes, m.signs
-    FROM engine.companion_memories m
-    WHERE m.id IN (SELECT episodes.id FROM episodes UNION SELECT older.id FROM older) AND m.user_id = of_user
+    SELECT m.*
+    FROM (SELECT episodes.id FROM episodes UNION SELECT older.id FROM older) e,
+         LATERAL (SELECT m.ctid, m.id, m.content, m.category, m.importance, m.created_at, m.occurred_at,
+                         m.occurred_precision, m.lexemes, m.signs
+                  FROM engine.companion_memories m WHERE m.id = e.id AND m.user_id = of_user) m  -- by primary key
 ), base AS (
     SELECT r.*, t.event_time,
            exp(-least(greatest(extract(epoch FROM (terms.as_of - t.event_time))::float8, 0)
