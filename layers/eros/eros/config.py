@@ -68,7 +68,7 @@ class RecallKnobs(BaseModel):
     # ``lexical_pool``: at most this many older rows (beyond the window) that share a word rare in the window
     # with the message.
     utterance_window: int = Field(1000, ge=0, le=100_000, alias="RECALL_UTTERANCE_WINDOW")
-    sign_pool: int = Field(200, ge=50, le=5_000, alias="RECALL_SIGN_POOL")
+    sign_pool: int = Field(400, ge=50, le=5_000, alias="RECALL_SIGN_POOL")
     lexical_pool: int = Field(50, ge=0, le=1_000, alias="RECALL_LEXICAL_POOL")
 
     @model_validator(mode="after")
