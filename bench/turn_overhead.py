@@ -153,7 +153,8 @@ def seeded_counts(conn) -> dict[str, int]:
         "   AS profile,"
         " (SELECT count(*) FROM engine.companion_memories WHERE instance_id IS NOT NULL AND user_id LIKE 'bench-u%'"
         "   AND metadata->>'source' = 'bench-seed') AS relationship,"
-        " (SELECT count(*) FROM engine.chat_messages WHERE client_turn_id LIKE 'seed-%') AS messages"
+        " (SELECT count(*) FROM engine.chat_messages WHERE client_turn_id LIKE 'seed-%' AND user_id LIKE 'bench-u%')"
+        "   AS messages"
     ).fetchone()
 
 
