@@ -34,6 +34,7 @@ from typing import Any
 from _common import (
     RESULTS,
     add_database_url_option,
+    bench_environment,
     command_line,
     database,
     describe_machine,
@@ -158,6 +159,11 @@ def render(command: str, rows: int, queries: int, pools: list[int], ks: list[int
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    with bench_environment():
+        return _main(args, command_line(__file__, argv))
+
+
+def _main(args: argparse.Namespace, command: str) -> int:
     from eros.db import connect
 
     pools = [int(x) for x in args.pools.split(",")]
@@ -170,8 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         alone = vectors_alone(conn, queries, pools, ks)
     use_database(url)
     recall = through_recall(queries, pools, ks)
-    report = render(command_line(__file__, argv), rows, len(queries), pools, ks, alone, recall,
-                    time.perf_counter() - started)
+    report = render(command, rows, len(queries), pools, ks, alone, recall, time.perf_counter() - started)
     print(report)
     write_results(args.out, report)
     return 0

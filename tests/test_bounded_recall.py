@@ -215,3 +215,30 @@ def test_extraction_s_candidate_search_shortlists_by_signs_and_ranks_exactly(db,
     monkeypatch.setattr(dreaming, "TOUCHED_SHORTLIST", 50)
     got = dreaming.touched_memories("alice", session, None, 5)
     assert [r["id"] for r in got] == [r["id"] for r in nearest]
+
+
+@pytest.mark.parametrize("strategy", ["grouped", "recency", "composite"])
+def test_a_history_within_the_bound_is_recalled_as_the_exact_scan(db, strategy):
+    """What tests/test_recall.py's and tests/test_lexical_recall.py's brute-force rankings rely on: a user whose
+    rows all fit in the bound (at most the window's utterances, at most the pool's candidates per layer) gets
+    exactly the exact scan, rows, order and scores, message and episodes included."""
+    rng = random.Random(35)
+    query = random_vector(rng)
+    instance = instance_for(db, "alice")
+    for i in range(150):
+        insert(db, "alice", f"profile {i} about Lisbon" if i % 9 == 0 else f"profile {i}",
+               near(query, rng, rng.uniform(0.6, 3.0)), category=("fact", "event", "relation")[i % 3],
+               importance=round(rng.random(), 3), age_days=rng.uniform(0, 900))
+    for i in range(40):
+        insert(db, "alice", f"said {i} in Lisbon" if i % 7 == 0 else f"said {i}",
+               near(query, rng, rng.uniform(0.6, 3.0)), category=None, instance=instance, age_days=400 - i)
+    for i in range(5):
+        episode(db, "alice", instance, f"episode {i}", near(query, rng, 1.0), age_days=300 - i)
+    knobs = RecallKnobs(strategy=strategy)
+    assert knobs.utterance_window >= 45 and knobs.sign_pool >= 150  # the defaults hold all of it
+    for layer in (MemoryLayer.PROFILE, MemoryLayer.RELATIONSHIP):
+        bounded, exact = (recall_store.ranked(layer, chosen, "alice", query, k=200, cap=None, instance_id=instance,
+                                              message="back in Lisbon", now=NOW)
+                          for chosen in (knobs, replace(knobs, utterance_window=0)))
+        assert [(r["id"], r["score"]) for r in bounded] == [(r["id"], r["score"]) for r in exact]
+        assert any(r["lexical_term"] > 0 for r in bounded)
