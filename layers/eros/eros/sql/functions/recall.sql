@@ -148,7 +148,8 @@ $$;
 --   first, at most lexical_pool. "Rare": held by at most 1 in 100 of the window's rows. A name, a place or a
 --   number said once a year ago is rare; "I" and "today" are in most rows and say nothing (BM25 would give them
 --   ~no weight), and looking them up would read a posting list as long as the history: that is the df bound.
---   A history imported all at once has no episodes yet, and this is what still finds its old facts.
+--   A history imported all at once has no episodes yet, and this is what still finds its old facts. Only when
+--   the window is full: a shorter conversation is in the window whole (its episodes too, up to sign_pool).
 -- * With utterance_window 0 there is no bound: `recent` is every active row of the instance, episodes included,
 --   and every candidate is ranked exactly (the statement of the previous release, what an evaluation compares
 --   the bound with).
@@ -242,11 +243,13 @@ WITH terms AS MATERIALIZED (
     SELECT array_agg(t.term) AS terms, array_agg(hashtextextended(of_instance::text || ' ' || t.term, 0)) AS keys
     FROM terms, unnest(terms.terms) AS t(term)
     WHERE of_layer = 'relationship' AND terms.bounded AND t.term NOT IN (SELECT lexeme FROM common)
+      AND (SELECT count(*) FROM recent) >= (of_knobs).utterance_window  -- else every utterance is in the window
+    GROUP BY ()
+    HAVING count(*) > 0  -- no row, and no call of the lexical path, when no word is rare or the window holds all
 ), older AS (
     SELECT o.id
     FROM rare, engine.recall_older_v2(of_user, of_instance, rare.terms, rare.keys, of_as_of,
                                       (SELECT min(recent.created_at) FROM recent), (of_knobs).lexical_pool) AS o(id)
-    WHERE rare.keys IS NOT NULL
 ), reach AS (
     SELECT * FROM profile
     UNION ALL
