@@ -146,6 +146,10 @@ def test_signs_are_the_embedding_s_sign_bits_and_a_row_without_them_is_still_rec
     row = insert(db, "alice", "a fact", vector)
     signs = db.execute("SELECT signs::text FROM engine.companion_memories WHERE id = %s", (row["id"],)).fetchone()
     assert signs["signs"] == "".join("1" if x > 0 else "0" for x in vector)
+    # The query's bits, made in Python for the recall statement, follow the same rule as the stored ones.
+    for query in (vector, [0.0, -0.0, 1e-30, -1e-30] * 128, random_vector(rng)):
+        assert recall_store.signs(query) == db.execute("SELECT engine.embedding_signs(%s::vector)::text AS s",
+                                                       (str(query),)).fetchone()["s"]
     db.execute("UPDATE engine.companion_memories SET embedding = %s WHERE id = %s",
                (str([-x for x in vector]), row["id"]))  # an edited vector: the trigger fills its bits again
     flipped = db.execute("SELECT signs::text FROM engine.companion_memories WHERE id = %s", (row["id"],)).fetchone()

@@ -170,7 +170,9 @@ $$;
 --   message's length. Term frequency 1 and no length normalisation (b = 0): memories are a sentence or two,
 --   a repeated word is no more evidence, and b = 0.75 was no better on the dev set
 --   (bench/results/recall_summary.md).
---   `terms`: the message's lexemes and the query's sign bits, once (MATERIALIZED); no lexemes without a
+--   `terms`: the message's lexemes and the query's sign bits (of_query_signs, engine.embedding_signs(of_query):
+--   eros.store.recall makes them in Python, ~0.1 ms of the database's time less per layer; tests/
+--   test_bounded_recall.py holds the two to one rule), once (MATERIALIZED); no lexemes without a
 --   message, and then no row matches.
 --   `matched` (in `base`): the message's lexemes a row holds; ts_delete() drops the message's lexemes from a
 --   row's in C, so rows that match nothing (most) are never unnested. `frequencies`: each such lexeme's
@@ -196,15 +198,15 @@ $$;
 --   the others (relationship rows have no category: one partition). ORDER BY score DESC, id ... LIMIT k is the
 --   top k, ties broken by id so that the same rows always come back in the same order.
 CREATE OR REPLACE FUNCTION engine.recall_layer_v2(
-    of_layer text, of_user text, of_instance uuid, of_category text, of_query vector, of_message text,
-    of_as_of timestamptz, of_knobs engine.recall_knobs_v2, of_k int, of_cap int)
+    of_layer text, of_user text, of_instance uuid, of_category text, of_query vector, of_query_signs bit(512),
+    of_message text, of_as_of timestamptz, of_knobs engine.recall_knobs_v2, of_k int, of_cap int)
 RETURNS TABLE (id uuid, content text, category text, importance real, created_at timestamptz, occurred_at date,
                occurred_precision text, embedding vector, distance float8, decay float8, similarity float8,
                recency_term float8, importance_term float8, lexical_term float8, demotion float8, score float8)
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
 WITH terms AS MATERIALIZED (
-    SELECT coalesce(array_agg(lexeme), '{}') AS terms, engine.embedding_signs(of_query) AS signs,
+    SELECT coalesce(array_agg(lexeme), '{}') AS terms, of_query_signs AS signs,
            coalesce(of_as_of, statement_timestamp()) AS as_of, (of_knobs).utterance_window > 0 AS bounded
     FROM unnest(engine.lexemes(of_message))
 ), profile AS (
@@ -353,17 +355,17 @@ END $do$;
 -- of those was kept (eros.recall.Hygiene), so no vector leaves the database: at most (k + relationship_k)^2 / 2
 -- distances in C instead of dot products in Python over 60 KB of shipped vectors.
 CREATE OR REPLACE FUNCTION engine.recall_candidates_v2(
-    of_user text, of_instance uuid, of_query vector, of_message text, of_as_of timestamptz,
+    of_user text, of_instance uuid, of_query vector, of_query_signs bit(512), of_message text, of_as_of timestamptz,
     of_knobs engine.recall_knobs_v2, of_profile_k int, of_profile_cap int, of_relationship_k int, of_dedupe float8)
 RETURNS SETOF engine.recall_candidate
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
 WITH profile AS MATERIALIZED (
-    SELECT * FROM engine.recall_layer_v2('profile', of_user, NULL, NULL, of_query, of_message, of_as_of, of_knobs,
-                                         of_profile_k, of_profile_cap)
+    SELECT * FROM engine.recall_layer_v2('profile', of_user, NULL, NULL, of_query, of_query_signs, of_message,
+                                         of_as_of, of_knobs, of_profile_k, of_profile_cap)
 ), relationship AS MATERIALIZED (
-    SELECT * FROM engine.recall_layer_v2('relationship', of_user, of_instance, NULL, of_query, of_message, of_as_of,
-                                         of_knobs, of_relationship_k, of_relationship_k)
+    SELECT * FROM engine.recall_layer_v2('relationship', of_user, of_instance, NULL, of_query, of_query_signs,
+                                         of_message, of_as_of, of_knobs, of_relationship_k, of_relationship_k)
 ), candidates AS (
     SELECT 'profile' AS layer, row_number() OVER (ORDER BY profile.score DESC, profile.id) AS place, * FROM profile
     UNION ALL
@@ -383,14 +385,15 @@ $$;
 -- What a turn calls: recall_candidates_v2() through PL/pgSQL, whose one statement the backend plans once (generic
 -- plan, see the top) and then only executes. Same arguments, same rows.
 CREATE OR REPLACE FUNCTION engine.turn_recall_v2(
-    of_user text, of_instance uuid, of_query vector, of_message text, of_as_of timestamptz,
+    of_user text, of_instance uuid, of_query vector, of_query_signs bit(512), of_message text, of_as_of timestamptz,
     of_knobs engine.recall_knobs_v2, of_profile_k int, of_profile_cap int, of_relationship_k int, of_dedupe float8)
 RETURNS SETOF engine.recall_candidate
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM engine.recall_candidates_v2(of_user, of_instance, of_query, of_message, of_as_of,
+    RETURN QUERY SELECT * FROM engine.recall_candidates_v2(of_user, of_instance, of_query, of_query_signs,
+                                                           of_message, of_as_of,
                                                            of_knobs, of_profile_k, of_profile_cap,
                                                            of_relationship_k, of_dedupe);
 END
