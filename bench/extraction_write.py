@@ -83,6 +83,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name, default in (("users", 10_000), ("memories-per-user", 100), ("relationship-per-user", 20),
                           ("history-per-user", 20)):
         parser.add_argument(f"--{name}", type=int, default=default, help=f"turn_overhead.py's --{name}")
+    parser.add_argument("--long-history", type=int, default=0, metavar="N",
+                        help="alternate each extraction with one of a user whose conversation holds N utterances and "
+                             "--long-profile profile memories (turn_overhead.py --long-history's user), and compare")
+    parser.add_argument("--long-profile", type=int, default=2_000, help="active profile memories of the long user")
     parser.add_argument("--out", default=str(RESULTS_FILE), help="results file ('-': none)")
     args = parser.parse_args(argv)
     args.argv = argv
@@ -150,11 +154,20 @@ def run(url: str, args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed)
     with connect(url) as conn:
         sessions = [(r["user_id"], r["id"]) for r in conn.execute(
-            "SELECT user_id, id FROM engine.chat_sessions ORDER BY id").fetchall()]
-    picked = rng.sample(sessions, args.sessions)
+            "SELECT user_id, id FROM engine.chat_sessions WHERE user_id LIKE 'bench-u%' ORDER BY id").fetchall()]
+    picked = [("small", user, session) for user, session in rng.sample(sessions, args.sessions)]
+    if args.long_history:  # interleaved: the same load on these shared cores for both
+        turns.load_long_history(url, [args.long_history], args.long_profile)
+        long_user = turns.long_users([args.long_history])[args.long_history]
+        with connect(url) as conn:
+            old = [(long_user, r["id"]) for r in conn.execute(
+                "SELECT id FROM engine.chat_sessions WHERE user_id = %s ORDER BY created_at DESC OFFSET 1",
+                (long_user,))]
+        picked = [each for pair in zip(picked, [("long", user, session) for user, session in
+                                                  rng.sample(old, args.sessions)], strict=True) for each in pair]
     extractor = FakeExtractor(args.memories)
     embedder = turns.FakeEmbedder(turns.random_unit_vectors(rng, 512, 512))
-    per_call: dict[str, list[float]] = {name: [] for name in TIMED}
+    per_call: dict[str, dict[str, list[float]]] = {label: {name: [] for name in TIMED} for label in ("small", "long")}
     current: dict[str, float] = {}
 
     def timed(name, function):
@@ -166,7 +179,7 @@ def run(url: str, args: argparse.Namespace) -> dict:
                 current[name] = current.get(name, 0.0) + time.perf_counter() - started
         return wrapper
 
-    whole: list[float] = []
+    whole: dict[str, list[float]] = {"small": [], "long": []}
     outcomes: dict[str, int] = {}
     home = {"start": claims, "transcript": store, "touched_memories": store, "finish": store}
     changes = [(home[name], name, timed(name, getattr(home[name], name))) for name in TIMED]
@@ -174,7 +187,7 @@ def run(url: str, args: argparse.Namespace) -> dict:
                 (eros.chat, "chat_client", turns.FakeChat), (eros.chat, "embedder", lambda: embedder)]
     with patched(*changes), connect(url) as setup, turns.logging_to_nowhere():
         cfg = settings()
-        for n, (user, session) in enumerate(picked):
+        for n, (label, user, session) in enumerate(picked):
             for t in range(args.turns):
                 eros.chat.take_turn(user, session, turns.UTTERANCES[(n + t) % len(turns.UTTERANCES)],
                                     f"{turns.TURN_PREFIX}xw-{n}-{t}")
@@ -182,10 +195,10 @@ def run(url: str, args: argparse.Namespace) -> dict:
             current.clear()
             started = time.perf_counter()
             result = session_job.extract_session(cfg, user, session, token)
-            whole.append(time.perf_counter() - started)
+            whole[label].append(time.perf_counter() - started)
             outcomes[result.outcome] = outcomes.get(result.outcome, 0) + 1
             for name in TIMED:
-                per_call[name].append(current.get(name, 0.0))
+                per_call[label][name].append(current.get(name, 0.0))
     forget_this_run(url)
     return {"whole": whole, "per_call": per_call, "outcomes": outcomes, "superseding": extractor.superseding}
 
@@ -200,7 +213,9 @@ def render(args: argparse.Namespace, res: dict) -> str:
               "transcript": "the transcript (new messages and their context)",
               "touched_memories": "the known memories the session touches (SQL from the turns' embeddings)",
               "finish": "**the write transaction** (finish: insert, supersede, confirm, stamp)"}
-    database_part = [sum(res["per_call"][n][i] for n in TIMED) for i in range(len(res["whole"]))]
+    def database_part(label: str) -> list[float]:
+        return [sum(res["per_call"][label][n][i] for n in TIMED) for i in range(len(res["whole"][label]))]
+
     lines = [
         "# Extraction: the database side of one session's dreaming", "",
         "Written by `bench/extraction_write.py`; re-running overwrites everything above the notes marker.", "",
@@ -216,10 +231,25 @@ def render(args: argparse.Namespace, res: dict) -> str:
         f"to show); outcomes: {', '.join(f'{k} {v}' for k, v in sorted(res['outcomes'].items()))}.", "",
         "| per extraction | p50 ms | p95 ms | p99 ms | mean ms | max ms |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
-        row("whole extraction (extract_session; providers instant)", res["whole"], bold=True),
-        row("database (the four below)", database_part),
-        *(row(labels[name], res["per_call"][name]) for name in TIMED),
+        row("whole extraction (extract_session; providers instant)", res["whole"]["small"], bold=True),
+        row("database (the four below)", database_part("small")),
+        *(row(labels[name], res["per_call"]["small"][name]) for name in TIMED),
     ]
+    if args.long_history:
+        small, large = summary(database_part("small")), summary(database_part("long"))
+        lines += [
+            "", f"**A long history**, alternating with the extractions above (same load): {args.sessions} sessions "
+            f"of a user whose persona conversation holds {args.long_history:,} utterances (and their episodes) and "
+            f"whose profile holds {args.long_profile:,} active memories (`bench/turn_overhead.py --long-history`'s "
+            "user).", "",
+            "| per extraction, long history | p50 ms | p95 ms | p99 ms | mean ms | max ms |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+            row("whole extraction", res["whole"]["long"], bold=True),
+            row("database (the four below)", database_part("long")),
+            *(row(labels[name], res["per_call"]["long"][name]) for name in TIMED),
+            "", f"Database part, long over small: p50 x{large['p50'] / small['p50']:.2f}, "
+            f"p95 x{large['p95'] / small['p95']:.2f} (goal: at most x1.5).",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -113,6 +113,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="experiment: load into a separate database whose companion_memories has this "
                         "toast_tuple_target (e.g. 8160 keeps the 2 KB vectors inline instead of in TOAST)")
     p.add_argument("--no-explain", action="store_true", help="skip EXPLAIN ANALYZE of the turn's SELECTs")
+    p.add_argument("--long-history", default="", metavar="N,N,...",
+                   help="instead of the headline run: users whose persona conversation holds N utterances each (and "
+                        "--long-profile profile memories), added to the data set, their turns interleaved")
+    p.add_argument("--long-profile", type=int, default=2_000, help="active profile memories of each long user")
+    p.add_argument("--unbounded-turns", type=int, default=0,
+                   help="long history: also this many turns per user with RECALL_UTTERANCE_WINDOW=0 (the exact scan)")
     p.add_argument("--output", type=Path, default=RESULTS, help="markdown results file ('-' for none)")
     args = p.parse_args(argv)
     if min(args.users, args.memories_per_user, args.turns) < 1 or min(args.relationship_per_user,
@@ -143,10 +149,12 @@ def seeded_counts(conn) -> dict[str, int]:
     return conn.execute(
         "SELECT (SELECT count(*) FROM engine.persona_instances WHERE user_id LIKE 'bench-u%') AS users,"
         " (SELECT count(*) FROM engine.chat_sessions WHERE user_id LIKE 'bench-u%') AS sessions,"
-        " (SELECT count(*) FROM engine.companion_memories WHERE instance_id IS NULL) AS profile,"
-        " (SELECT count(*) FROM engine.companion_memories"
-        "   WHERE instance_id IS NOT NULL AND metadata->>'source' = 'bench-seed') AS relationship,"
-        " (SELECT count(*) FROM engine.chat_messages WHERE client_turn_id LIKE 'seed-%') AS messages"
+        " (SELECT count(*) FROM engine.companion_memories WHERE instance_id IS NULL AND user_id LIKE 'bench-u%')"
+        "   AS profile,"
+        " (SELECT count(*) FROM engine.companion_memories WHERE instance_id IS NOT NULL AND user_id LIKE 'bench-u%'"
+        "   AND metadata->>'source' = 'bench-seed') AS relationship,"
+        " (SELECT count(*) FROM engine.chat_messages WHERE client_turn_id LIKE 'seed-%' AND user_id LIKE 'bench-u%')"
+        "   AS messages"
     ).fetchone()
 
 
@@ -319,6 +327,176 @@ def data_facts(url: str) -> dict[str, str]:
         row["migrations"] = ", ".join(r["name"] for r in conn.execute(
             "SELECT name FROM engine.schema_migrations ORDER BY name"))
     return {k: str(v) for k, v in row.items()}
+
+
+# --- long histories (issue 27: recall's cost bounded by design) --------------------------------------------
+LONG_PREFIX = "bench-long-"
+LONG_RESULTS = RESULTS.parent / "turn_overhead_long_history.md"
+SESSION_TURNS = 20  # utterances per session of a long user: one episode each
+RARE_EVERY = 500  # one utterance in this many names Mehmet and flat 4711 (what the lexical path finds)
+LONG_MESSAGES = [*UTTERANCES, "Did Mehmet ever call back about flat 4711?"]
+
+_LONG_ROWS = """
+INSERT INTO engine.companion_memories (session_id, user_id, instance_id, content, embedding, category, importance,
+                                       source, metadata, created_at)
+SELECT session_id, %(user)s, instance_id, content,
+       raw * array_fill((1 / vector_norm(raw))::real, ARRAY[%(dim)s])::vector,
+       category, importance, source, '{"source": "bench-seed"}', created_at
+FROM (
+    SELECT r.*, (SELECT array_agg(random_normal()::real)::vector FROM generate_series(1, %(dim)s + 0 * r.k)) AS raw
+    FROM (
+        SELECT k, NULL::uuid AS session_id, NULL::uuid AS instance_id,
+               format('%%s (profile memory %%s)', (ARRAY['lives in Shanghai', 'likes mocha with oat milk',
+                      'is learning the guitar', 'has a cat called Miso', 'her sister studies in Beijing'])
+                      [1 + k %% 5], k) AS content,
+               (ARRAY['fact', 'preference', 'event', 'emotion', 'relation'])[1 + k %% 5] AS category,
+               0.5::real AS importance, 'dreaming' AS source,
+               now() - interval '730 days' + k * interval '730 days' / %(profile)s AS created_at
+        FROM generate_series(1, %(profile)s) k
+        UNION ALL
+        SELECT k, s.ids[1 + (k - 1) / %(per_session)s], %(instance)s,
+               CASE WHEN k %% %(rare)s = 0 THEN format('Mehmet called about flat 4711 (%%s)', k)
+                    ELSE format('%%s [%%s]', (%(lines)s::text[])[1 + k %% %(line_count)s], k) END,
+               NULL, NULL, 'utterance',
+               now() - interval '730 days' + k * interval '730 days' / %(utterances)s
+        FROM generate_series(1, %(utterances)s) k, (SELECT %(sessions)s::uuid[] AS ids) s
+        UNION ALL
+        SELECT k * %(per_session)s, s.ids[k], %(instance)s,
+               format('We talked about her day, session %%s.', k), NULL, NULL, 'episode',
+               now() - interval '730 days' + (k * %(per_session)s + 0.5) * interval '730 days' / %(utterances)s
+        FROM generate_series(1, %(utterances)s / %(per_session)s) k, (SELECT %(sessions)s::uuid[] AS ids) s
+    ) r
+    ORDER BY r.created_at
+) v
+"""
+
+
+def long_users(sizes: list[int]) -> dict[int, str]:
+    return {n: f"{LONG_PREFIX}{n}" for n in sizes}
+
+
+def load_long_history(url: str, sizes: list[int], profile: int) -> None:
+    """One user per size (``bench-long-<N>``) with one persona instance, N utterances in sessions of
+    SESSION_TURNS, one episode per session, ``profile`` active profile memories and 20 messages in the newest
+    session (the one the turns go to): loaded once, kept with the data set (tagged bench-seed)."""
+    from eros.config import EMBED_DIM
+    from eros.db import connect
+
+    with connect(url) as conn:
+        for n, user in long_users(sizes).items():
+            have = one(conn.execute(
+                "SELECT count(*) FILTER (WHERE instance_id IS NOT NULL AND source = 'utterance') AS u,"
+                " count(*) FILTER (WHERE instance_id IS NULL) AS p FROM engine.companion_memories"
+                " WHERE user_id = %s AND metadata->>'source' = 'bench-seed'", (user,)))
+            if (have["u"], have["p"]) == (n, profile):
+                continue
+            print(f"  loading {user}: {n:,} utterances, {n // SESSION_TURNS:,} episodes, {profile:,} profile rows",
+                  flush=True)
+            started = time.perf_counter()
+            conn.execute("DELETE FROM engine.persona_instances WHERE user_id = %s", (user,))
+            conn.execute("DELETE FROM engine.companion_memories WHERE user_id = %s", (user,))
+            instance = one(conn.execute(
+                "INSERT INTO engine.persona_instances (user_id, persona_id, created_at)"
+                " SELECT %s, min(id), now() - interval '800 days' FROM engine.personas RETURNING id", (user,)))["id"]
+            sessions = [r["id"] for r in conn.execute(
+                "INSERT INTO engine.chat_sessions (user_id, instance_id, created_at, last_active_at, extracted_at)"
+                " SELECT %s, %s, now() - interval '730 days' + k * interval '730 days' / %s,"
+                "        now() - interval '730 days' + k * interval '730 days' / %s, now()"
+                " FROM generate_series(1, %s) k ORDER BY k RETURNING id",
+                (user, instance, n // SESSION_TURNS + 1, n // SESSION_TURNS + 1, n // SESSION_TURNS + 1))]
+            conn.execute(
+                "INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id, sent_at)"
+                " SELECT %s, %s, CASE WHEN m %% 2 = 0 THEN 'user' ELSE 'assistant' END,"
+                "        format('earlier message %%s: how was your day? mine was long', m), format('seed-%%s', m / 2),"
+                "        now() - interval '2 hours' + m * interval '1 minute'"
+                " FROM generate_series(0, 19) m", (sessions[-1], user))
+            conn.execute(_LONG_ROWS, {
+                "user": user, "instance": instance, "dim": EMBED_DIM, "profile": profile, "utterances": n,
+                "per_session": SESSION_TURNS, "sessions": sessions[:-1], "rare": RARE_EVERY,
+                "lines": UTTERANCES, "line_count": len(UTTERANCES)})
+            print(f"    {time.perf_counter() - started:.0f} s", flush=True)
+        conn.execute("VACUUM ANALYZE engine.companion_memories")
+
+
+def long_history(url: str, args: argparse.Namespace, command: str) -> int:
+    """Turns of the long users, interleaved (one of each size in turn, so that every size sees the same load on
+    these shared cores), with the configured recall; then, with --unbounded-turns, the exact scan for comparison."""
+    import eros.chat
+    import eros.recall
+    from eros import db
+    from eros.config import EMBED_DIM, settings
+    from eros.observability import metrics
+
+    sizes = [int(x) for x in args.long_history.split(",")]
+    load_long_history(url, sizes, args.long_profile)
+    forget_earlier_runs(url)
+    use_database(url)
+    rng = random.Random(args.seed)
+    with db.connect(url) as conn:
+        table_rows = one(conn.execute("SELECT count(*) AS n FROM engine.companion_memories"))["n"]
+        sessions = {n: one(conn.execute(
+            "SELECT user_id, id FROM engine.chat_sessions WHERE user_id = %s ORDER BY created_at DESC LIMIT 1",
+            (user,))) for n, user in long_users(sizes).items()}
+    embedder = FakeEmbedder(random_unit_vectors(rng, 2_000, EMBED_DIM))
+    chat = FakeChat()
+    run_tag = uuid.uuid4().hex[:8]
+    loads = [f"start {machine()['loadavg']}"]
+    timings: dict[str, dict[int, list[float]]] = {mode: {n: [] for n in sizes} for mode in ("bounded", "unbounded")}
+    configured = settings()
+    unbounded = configured.model_copy(update={"recall": configured.recall.model_copy(update={"utterance_window": 0})})
+    with fakes_installed(embedder, chat), logging_to_nowhere():
+        connect_to(url)
+        try:
+            for mode, turns, chosen in (("bounded", args.turns, configured), ("unbounded", args.unbounded_turns,
+                                                                               unbounded)):
+                eros.recall.settings = lambda chosen=chosen: chosen  # type: ignore[assignment]  # bench only
+                warmup = min(args.warmup, turns)
+                for i in range(warmup + turns):
+                    for n in sizes:
+                        user, session_id = sessions[n]["user_id"], sessions[n]["id"]
+                        t0 = time.perf_counter()
+                        eros.chat.take_turn(user, session_id, rng.choice(LONG_MESSAGES),
+                                            f"{TURN_PREFIX}{run_tag}-{mode}-{n}-{i}")
+                        elapsed = time.perf_counter() - t0
+                        metrics.clear_metrics()
+                        if i >= warmup:
+                            timings[mode][n].append(elapsed)
+                loads.append(f"after {mode} {machine()['loadavg']}")
+        finally:
+            eros.recall.settings = settings
+            db.reset()
+    forget_earlier_runs(url)
+    report = render_long(args, command, sizes, table_rows, timings, loads)
+    print(report)
+    write_results(LONG_RESULTS if args.output == RESULTS else args.output, report)
+    return 0
+
+
+def render_long(args, command: str, sizes: list[int], table_rows: int, timings: dict, loads: list[str]) -> str:
+    knobs = __import__("eros.config", fromlist=["settings"]).settings().recall
+    lines = [f"`{command}`", "", f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, commit {git_commit()}, "
+             f"{machine()['nproc']} cores shared; load average (1 / 5 / 15 min): {'; '.join(loads)}", "",
+             f"One user per row below, each with one persona conversation of N utterances (sessions of "
+             f"{SESSION_TURNS}, one episode each: N / {SESSION_TURNS}; one utterance in {RARE_EVERY} names Mehmet "
+             f"and flat 4711, as one of the {len(LONG_MESSAGES)} messages asks) and {args.long_profile:,} active "
+             f"profile memories, in a table of {table_rows:,} rows. The memory part of a chat turn "
+             "(`eros.chat.take_turn` with instant fake providers: open the turn, recall, prompt, persist), the "
+             "sizes interleaved turn by turn. Recall bound: "
+             f"RECALL_UTTERANCE_WINDOW={knobs.utterance_window}, RECALL_SIGN_POOL={knobs.sign_pool}, "
+             f"RECALL_LEXICAL_POOL={knobs.lexical_pool}; `unbounded` is RECALL_UTTERANCE_WINDOW=0 (the exact "
+             "scan of every row, the previous release's recall).", "",
+             f"| utterances | turns | p50 ms | p95 ms | p99 ms | max ms | goal p95 <= {GOAL_P95_MS:.0f} ms |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for mode in ("bounded", "unbounded"):
+        for n in sizes:
+            if not timings[mode][n]:
+                continue
+            s = summary(timings[mode][n])
+            goal = ("met" if s["p95"] <= GOAL_P95_MS else "**missed**") if mode == "bounded" else "(comparison)"
+            label = f"{n:,}" + ("" if mode == "bounded" else " unbounded")
+            lines.append(f"| {label} | {len(timings[mode][n])} | {s['p50']:.2f} | {s['p95']:.2f} | {s['p99']:.2f} | "
+                         f"{s['max']:.2f} | {goal} |")
+    return "\n".join(lines) + "\n"
 
 
 # --- the fakes ---------------------------------------------------------------------------------------
@@ -736,6 +914,8 @@ def _main(args: argparse.Namespace, command: str) -> int:
         if removed:
             print(f"  removed {removed:,} rows left by earlier runs", flush=True)
 
+    if args.long_history:
+        return long_history(url, args, command)
     load_before = machine()["loadavg"]
     turn_url = url if args.synchronous_commit == "on" else make_conninfo(url, options="-c synchronous_commit=off")
     res = run_turns(turn_url, args)

@@ -19,9 +19,10 @@ follows without an edit here) and changes only what partitioning forces:
 * Storage parameters (``toast_tuple_target``) go on each partition: a partitioned table stores nothing.
 
 Every other index is recreated on the partitioned parent as the migrations define it (each partition gets
-its own copy), every CHECK, default, generated column and identity is kept, a view over a converted table
-(a previous release's name of it, e.g. 0022's ``user_consolidation``) is made again over the partitioned one,
-and the application role's grants are applied again.
+its own copy), and so is every trigger (a row trigger of the parent fires for each partition's rows); every
+CHECK, default, generated column and identity is kept, a view over a converted table (a previous release's name
+of it, e.g. 0022's ``user_consolidation``) is made again over the partitioned one, and the application role's
+grants are applied again.
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ def _catalog(conn: Any, tables: tuple[str, ...]) -> dict[str, list[dict]]:
         " FROM pg_index i WHERE i.indrelid = ANY (%(t)s::regclass[])"
         "   AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid AND c.contype IN ('p', 'u'))"
         " ORDER BY 1", {"t": names}).fetchall()
+    triggers = conn.execute(
+        "SELECT tgname AS name, pg_get_triggerdef(oid) AS definition FROM pg_trigger"
+        " WHERE tgrelid = ANY (%(t)s::regclass[]) AND NOT tgisinternal ORDER BY 1", {"t": names}).fetchall()
     options = conn.execute("SELECT relname AS name, reloptions AS options FROM pg_class"
                            " WHERE oid = ANY (%(t)s::regclass[]) AND reloptions IS NOT NULL", {"t": names}).fetchall()
     views = conn.execute(
@@ -98,7 +102,7 @@ def _catalog(conn: Any, tables: tuple[str, ...]) -> dict[str, list[dict]]:
         " FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid JOIN pg_class v ON v.oid = r.ev_class"
         " WHERE d.classid = 'pg_rewrite'::regclass AND d.refobjid = ANY (%(t)s::regclass[])"
         "   AND v.relkind = 'v' AND v.oid <> d.refobjid ORDER BY 1", {"t": names}).fetchall()
-    return {"keys": keys, "indexes": indexes, "options": options, "views": views}
+    return {"keys": keys, "indexes": indexes, "triggers": triggers, "options": options, "views": views}
 
 
 def _unique_keys(keys: list[dict], conversion: Conversion) -> list[tuple[str, str]]:
@@ -181,8 +185,9 @@ def partition_by_user(conn: Any, tables: tuple[str, ...] = TABLES, partitions: i
             _rebuild(conn, table, partitions, options.get(table), conversion)
         for owner, clause in keys:
             conn.execute(f"ALTER TABLE {owner} {clause}")
-        for index in catalog["indexes"]:
-            conn.execute(index["definition"])
+        # Indexes and row triggers as the migrations define them (a parent's fire for every partition's rows).
+        for statement in [row["definition"] for row in catalog["indexes"] + catalog["triggers"]]:
+            conn.execute(statement)
         for view in catalog["views"]:
             conn.execute(f"CREATE VIEW {view['name']} AS {view['definition']}")
         grant_app_role(conn)

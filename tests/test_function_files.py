@@ -14,10 +14,20 @@ from eros import migrate as runner
 from eros.migrate import EditedMigration, checksum, function_files, migrate, migration_files
 
 # Defined by migrations, not by the files: what stored data depends on (README.md, "What may not go here") ...
-VERSIONED = {"engine.lexemes(text)"}
+VERSIONED = {"engine.lexemes(text)", "engine.embedding_signs(vector)", "engine.instance_terms(uuid,tsvector)",
+             "engine.fill_signs()"}
+VERSIONED_TRIGGERS = {"companion_memories_fill_signs"}  # fills the stored signs (migration 0023)
 # ... and the previous release's signatures, kept for its containers until a later migration drops them (the _v2
-# rule). None now: 0022 dropped 0018's open_turn and admit, which open_turn_v2 and admit_v2 replaced.
-RETIRING: set[str] = set()
+# rule): the recall functions of 0015, replaced by the _v2 ones that take engine.recall_knobs_v2 (recall.sql keeps
+# the old knobs type while they exist). 0022 dropped 0018's open_turn and admit.
+RETIRING = {
+    "engine.recall_layer(text,text,uuid,text,vector,text,timestamp with time zone,engine.recall_knobs,integer,"
+    "integer)",
+    "engine.recall_candidates(text,uuid,vector,text,timestamp with time zone,engine.recall_knobs,integer,integer,"
+    "integer,double precision)",
+    "engine.turn_recall(text,uuid,vector,text,timestamp with time zone,engine.recall_knobs,integer,integer,integer,"
+    "double precision)",
+}
 
 
 def definitions(conn) -> dict:
@@ -46,11 +56,15 @@ def test_a_fresh_database_holds_exactly_the_files_definitions(fresh_database):  
         assert migrated["functions"].keys() >= VERSIONED | RETIRING
         assert {"engine.open_turn_v2", "engine.admit_v2"} <= {f.split("(")[0] for f in migrated["functions"]}
         with conn.transaction(force_rollback=True):
-            for name in migrated["types"]:
+            # Every type but those the retiring functions take or return, which would go with them.
+            kept = {r[0] for r in conn.execute(
+                "SELECT t.typname FROM pg_proc p JOIN pg_type t ON t.oid = ANY (p.proargtypes::oid[] || p.prorettype)"
+                " WHERE p.oid::regprocedure::text = ANY (%s)", (list(RETIRING),))}
+            for name in migrated["types"].keys() - kept:
                 conn.execute(f"DROP TYPE engine.{name} CASCADE")
             for function in migrated["functions"].keys() - VERSIONED - RETIRING:
                 conn.execute(f"DROP ROUTINE IF EXISTS {function} CASCADE")  # a type's CASCADE may have gone first
-            assert definitions(conn)["triggers"] == {}  # gone with their function
+            assert definitions(conn)["triggers"].keys() == VERSIONED_TRIGGERS  # the others went with their function
             for _, sql in function_files():
                 conn.execute(sql)
             assert definitions(conn) == migrated

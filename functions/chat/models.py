@@ -240,7 +240,8 @@ class MemorySearch(Strict):
     layer: MemoryLayer | None = Field(None, description="default: both (the relationship layer needs persona_id)")
     category: Category | None = Field(None, description="profile memories of this category only")
     persona_id: Annotated[str, StringConstraints(min_length=1, max_length=64), BeforeValidator(_storable)] | None = \
-        Field(None, description="the persona whose relationship memories (what was said to it) are searched too")
+        Field(None, description="the persona whose relationship memories (what was said to it) are searched too: its "
+                                "episodes, its newest utterances and older ones that share a rare word with the query")
     k: Annotated[int, Field(ge=1, le=50, description="how many results at most")] = 10
 
 

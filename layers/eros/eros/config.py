@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 EMBED_DIM = 512
 
@@ -60,6 +60,27 @@ class RecallKnobs(BaseModel):
     lexical_weight: float = Field(0.01, ge=0, le=1, alias="RECALL_LEXICAL_WEIGHT")
     # ... and what a memory gets whose event time is in a year the message names ("what happened in 2008?").
     lexical_year_weight: float = Field(0.05, ge=0, le=1, alias="RECALL_LEXICAL_YEAR_WEIGHT")
+    # The bound (issue 27; engine.recall_layer_v2 in sql/functions/recall.sql says what each reads and why).
+    # ``utterance_window``: the newest active utterances of the persona instance that recall scores (older ones
+    # are reached through their episode and the lexical path); 0 = no bound at all: the exact scan of every row
+    # of both layers, as before (what a quality evaluation compares the bound with). ``sign_pool``: of each
+    # layer's candidates, the best this many by the sign-bit estimate are re-ranked with exact vectors.
+    # ``lexical_pool``: at most this many older rows (beyond the window) that share a word rare in the window
+    # with the message.
+    utterance_window: int = Field(1000, ge=0, le=100_000, alias="RECALL_UTTERANCE_WINDOW")
+    sign_pool: int = Field(400, ge=50, le=5_000, alias="RECALL_SIGN_POOL")
+    lexical_pool: int = Field(50, ge=0, le=1_000, alias="RECALL_LEXICAL_POOL")
+
+    @model_validator(mode="after")
+    def _bound_holds_a_turn(self) -> RecallKnobs:
+        if 0 < self.utterance_window < 50:
+            raise ValueError("RECALL_UTTERANCE_WINDOW must be 0 (no bound) or at least 50, not"
+                             f" {self.utterance_window}: a window smaller than a few sessions would recall only"
+                             " the current one")
+        if self.sign_pool < self.demote_pool:
+            raise ValueError(f"RECALL_SIGN_POOL ({self.sign_pool}) must be at least RECALL_DEMOTE_POOL"
+                             f" ({self.demote_pool}): the demotion compares rows of the exactly ranked pool")
+        return self
 
     @property
     def demoting(self) -> bool:

@@ -247,23 +247,33 @@ def add_episode(session: Mapping[str, Any], episode: Mapping[str, Any]) -> str |
 # The known memories a session touches, found with no provider call: each new user turn of the
 # session already has its vector in the relationship layer (the chat turn paid for it), so the
 # active profile rows nearest to those turns are what the session is likely to confirm or change.
-# Per turn the nearest ``limit`` (an exact scan of the user's active rows through the partial
-# profile index), then the best of those overall. Rows at the same distance (a lexical embedder puts
-# every row that shares no word with the session at one distance) go by importance, then the newest:
-# the facts a change is most likely to touch ("lives in", "works at") are the important ones.
+# Per turn the nearest ``limit``, then the best of those overall. Rows at the same distance (a lexical
+# embedder puts every row that shares no word with the session at one distance) go by importance, then
+# the newest: the facts a change is most likely to touch ("lives in", "works at") are the important ones.
+# Bounded like recall (issue 27; sql/functions/recall.sql): the user's active rows are read once, without
+# their vectors (`profile`: id, ctid and sign bits, through the partial profile index); per turn the
+# ``shortlist`` nearest by Hamming distance of the sign bits (migration 0023) are fetched by ctid and ranked
+# exactly. So a turn costs one popcount per profile row and ``shortlist`` exact distances, not an exact
+# distance per row (20 turns x 2,000 rows were 40,000 of them). A profile of at most ``shortlist`` rows is
+# ranked exactly, as before.
 _TOUCHED = """
 WITH turns AS (
-    SELECT embedding FROM engine.companion_memories
+    SELECT embedding, signs FROM engine.companion_memories
     WHERE session_id = %(session)s AND instance_id IS NOT NULL AND from_message_id > %(after)s
     ORDER BY from_message_id DESC
     LIMIT %(turns)s
+), profile AS MATERIALIZED (
+    SELECT ctid, id, signs FROM engine.companion_memories
+    WHERE user_id = %(user)s AND instance_id IS NULL AND superseded_at IS NULL AND category IS NOT NULL
 ), near AS (
     SELECT m.* FROM turns t CROSS JOIN LATERAL (
-        SELECT id, content, category, importance, created_at, occurred_at, occurred_precision,
-               embedding <=> t.embedding AS distance
-        FROM engine.companion_memories
-        WHERE user_id = %(user)s AND instance_id IS NULL AND superseded_at IS NULL AND category IS NOT NULL
-        ORDER BY distance, importance DESC NULLS LAST, created_at DESC, id
+        SELECT c.id, c.content, c.category, c.importance, c.created_at, c.occurred_at, c.occurred_precision,
+               c.embedding <=> t.embedding AS distance
+        FROM (SELECT p.ctid FROM profile p
+              ORDER BY coalesce(bit_count(p.signs # t.signs), 0), p.id
+              LIMIT %(shortlist)s) s
+        JOIN engine.companion_memories c ON c.ctid = s.ctid AND c.user_id = %(user)s
+        ORDER BY distance, c.importance DESC NULLS LAST, c.created_at DESC, c.id
         LIMIT %(limit)s
     ) m
 )
@@ -273,6 +283,7 @@ GROUP BY id, content, category, importance, created_at, occurred_at, occurred_pr
 ORDER BY min(distance), importance DESC NULLS LAST, created_at DESC, id
 LIMIT %(limit)s
 """
+TOUCHED_SHORTLIST = 150  # per turn: 5x the 30 rows extraction is shown (extraction.MAX_KNOWN)
 
 
 def touched_memories(user_id: str, session_id: UUID, after_id: int | None, limit: int,
@@ -280,7 +291,8 @@ def touched_memories(user_id: str, session_id: UUID, after_id: int | None, limit
     """The user's active profile memories nearest to this session's last ``turns`` new user turns,
     nearest first."""
     return connection().execute(_TOUCHED, {"session": session_id, "after": after_id or 0, "user": user_id,
-                                           "turns": turns, "limit": limit}).fetchall()
+                                           "turns": turns, "limit": limit,
+                                           "shortlist": max(TOUCHED_SHORTLIST, limit)}).fetchall()
 
 
 @retried

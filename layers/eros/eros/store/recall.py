@@ -1,5 +1,5 @@
 """Recall ranking: one layer's ranked rows (``ranked``), and both layers' with the near-duplicates among their
-rows for a chat turn (``candidates``). The statement is in the database: ``engine.recall_layer`` and the
+rows for a chat turn (``candidates``). The statement is in the database: ``engine.recall_layer_v2`` and the
 functions around it, in ``eros/sql/functions/recall.sql``, which writes down the score of each strategy, its
 parts (similarity, recency, importance, lexical, demotion) and why each part of the statement is shaped so.
 One statement serves every layer, strategy and setting, so that a turn's recall is planned once per database
@@ -21,22 +21,25 @@ from ..memory import MemoryLayer
 from .rows import RankedMemory, RecallCandidate
 
 # The statements are in the database (sql/functions/recall.sql, whose comments say why each part is shaped so):
-# engine.recall_layer() ranks one layer, engine.recall_candidates() both layers for a turn, and
-# engine.turn_recall() is recall_candidates() with its plan kept by the database connection (a turn then skips
+# engine.recall_layer_v2() ranks one layer, engine.recall_candidates_v2() both layers for a turn, and
+# engine.turn_recall_v2() is recall_candidates_v2() with its plan kept by the database connection (a turn then skips
 # the ~2 ms of parsing and planning that a 7 KB statement costs). Values only are bound; nothing is formatted
-# into SQL. The knobs travel as one engine.recall_knobs value, in that type's field order.
+# into SQL. The knobs travel as one engine.recall_knobs_v2 value, in that type's field order.
 _KNOBS = ("ROW(%(strategy)s::text, %(lam)s::float8, %(tau_days)s::float8, %(floor)s::float8,"
           " %(importance_floor)s::float8, %(importance_weight)s::float8, %(demote_similarity)s::float8,"
           " %(demote_penalty)s::float8, %(demote_pool)s::int, %(lexical_weight)s::float8,"
-          " %(lexical_year_weight)s::float8)::engine.recall_knobs")
-_RANKED = ("SELECT * FROM engine.recall_layer(%(layer)s::text, %(user)s::text, %(instance)s::uuid, %(category)s::text,"
-           f" %(q)s::vector, %(message)s::text, %(now)s::timestamptz, {_KNOBS}, %(k)s::int, %(cap)s::int)")
-_CANDIDATES = ("SELECT * FROM engine.{function}(%(user)s::text, %(instance)s::uuid, %(q)s::vector, %(message)s::text,"
+          " %(lexical_year_weight)s::float8, %(utterance_window)s::int, %(sign_pool)s::int,"
+          " %(lexical_pool)s::int)::engine.recall_knobs_v2")
+_RANKED = ("SELECT * FROM engine.recall_layer_v2(%(layer)s::text, %(user)s::text, %(instance)s::uuid,"
+           " %(category)s::text, %(q)s::vector, %(signs)s::bit(512), %(message)s::text,"
+           f" %(now)s::timestamptz, {_KNOBS}, %(k)s::int, %(cap)s::int)")
+_CANDIDATES = ("SELECT * FROM engine.{function}(%(user)s::text, %(instance)s::uuid, %(q)s::vector,"
+               " %(signs)s::bit(512), %(message)s::text,"
                f" %(now)s::timestamptz, {_KNOBS}, %(profile_k)s::int, %(profile_cap)s::int,"
                " %(relationship_k)s::int, %(dedupe)s::float8)")
-TURN_RECALL = _CANDIDATES.format(function="turn_recall")
+TURN_RECALL = _CANDIDATES.format(function="turn_recall_v2")
 # The same rows, through the SQL function the planner inlines: EXPLAIN of this shows the plan turn_recall keeps.
-CANDIDATES = _CANDIDATES.format(function="recall_candidates")
+CANDIDATES = _CANDIDATES.format(function="recall_candidates_v2")
 
 
 def _values(knobs: RecallKnobs, user_id: str, query: list[float], message: str | None, instance_id: UUID | None,
@@ -46,8 +49,14 @@ def _values(knobs: RecallKnobs, user_id: str, query: list[float], message: str |
     lexical = (knobs.lexical_weight > 0 or knobs.lexical_year_weight > 0) and bool(message and message.strip())
     return knobs.model_dump() | {  # the fields the knobs do not name are not bound
         "demote_pool": knobs.demote_pool if demoting else 0,
-        "q": Vector(list(query)), "message": message if lexical else None, "user": user_id, "instance": instance_id,
-        "now": now}
+        "q": Vector(list(query)), "signs": signs(query), "message": message if lexical else None, "user": user_id,
+        "instance": instance_id, "now": now}
+
+
+def signs(vector: list[float]) -> str:
+    """The vector's sign bits as engine.embedding_signs() makes them (migration 0023: 1 where a dimension is > 0),
+    as a bit string: made here, not by the database for each layer of each call."""
+    return "".join("1" if x > 0 else "0" for x in vector)
 
 
 def _cap(k: int, cap: int | None) -> int:
@@ -78,7 +87,7 @@ def ranked(layer: MemoryLayer, knobs: RecallKnobs, user_id: str, query: list[flo
 def candidates(knobs: RecallKnobs, user_id: str, query: list[float], *, k: int, cap: int | None,
                relationship_k: int, instance_id: UUID | None, dedupe: float, message: str | None = None,
                now: datetime | None = None) -> list[RecallCandidate]:
-    """Both layers' rows in one round trip (engine.turn_recall): the profile's top ``k`` (at most ``cap`` per
+    """Both layers' rows in one round trip (engine.turn_recall_v2): the profile's top ``k`` (at most ``cap`` per
     category) and then the relationship layer's top ``relationship_k`` of ``instance_id``, each as ``ranked``
     ranks them, without their embeddings, each with its ``layer`` and ``near``: the ids of the rows before it
     that are at least ``dedupe`` cosine-similar to it."""

@@ -3,15 +3,19 @@
 -- statement moved out of Python: PL/pgSQL caches the plan of each statement of a function in the backend that
 -- runs it, invisible to RDS Proxy, so a turn's recall is planned once per backend instead of on every turn.
 --
--- * engine.recall_layer()      one layer's ranked rows: the statement itself (its formulas are written above it).
--- * engine.recall_candidates() both layers' rows and the near-duplicates among them (a turn's recall).
--- * engine.turn_recall()       the same rows as recall_candidates(), through a PL/pgSQL body whose plan the
---                              backend keeps: what a turn calls.
+-- * engine.recall_layer_v2()      one layer's ranked rows: the statement itself (its formulas and what it reads
+--                                 are written above it), with engine.recall_older_v2(), its lexical path.
+-- * engine.recall_candidates_v2() both layers' rows and the near-duplicates among them (a turn's recall).
+-- * engine.turn_recall_v2()       the same rows as recall_candidates_v2(), through a PL/pgSQL body whose plan the
+--                                 backend keeps: what a turn calls.
+-- (_v2: migration 0023's bound added three knobs, so the knobs' type and the functions that take it have new
+-- names; the previous release's engine.recall_layer, recall_candidates and turn_recall stay in the databases
+-- they were created in until a later migration drops them: README.md, the _v2 rule.)
 --
 -- The two statements are LANGUAGE sql, STABLE, with no SET clause and a single SELECT, so the planner inlines
 -- them into the query that calls them: EXPLAIN of a call shows the whole plan (the benches and the partitioned
--- schema's test read it), and turn_recall's one statement is the whole recall, planned once per backend.
--- turn_recall forces the generic plan: the parameters only choose rows through the per-user indexes, which the
+-- schema's test read it), and turn_recall_v2's one statement is the whole recall, planned once per backend.
+-- turn_recall_v2 forces the generic plan: the parameters only choose rows through the per-user indexes, which the
 -- generic plan uses the same way for every user, and the custom plans the default mode tries first would each
 -- be planned in full (the planner cannot tell that the knobs' CASEs or a layer's UNION ALL branch that a value
 -- switches off cost nothing).
@@ -23,10 +27,11 @@
 -- nothing to match). tests/test_recall.py compares the rows, order and scores with a brute-force ranking in
 -- Python; tests/test_lexical_recall.py likewise.
 --
--- The two types are created when missing and never changed in place (a type's fields are its signature: a
+-- The types are created when missing and never changed in place (a type's fields are its signature: a
 -- change is a new type, README.md).
 
--- Recall's knobs (eros.config.RecallKnobs), passed as one value. demote_pool 0 means no demotion.
+-- The previous release's knobs: the functions it called (engine.recall_layer, recall_candidates, turn_recall) take
+-- them, and stay defined until a later migration drops them (README.md, the _v2 rule).
 DO $do$ BEGIN
     CREATE TYPE engine.recall_knobs AS (
         strategy            text,    -- grouped | recency | composite
@@ -43,6 +48,66 @@ DO $do$ BEGIN
     );
 EXCEPTION WHEN duplicate_object THEN NULL;  -- it exists: a type is never changed in place
 END $do$;
+
+-- Recall's knobs (eros.config.RecallKnobs), passed as one value: the previous release's fields, then the bound's.
+-- demote_pool 0 means no demotion; utterance_window 0 means no bound (the exact scan of every row).
+DO $do$ BEGIN
+    CREATE TYPE engine.recall_knobs_v2 AS (
+        strategy            text,    -- grouped | recency | composite
+        lam                 float8,  -- recency: weight of the decay
+        tau_days            float8,  -- decay = exp(-age_days / tau_days)
+        floor               float8,  -- composite: what a very old row keeps of its decay
+        importance_floor    float8,  -- composite: what the least important row keeps
+        importance_weight   float8,  -- the additive importance term, every strategy
+        demote_similarity   float8,
+        demote_penalty      float8,
+        demote_pool         int,     -- 0: the demotion is off
+        lexical_weight      float8,
+        lexical_year_weight float8,
+        utterance_window    int,     -- the newest utterances scored; 0: no bound, every row exactly
+        sign_pool           int,     -- of a layer's candidates, how many are re-ranked with exact vectors
+        lexical_pool        int      -- at most this many older rows found by a rare word of the message
+    );
+EXCEPTION WHEN duplicate_object THEN NULL;  -- it exists: a type is never changed in place
+END $do$;
+
+-- A row's score before demotion, from its parts (the formulas below): one definition for the sign-bit estimate
+-- that picks the pool and for the exact score the pool is ranked by. Inlined by the planner.
+CREATE OR REPLACE FUNCTION engine.recall_score_v2(
+    of_knobs engine.recall_knobs_v2, of_similarity float8, of_decay float8, of_weight float8, of_lexical float8)
+RETURNS float8
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE (of_knobs).strategy
+           WHEN 'grouped' THEN of_similarity
+           WHEN 'recency' THEN of_similarity + (of_knobs).lam * of_decay
+           ELSE of_similarity * ((of_knobs).floor + (1 - (of_knobs).floor) * of_decay)
+                * ((of_knobs).importance_floor + (1 - (of_knobs).importance_floor) * of_weight) END
+       + (of_knobs).importance_weight * of_weight + of_lexical;
+
+-- The lexical path of recall_layer_v2 (below, `older`): the instance's active rows older than of_before (the
+-- oldest row of the window) that hold one of of_terms, newest first, at most of_limit, found through
+-- companion_memories_instance_terms_idx (of_keys: the terms hashed with the instance, as the index keys them;
+-- a collision is dropped by the ts_delete() test). A function of its own, planned with its values every time
+-- (force_custom_plan, ~0.1 ms): a plan made without them cannot tell a user of 100,000 rows from one of 100, and
+-- ANDs the GIN index with an index of every row of the user, whose cost is the history's length.
+CREATE OR REPLACE FUNCTION engine.recall_older_v2(
+    of_user text, of_instance uuid, of_terms text[], of_keys bigint[], of_as_of timestamptz, of_before timestamptz,
+    of_limit int)
+RETURNS SETOF uuid
+LANGUAGE plpgsql STABLE PARALLEL SAFE ROWS 50
+SET plan_cache_mode = force_custom_plan
+AS $$
+BEGIN
+    RETURN QUERY
+        SELECT m.id FROM engine.companion_memories m
+        WHERE engine.instance_terms(m.instance_id, m.lexemes) && of_keys
+          AND m.user_id = of_user AND m.instance_id = of_instance AND m.superseded_at IS NULL
+          AND m.created_at < of_before AND m.created_at <= coalesce(of_as_of, statement_timestamp())
+          AND length(ts_delete(m.lexemes, of_terms)) < length(m.lexemes)
+        ORDER BY m.created_at DESC
+        LIMIT of_limit;
+END
+$$;
 
 -- One layer's top k rows (at most cap per category), by
 --
@@ -63,38 +128,68 @@ END $do$;
 -- consolidation (below). Each row comes back with its parts, similarity + recency_term + importance_term +
 -- lexical_term - demotion = score (for composite, recency_term = s * decay factor - s, and the importance term
 -- includes s * decay factor * (importance factor - 1)), so a caller can show why a row ranked. The knobs and
--- their defaults: eros.config.RecallKnobs. How the statement is built, and why:
--- * `base`, the rows a layer recalls. profile: the user's rows without an instance and with a category
---   (uncategorised profile rows are the raw turn dump the dreaming design replaced; the prompt renders the
---   profile by category, so such a row could never be shown), through companion_memories_profile_idx.
---   relationship: one user x one persona instance, through companion_memories_relationship_idx. In both, a
---   superseded row is history, kept but never recalled, and a row created after "now" did not exist yet then.
---   An exact scan of one user's rows: an ANN index could only serve ORDER BY distance, not these scores, and
---   filters by user only after its neighbour search (bench/recall_latency.py measures both).
---   It computes the distance (pgvector's <=>, the cost that matters) and the decay once per row: OFFSET 0
---   keeps it a plan node of its own, else the planner substitutes both expressions into every column that
---   reads them and computes them once per reference (~0.5 ms per statement at 100 rows). The age is clamped
---   at 0 (a row stamped a moment after the statement began is new) and the exponent at 700: exp() of a float8
---   below about -745 raises "underflow" instead of returning 0, and a memory many tau old must still be
---   recalled when it is the relevant one. A row without importance (utterances, rows from before extraction
---   gave one) weighs 0.5: neither promoted nor buried.
--- * The lexical part: BM25 of the message's lexemes against each row's (engine.lexemes, the same tokens on both
---   sides, migration 0012) over the layer's rows of this user only, so the inverse document frequency is the
---   user's own (a word all their memories have is worth nothing, their colleague's rare name a lot), divided
---   by the best row's so that it lies in [0, 1] whatever the message's length. Term frequency 1 and no length
---   normalisation (b = 0): memories are a sentence or two, a repeated word is no more evidence, and b = 0.75 was
---   no better on the dev set (bench/results/recall_summary.md).
---   `terms`: the message's lexemes, once (MATERIALIZED); none without a message, and then no row matches.
---   `matches`: (row, document frequency) per lexeme a row shares with the message; ts_delete() drops the
---   message's lexemes from a row's in C, so rows that match nothing (most) are never unnested, and the
---   frequency is a window over the matches, not a second pass and a join.
+-- their defaults: eros.config.RecallKnobs.
+--
+-- What it reads: a bounded candidate set (issue 27), whatever the length of the history. The relationship layer
+-- grows by one utterance a turn, and an exact scan of it cost ~15 µs a row (1.45 s at 100,000:
+-- bench/results/recall_latency_10m.md); docs/CAPACITY.md has the measurements of this bound.
+-- * `profile`: the user's active rows without an instance and with a category (uncategorised profile rows are
+--   the raw turn dump the dreaming design replaced; the prompt renders the profile by category, so such a row
+--   could never be shown), through companion_memories_profile_idx. Consolidation keeps it small (~100 rows;
+--   2,000 is the measured large case), so all of them are candidates.
+-- * `recent`, the relationship layer's window: the instance's newest utterance_window active rows other than
+--   episodes, by companion_memories_relationship_idx read backwards. Older utterances stay stored, listed,
+--   exported and erased; they leave only this vector part of recall, and are reached by
+-- * `episodes`: the instance's active episodes (one per session, migration 0021), the sign_pool nearest by
+--   their sign bits (migration 0023), read from companion_memories_episodes_idx alone (it INCLUDEs the signs);
+--   so an episode of any age is in reach, and 5,000 of them cost a popcount each, not a row each;
+-- * `older`, the lexical path: older rows of the instance that hold a word of the message that is rare in the
+--   window, through companion_memories_instance_terms_idx (each row's words keyed by its instance), newest
+--   first, at most lexical_pool. "Rare": held by at most 1 in 100 of the window's rows. A name, a place or a
+--   number said once a year ago is rare; "I" and "today" are in most rows and say nothing (BM25 would give them
+--   ~no weight), and looking them up would read a posting list as long as the history: that is the df bound.
+--   A history imported all at once has no episodes yet, and this is what still finds its old facts. Only when
+--   the window is full: a shorter conversation is in the window whole (its episodes too, up to sign_pool).
+-- * With utterance_window 0 there is no bound: `recent` is every active row of the instance, episodes included,
+--   and every candidate is ranked exactly (the statement of the previous release, what an evaluation compares
+--   the bound with).
+-- Then, per layer:
+-- * `base`: every candidate's scalar parts, without its vector: the decay once per row (OFFSET 0 keeps it a plan
+--   node of its own, else the planner substitutes the expression into every column that reads it), and
+--   `estimate`, the cosine estimated from the sign bits, cos(pi * hamming / 512) (for two vectors whose
+--   dimensions are correlated like the cosine, each sign differs with probability arccos(cosine) / pi). The age
+--   is clamped at 0 (a row stamped a moment after the statement began is new) and the exponent at 700: exp()
+--   of a float8 below about -745 raises "underflow" instead of returning 0, and a memory many tau old must
+--   still be recalled when it is the relevant one. A row without importance (utterances, rows from before
+--   extraction gave one) weighs 0.5: neither promoted nor buried. A row whose signs are not filled yet (a
+--   database the migration's backfill has not reached) is estimated at 1: always re-ranked exactly.
+-- * The lexical part: BM25 of the message's lexemes against each candidate's (engine.lexemes, the same tokens
+--   on both sides, migration 0012) over the layer's candidates only, so the inverse document frequency is the
+--   user's own (a word all their memories have is worth nothing, their colleague's rare name a lot) and its
+--   counts are bounded like the rest; divided by the best row's so that it lies in [0, 1] whatever the
+--   message's length. Term frequency 1 and no length normalisation (b = 0): memories are a sentence or two,
+--   a repeated word is no more evidence, and b = 0.75 was no better on the dev set
+--   (bench/results/recall_summary.md).
+--   `terms`: the message's lexemes and the query's sign bits (of_query_signs, engine.embedding_signs(of_query):
+--   eros.store.recall makes them in Python, ~0.1 ms of the database's time less per layer; tests/
+--   test_bounded_recall.py holds the two to one rule), once (MATERIALIZED); no lexemes without a
+--   message, and then no row matches.
+--   `matched` (in `base`): the message's lexemes a row holds; ts_delete() drops the message's lexemes from a
+--   row's in C, so rows that match nothing (most) are never unnested. `frequencies`: each such lexeme's
+--   document frequency over the candidates (one small row per lexeme of the message, MATERIALIZED).
 --   `bm25`: per row, the sum of idf = ln(1 + (n - df + 0.5) / (df + 0.5)) over its matched lexemes (BM25's
 --   (k1 + 1) / (1 + k1) is 1 at term frequency 1 and b = 0); n is `collection`, MATERIALIZED so that it is
---   counted once, not once per match.
+--   counted once. Each row looks its lexemes up in the few `frequencies` rows instead of joining a per-row
+--   result back to the candidates: a plan made without the values cannot tell 1,250 candidates from 10, and
+--   chose a nested loop over (candidates x matching rows) for that join (~50 ms at 1,250 under load).
 --   A row whose event time falls in a year the message names ("what happened in 2008?", "2018年") also gets
 --   lexical_year_weight: the year is a word of the row too, but at a tie-breaker's weight it cannot lift the
 --   one memory of 2008 over ten closer in meaning, and a year named in a question is rarely a coincidence.
--- * `scored`: the score parts and the score before demotion.
+-- * `exact`: the sign_pool candidates with the best estimated score (engine.recall_score_v2 with the estimate
+--   for s) get their vector and its exact distance, fetched by ctid (the vectors, 2 KB each, travel for the pool
+--   only: carrying every candidate's through the statement is what made the old scan spill past work_mem).
+--   bench/recall_prefilter.py measures what this keeps of the exact top k on e5 embeddings.
+-- * `scored`: the score parts and the score before demotion, exactly.
 -- * The demotion (profile only): `pool` is the layer's demote_pool best rows before demotion, `demoted` those of
 --   them with a newer row of the same category in the pool at least demote_similarity cosine-similar; they
 --   lose demote_penalty. Comparing pool rows only bounds the pairwise work at pool^2 / 2 distances, whatever
@@ -102,86 +197,132 @@ END $do$;
 -- * `capped` numbers each category's rows by score: the per-category quota of `grouped`, the optional cap of
 --   the others (relationship rows have no category: one partition). ORDER BY score DESC, id ... LIMIT k is the
 --   top k, ties broken by id so that the same rows always come back in the same order.
-CREATE OR REPLACE FUNCTION engine.recall_layer(
-    of_layer text, of_user text, of_instance uuid, of_category text,
-    query vector, message text, as_of timestamptz, knobs engine.recall_knobs, k int, cap int)
+CREATE OR REPLACE FUNCTION engine.recall_layer_v2(
+    of_layer text, of_user text, of_instance uuid, of_category text, of_query vector, of_query_signs bit(512),
+    of_message text, of_as_of timestamptz, of_knobs engine.recall_knobs_v2, of_k int, of_cap int)
 RETURNS TABLE (id uuid, content text, category text, importance real, created_at timestamptz, occurred_at date,
                occurred_precision text, embedding vector, distance float8, decay float8, similarity float8,
                recency_term float8, importance_term float8, lexical_term float8, demotion float8, score float8)
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
 WITH terms AS MATERIALIZED (
-    SELECT coalesce(array_agg(lexeme), '{}') AS terms FROM unnest(engine.lexemes(message))
-), base AS (
-    SELECT m.id, m.content, m.category, m.importance, m.created_at, m.occurred_at, m.occurred_precision,
-           m.embedding, m.lexemes,
-           m.embedding <=> query AS distance,
-           exp(-least(greatest(extract(epoch FROM (coalesce(as_of, statement_timestamp()) - t.event_time))::float8, 0)
-                      / 86400.0 / (knobs).tau_days, 700)) AS decay,
-           t.event_time
-    FROM (SELECT id, content, category, importance, created_at, occurred_at, occurred_precision, embedding, lexemes,
-                 superseded_at
-          FROM engine.companion_memories
+    SELECT coalesce(array_agg(lexeme), '{}') AS terms, of_query_signs AS signs,
+           coalesce(of_as_of, statement_timestamp()) AS as_of, (of_knobs).utterance_window > 0 AS bounded
+    FROM unnest(engine.lexemes(of_message))
+), profile AS (
+    SELECT m.ctid, m.id, m.content, m.category, m.importance, m.created_at, m.occurred_at, m.occurred_precision,
+           m.lexemes, m.signs
+    FROM (SELECT ctid, * FROM engine.companion_memories
           WHERE of_layer = 'profile' AND user_id = of_user AND instance_id IS NULL AND category IS NOT NULL
-            AND (of_category IS NULL OR category = of_category)
-          UNION ALL
-          SELECT id, content, category, importance, created_at, occurred_at, occurred_precision, embedding, lexemes,
-                 superseded_at
-          FROM engine.companion_memories
-          WHERE of_layer = 'relationship' AND user_id = of_user AND instance_id = of_instance) m,
-         LATERAL (SELECT coalesce(m.occurred_at::timestamp AT TIME ZONE 'UTC', m.created_at) AS event_time) t
-    WHERE m.superseded_at IS NULL
-      AND m.created_at <= coalesce(as_of, statement_timestamp())
+            AND (of_category IS NULL OR category = of_category) AND superseded_at IS NULL
+          OFFSET 0) m  -- the fence keeps the time condition out of the scan: else the generic plan may take
+                       -- the listing index (user_id, created_at), which walks every row of the user, both layers
+    WHERE m.created_at <= coalesce(of_as_of, statement_timestamp())
+), recent AS MATERIALIZED (
+    SELECT m.ctid, m.id, m.content, m.category, m.importance, m.created_at, m.occurred_at, m.occurred_precision,
+           m.lexemes, m.signs
+    FROM engine.companion_memories m
+    WHERE of_layer = 'relationship' AND m.user_id = of_user AND m.instance_id = of_instance
+      AND m.superseded_at IS NULL AND m.created_at <= coalesce(of_as_of, statement_timestamp())
+      AND (m.source <> 'episode' OR (of_knobs).utterance_window = 0)
+    ORDER BY m.created_at DESC
+    LIMIT nullif((of_knobs).utterance_window, 0)
+), episodes AS (
+    SELECT m.id
+    FROM engine.companion_memories m
+    WHERE of_layer = 'relationship' AND (of_knobs).utterance_window > 0 AND m.user_id = of_user
+      AND m.instance_id = of_instance AND m.source = 'episode' AND m.superseded_at IS NULL
+      AND m.created_at <= coalesce(of_as_of, statement_timestamp())
+    ORDER BY coalesce(bit_count(m.signs # (SELECT terms.signs FROM terms)), 0), m.id
+    LIMIT (of_knobs).sign_pool
+), common AS (
+    SELECT lexeme FROM recent r, terms, unnest(tsvector_to_array(r.lexemes)) AS lexeme
+    WHERE terms.bounded AND length(ts_delete(r.lexemes, terms.terms)) < length(r.lexemes)
+      AND lexeme = ANY (terms.terms)
+    GROUP BY lexeme
+    HAVING count(*) * 100 > (of_knobs).utterance_window
+), rare AS MATERIALIZED (
+    SELECT array_agg(t.term) AS terms, array_agg(hashtextextended(of_instance::text || ' ' || t.term, 0)) AS keys
+    FROM terms, unnest(terms.terms) AS t(term)
+    WHERE of_layer = 'relationship' AND terms.bounded AND t.term NOT IN (SELECT lexeme FROM common)
+      AND (SELECT count(*) FROM recent) >= (of_knobs).utterance_window  -- else every utterance is in the window
+    GROUP BY ()
+    HAVING count(*) > 0  -- no row, and no call of the lexical path, when no word is rare or the window holds all
+), older AS (
+    SELECT o.id
+    FROM rare, engine.recall_older_v2(of_user, of_instance, rare.terms, rare.keys, of_as_of,
+                                      (SELECT min(recent.created_at) FROM recent), (of_knobs).lexical_pool) AS o(id)
+), reach AS (
+    SELECT * FROM profile
+    UNION ALL
+    SELECT * FROM recent
+    UNION ALL
+    SELECT m.*
+    FROM (SELECT episodes.id FROM episodes UNION SELECT older.id FROM older) e,
+         LATERAL (SELECT m.ctid, m.id, m.content, m.category, m.importance, m.created_at, m.occurred_at,
+                         m.occurred_precision, m.lexemes, m.signs
+                  FROM engine.companion_memories m WHERE m.id = e.id AND m.user_id = of_user) m  -- by primary key
+), base AS (
+    SELECT r.*, t.event_time,
+           exp(-least(greatest(extract(epoch FROM (terms.as_of - t.event_time))::float8, 0)
+                      / 86400.0 / (of_knobs).tau_days, 700)) AS decay,
+           cos(pi() * coalesce(bit_count(r.signs # terms.signs), 0) / 512.0) AS estimate,
+           CASE WHEN length(ts_delete(r.lexemes, terms.terms)) < length(r.lexemes)
+                THEN ARRAY(SELECT x FROM unnest(tsvector_to_array(r.lexemes)) AS x WHERE x = ANY (terms.terms))
+           END AS matched
+    FROM reach r, terms,
+         LATERAL (SELECT coalesce(r.occurred_at::timestamp AT TIME ZONE 'UTC', r.created_at) AS event_time) t
     OFFSET 0
-), matches AS (
-    SELECT mt.id, count(*) OVER (PARTITION BY mt.lexeme)::float8 AS df
-    FROM (SELECT b.id, unnest(tsvector_to_array(b.lexemes)) AS lexeme
-          FROM base b, terms WHERE length(ts_delete(b.lexemes, terms.terms)) < length(b.lexemes)) mt, terms
-    WHERE mt.lexeme = ANY (terms.terms)
+), frequencies AS MATERIALIZED (
+    SELECT lexeme, count(*)::float8 AS df FROM base, unnest(base.matched) AS lexeme GROUP BY lexeme
 ), collection AS MATERIALIZED (
     SELECT count(*)::float8 AS n FROM base
 ), bm25 AS (
-    SELECT matches.id, sum(ln(1 + (n - df + 0.5) / (df + 0.5))) AS raw FROM matches, collection GROUP BY matches.id
-), lexical AS (
-    SELECT bm25.id, raw / nullif(max(raw) OVER (), 0) AS lexical FROM bm25
+    SELECT b.*, CASE WHEN b.matched IS NOT NULL
+                     THEN (SELECT sum(ln(1 + (c.n - f.df + 0.5) / (f.df + 0.5)))
+                           FROM frequencies f, collection c WHERE f.lexeme = ANY (b.matched)) END AS raw
+    FROM base b
 ), parts AS (
-    SELECT b.*, terms.terms,
-           coalesce(b.importance, 0.5)::float8 AS weight,
-           (knobs).floor + (1 - (knobs).floor) * b.decay AS decay_factor,
-           (knobs).lexical_weight * coalesce(l.lexical, 0)
+    SELECT b.*, coalesce(b.importance, 0.5)::float8 AS weight,
+           (of_knobs).floor + (1 - (of_knobs).floor) * b.decay AS decay_factor,
+           (of_knobs).lexical_weight * coalesce(b.raw / nullif(max(b.raw) OVER (), 0), 0)
                + CASE WHEN extract(year FROM b.occurred_at)::int::text = ANY (terms.terms)
-                      THEN (knobs).lexical_year_weight ELSE 0::float8 END AS lexical_term
-    FROM base b LEFT JOIN lexical l USING (id) CROSS JOIN terms
+                      THEN (of_knobs).lexical_year_weight ELSE 0::float8 END AS lexical_term
+    FROM bm25 b, terms
+), shortlist AS (
+    SELECT parts.* FROM parts, terms
+    ORDER BY CASE WHEN terms.bounded
+                  THEN engine.recall_score_v2(of_knobs, estimate, decay, weight, lexical_term) END DESC, parts.id
+    LIMIT CASE WHEN (SELECT bounded FROM terms) THEN (of_knobs).sign_pool END
+), exact AS (
+    SELECT s.*, m.embedding, m.embedding <=> of_query AS distance
+    FROM shortlist s JOIN engine.companion_memories m ON m.ctid = s.ctid AND m.user_id = of_user
+    OFFSET 0
 ), scored AS (
     SELECT *,
-           CASE (knobs).strategy
-               WHEN 'grouped' THEN 1 - distance
-               WHEN 'recency' THEN (1 - distance) + (knobs).lam * decay
-               ELSE (1 - distance) * decay_factor
-                    * ((knobs).importance_floor + (1 - (knobs).importance_floor) * weight) END
-             + (knobs).importance_weight * weight + lexical_term AS undemoted,
-           CASE (knobs).strategy
+           engine.recall_score_v2(of_knobs, 1 - distance, decay, weight, lexical_term) AS undemoted,
+           CASE (of_knobs).strategy
                WHEN 'grouped' THEN 0::float8
-               WHEN 'recency' THEN (knobs).lam * decay
+               WHEN 'recency' THEN (of_knobs).lam * decay
                ELSE (1 - distance) * decay_factor - (1 - distance) END AS recency_term,
-           CASE (knobs).strategy
+           CASE (of_knobs).strategy
                WHEN 'composite' THEN (1 - distance) * decay_factor
-                                     * ((knobs).importance_floor + (1 - (knobs).importance_floor) * weight - 1)
-                                     + (knobs).importance_weight * weight
-               ELSE (knobs).importance_weight * weight END AS importance_term
-    FROM parts
+                                     * ((of_knobs).importance_floor + (1 - (of_knobs).importance_floor) * weight - 1)
+                                     + (of_knobs).importance_weight * weight
+               ELSE (of_knobs).importance_weight * weight END AS importance_term
+    FROM exact
 ), pool AS (
     SELECT scored.id, scored.category, scored.event_time, scored.embedding FROM scored
     ORDER BY undemoted DESC, scored.id
-    LIMIT CASE WHEN of_layer = 'profile' THEN (knobs).demote_pool ELSE 0 END
+    LIMIT CASE WHEN of_layer = 'profile' THEN (of_knobs).demote_pool ELSE 0 END
 ), demoted AS MATERIALIZED (
     SELECT a.id FROM pool a
     WHERE EXISTS (SELECT 1 FROM pool b
                   WHERE b.category = a.category AND b.event_time > a.event_time
-                    AND 1 - (a.embedding <=> b.embedding) >= (knobs).demote_similarity)
+                    AND 1 - (a.embedding <=> b.embedding) >= (of_knobs).demote_similarity)
 ), ranked AS (
     SELECT *, undemoted - demotion AS score
-    FROM (SELECT *, CASE WHEN scored.id IN (SELECT demoted.id FROM demoted) THEN (knobs).demote_penalty
+    FROM (SELECT *, CASE WHEN scored.id IN (SELECT demoted.id FROM demoted) THEN (of_knobs).demote_penalty
                          ELSE 0::float8 END AS demotion
           FROM scored) d
 ), capped AS (
@@ -192,9 +333,9 @@ SELECT capped.id, capped.content, capped.category, capped.importance, capped.cre
        capped.occurred_precision, capped.embedding, distance, decay, 1 - distance AS similarity, recency_term,
        importance_term, lexical_term, demotion, score
 FROM capped
-WHERE category_rank <= cap
+WHERE category_rank <= of_cap
 ORDER BY score DESC, capped.id
-LIMIT k
+LIMIT of_k
 $$;
 
 -- A row of a turn's recall (eros.store.rows.RecallCandidate): what both functions below return.
@@ -208,23 +349,23 @@ EXCEPTION WHEN duplicate_object THEN NULL;  -- it exists: a type is never change
 END $do$;
 
 -- Both layers, as a turn recalls them: the profile's top profile_k (at most profile_cap per category), then the
--- relationship layer's top relationship_k of the instance, each exactly as recall_layer() ranks it, without
+-- relationship layer's top relationship_k of the instance, each exactly as recall_layer_v2() ranks it, without
 -- embeddings, each with `near`: the rows placed before it (the profile's first, each layer by score) at least
 -- `dedupe` cosine-similar to it. A row is a near-duplicate of what the prompt already carries exactly when one
 -- of those was kept (eros.recall.Hygiene), so no vector leaves the database: at most (k + relationship_k)^2 / 2
 -- distances in C instead of dot products in Python over 60 KB of shipped vectors.
-CREATE OR REPLACE FUNCTION engine.recall_candidates(
-    of_user text, of_instance uuid, query vector, message text, as_of timestamptz, knobs engine.recall_knobs,
-    profile_k int, profile_cap int, relationship_k int, dedupe float8)
+CREATE OR REPLACE FUNCTION engine.recall_candidates_v2(
+    of_user text, of_instance uuid, of_query vector, of_query_signs bit(512), of_message text, of_as_of timestamptz,
+    of_knobs engine.recall_knobs_v2, of_profile_k int, of_profile_cap int, of_relationship_k int, of_dedupe float8)
 RETURNS SETOF engine.recall_candidate
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
 WITH profile AS MATERIALIZED (
-    SELECT * FROM engine.recall_layer('profile', of_user, NULL, NULL, query, message, as_of, knobs,
-                                      profile_k, profile_cap)
+    SELECT * FROM engine.recall_layer_v2('profile', of_user, NULL, NULL, of_query, of_query_signs, of_message,
+                                         of_as_of, of_knobs, of_profile_k, of_profile_cap)
 ), relationship AS MATERIALIZED (
-    SELECT * FROM engine.recall_layer('relationship', of_user, of_instance, NULL, query, message, as_of, knobs,
-                                      relationship_k, relationship_k)
+    SELECT * FROM engine.recall_layer_v2('relationship', of_user, of_instance, NULL, of_query, of_query_signs,
+                                         of_message, of_as_of, of_knobs, of_relationship_k, of_relationship_k)
 ), candidates AS (
     SELECT 'profile' AS layer, row_number() OVER (ORDER BY profile.score DESC, profile.id) AS place, * FROM profile
     UNION ALL
@@ -235,23 +376,25 @@ WITH profile AS MATERIALIZED (
 SELECT c.layer, c.id, c.content, c.category, c.importance, c.created_at, c.occurred_at, c.occurred_precision,
        c.distance, c.decay, c.similarity, c.recency_term, c.importance_term, c.lexical_term, c.demotion, c.score,
        ARRAY(SELECT b.id FROM candidates b
-             WHERE b.place < c.place AND 1 - (b.embedding <=> c.embedding) >= dedupe
+             WHERE b.place < c.place AND 1 - (b.embedding <=> c.embedding) >= of_dedupe
              ORDER BY b.place) AS near
 FROM candidates c
 ORDER BY c.place
 $$;
 
--- What a turn calls: recall_candidates() through PL/pgSQL, whose one statement the backend plans once (generic
+-- What a turn calls: recall_candidates_v2() through PL/pgSQL, whose one statement the backend plans once (generic
 -- plan, see the top) and then only executes. Same arguments, same rows.
-CREATE OR REPLACE FUNCTION engine.turn_recall(
-    of_user text, of_instance uuid, query vector, message text, as_of timestamptz, knobs engine.recall_knobs,
-    profile_k int, profile_cap int, relationship_k int, dedupe float8)
+CREATE OR REPLACE FUNCTION engine.turn_recall_v2(
+    of_user text, of_instance uuid, of_query vector, of_query_signs bit(512), of_message text, of_as_of timestamptz,
+    of_knobs engine.recall_knobs_v2, of_profile_k int, of_profile_cap int, of_relationship_k int, of_dedupe float8)
 RETURNS SETOF engine.recall_candidate
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM engine.recall_candidates(of_user, of_instance, query, message, as_of, knobs,
-                                                        profile_k, profile_cap, relationship_k, dedupe);
+    RETURN QUERY SELECT * FROM engine.recall_candidates_v2(of_user, of_instance, of_query, of_query_signs,
+                                                           of_message, of_as_of,
+                                                           of_knobs, of_profile_k, of_profile_cap,
+                                                           of_relationship_k, of_dedupe);
 END
 $$;
