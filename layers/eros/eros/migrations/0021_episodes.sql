@@ -19,7 +19,5 @@ ALTER TABLE engine.companion_memories
     ADD CONSTRAINT companion_memories_episode_check
         CHECK (source <> 'episode' OR (instance_id IS NOT NULL AND category IS NULL));
 
--- (user_id, session_id): a session is one user's, so this is "one per session", and it names the user as every
--- unique key must once the table is partitioned by user (tests/partitioning.py).
 CREATE UNIQUE INDEX companion_memories_one_episode_per_session
-    ON engine.companion_memories (user_id, session_id) WHERE source = 'episode';
+    ON engine.companion_memories (session_id) WHERE source = 'episode';

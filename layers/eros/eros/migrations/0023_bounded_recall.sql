@@ -26,8 +26,7 @@
 --   global posting list; btree_gin, which could pair the instance with the lexemes, is not among the embedded
 --   Postgres's extensions). A hash collision only adds a row that recall's own match test then drops.
 -- * `companion_memories_episodes_idx`: the active episodes of an instance (migration 0021), which recall
---   prefilters by their signs; INCLUDE (user_id, id, signs) lets that read be an index-only scan (5,000 episodes
---   at 100,000 utterances: index tuples of ~100 bytes, not 2.7 KB rows).
+--   prefilters by their signs; INCLUDE (signs) lets that read be an index-only scan.
 CREATE OR REPLACE FUNCTION engine.embedding_signs(embedding vector) RETURNS bit(512)
     LANGUAGE sql IMMUTABLE PARALLEL SAFE STRICT
 RETURN (SELECT string_agg(CASE WHEN x > 0 THEN '1' ELSE '0' END, '' ORDER BY i)
@@ -60,5 +59,5 @@ CREATE INDEX IF NOT EXISTS companion_memories_instance_terms_idx
     WHERE instance_id IS NOT NULL;
 
 CREATE INDEX IF NOT EXISTS companion_memories_episodes_idx
-    ON engine.companion_memories (instance_id, created_at) INCLUDE (user_id, id, signs)
+    ON engine.companion_memories (instance_id, created_at) INCLUDE (signs)
     WHERE source = 'episode' AND superseded_at IS NULL;
