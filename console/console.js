@@ -515,6 +515,9 @@ async function boot() {
   $("user").required = state.local;
   $("token-field").hidden = state.local;
   $("token").required = !state.local;
+  // Until here a click on "Sign in" would have taken the token path even on the local stack (an empty token:
+  // a 401 instead of the local sign-in), so the button waits for this.
+  $("signin-button").disabled = false;
   const saved = JSON.parse(sessionStorage.getItem("eros-console") || "null");
   if (saved && saved.token) {
     Object.assign(state, saved);
