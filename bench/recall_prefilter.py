@@ -1,12 +1,14 @@
-"""What the sign-bit prefilter of bounded recall keeps of the exact top k, on real sentence embeddings.
+"""What a sign-bit prefilter keeps of the exact top k, on real sentence embeddings, and what recall's pool keeps.
 
     .venv/bin/python bench/recall_prefilter.py                 # the whole dev set (~1 min)
     .venv/bin/python bench/recall_prefilter.py --queries 50    # a quick check
 
-Recall (engine.recall_layer_v2, migration 0023) ranks a large candidate set by the Hamming distance of its
-rows' sign bits (bit_count(a # b) over engine.embedding_signs()) and re-ranks only the best ``sign_pool``
-exactly. Random vectors are a poor test of that (their cosines to a query are all ~0, so the exact top k is
-noise the bits cannot see), so this uses the labelled dev set's e5 embeddings (bench/data/recall_dev:
+Migration 0023's first form of bounded recall ranked a large candidate set by the Hamming distance of its rows'
+sign bits (bit_count(a # b) over engine.embedding_signs()) and re-ranked only the best few hundred exactly; this
+measured that, and is why migration 0025 scores every candidate by its exact distance, read from an index, and
+bounds only the rows that go through the lexical part and the demotion (``RECALL_POOL``). Random vectors are a
+poor test of a prefilter (their cosines to a query are all ~0, so the exact top k is noise the bits cannot see),
+so this uses the labelled dev set's e5 embeddings (bench/data/recall_dev:
 multilingual-e5-small, 384 dimensions zero-padded to 512, English and Chinese): every one of its memories
 (1,692) as the profile of one user, every query (803) against them.
 
@@ -15,7 +17,7 @@ Two measurements:
 * **vectors alone**: of the exact top k by cosine distance, the share that is among the best P by Hamming
   distance (recall@k of the prefilter, P the pool re-ranked exactly);
 * **the recall statement**: ``eros.store.recall.ranked`` on the profile layer with the defaults (message
-  included: the lexical and importance parts also pick the pool) and ``sign_pool`` P, against the same with
+  included) and ``pool`` P (``--recall-pools``: k + P rows get the lexical part), against the same with
   ``utterance_window`` 0 (the exact scan): the share of the exact top k returned, and of queries whose top k
   is the same rows in the same order.
 """
@@ -54,6 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--queries", type=int, default=0, help="the first N queries only (0: all)")
     p.add_argument("--pools", default="50,100,200,400", help="prefilter pools P (rows re-ranked exactly)")
+    p.add_argument("--recall-pools", default="0,8,32,100", help="recall's RECALL_POOL values compared")
     p.add_argument("--ks", default="5,10,30", help="the top k compared")
     p.add_argument("--pgdata", default="/tmp/eros-bench-prefilter", help="the embedded Postgres folder")
     p.add_argument("--out", type=Path, default=RESULTS_FILE, help="markdown results file ('-' for none)")
@@ -128,7 +131,7 @@ def through_recall(queries: list[dict], pools: list[int], ks: list[int]
 
         exact = top(exact_knobs)
         for p in pools:
-            bounded = top(RecallKnobs(sign_pool=p))
+            bounded = top(RecallKnobs(pool=p))
             for k in ks:
                 out[p, k][0] += len(set(bounded[:k]) & set(exact[:k])) / k
                 out[p, k][1] += bounded[:k] == exact[:k]
@@ -136,7 +139,7 @@ def through_recall(queries: list[dict], pools: list[int], ks: list[int]
 
 
 def render(command: str, rows: int, queries: int, pools: list[int], ks: list[int], alone: dict, recall: dict,
-           seconds: float) -> str:
+           seconds: float, recall_pools: list[int]) -> str:
     lines = [f"`{command}`", "", f"{datetime.now().astimezone():%Y-%m-%d %H:%M %Z}, commit {git_commit()}, "
              f"{describe_machine()}", "",
              f"{rows:,} profile rows of one user (every memory of bench/data/recall_dev, e5 embeddings 384-d padded"
@@ -148,12 +151,12 @@ def render(command: str, rows: int, queries: int, pools: list[int], ks: list[int
     lines += [f"| {p} ({p / rows:.0%} of the rows) | " + " | ".join(f"{alone[p, k]:.3f}" for k in ks) + " |"
               for p in pools]
     lines += ["", "**Through the recall statement** (`ranked`, profile layer, default knobs, the query's text as"
-              " the message) with `sign_pool` P against `utterance_window` 0 (the exact scan): share of the exact"
-              " top k returned / share of queries with the identical top k.", "",
+              " the message) with `pool` P (RECALL_POOL) against `utterance_window` 0 (the exact scan): share of the"
+              " exact top k returned / share of queries with the identical top k.", "",
               "| P | " + " | ".join(f"top {k}: kept / identical" for k in ks) + " |",
               "| ---: | " + " | ".join("---:" for _ in ks) + " |"]
     lines += [f"| {p} | " + " | ".join(f"{recall[p, k][0]:.3f} / {recall[p, k][1]:.3f}" for k in ks) + " |"
-              for p in pools]
+              for p in recall_pools]
     return "\n".join(lines) + "\n"
 
 
@@ -175,8 +178,10 @@ def _main(args: argparse.Namespace, command: str) -> int:
         queries = queries[:args.queries] if args.queries else queries
         alone = vectors_alone(conn, queries, pools, ks)
     use_database(url)
-    recall = through_recall(queries, pools, ks)
-    report = render(command, rows, len(queries), pools, ks, alone, recall, time.perf_counter() - started)
+    recall_pools = [int(x) for x in args.recall_pools.split(",")]
+    recall = through_recall(queries, recall_pools, ks)
+    report = render(command, rows, len(queries), pools, ks, alone, recall, time.perf_counter() - started,
+                    recall_pools)
     print(report)
     write_results(args.out, report)
     return 0

@@ -482,7 +482,7 @@ def render_long(args, command: str, sizes: list[int], table_rows: int, timings: 
              f"profile memories, in a table of {table_rows:,} rows. The memory part of a chat turn "
              "(`eros.chat.take_turn` with instant fake providers: open the turn, recall, prompt, persist), the "
              "sizes interleaved turn by turn. Recall bound: "
-             f"RECALL_UTTERANCE_WINDOW={knobs.utterance_window}, RECALL_SIGN_POOL={knobs.sign_pool}, "
+             f"RECALL_UTTERANCE_WINDOW={knobs.utterance_window}, RECALL_POOL={knobs.pool}, "
              f"RECALL_LEXICAL_POOL={knobs.lexical_pool}; `unbounded` is RECALL_UTTERANCE_WINDOW=0 (the exact "
              "scan of every row, the previous release's recall).", "",
              f"| utterances | turns | p50 ms | p95 ms | p99 ms | max ms | goal p95 <= {GOAL_P95_MS:.0f} ms |",

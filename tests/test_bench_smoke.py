@@ -177,14 +177,14 @@ def test_turn_overhead_long_history(bench_url, tmp_path):
 
 def test_recall_prefilter(bench_url, tmp_path):
     out = tmp_path / "recall_prefilter.md"
-    assert recall_prefilter.main(["--queries", "3", "--pools", "50,100", "--ks", "5",
+    assert recall_prefilter.main(["--queries", "3", "--pools", "50,100", "--recall-pools", "0,8", "--ks", "5",
                                   "--database-url", bench_url, "--out", str(out)]) == 0
     report = out.read_text()
     alone = table_rows(report, "| P (re-ranked exactly) | recall@5 |")
     assert [r[0] for r in alone] == ["50 (3% of the rows)", "100 (6% of the rows)"]
     assert all(0 <= float(r[1]) <= 1 for r in alone)
     through = table_rows(report, "| P | top 5: kept / identical |")
-    assert [r[0] for r in through] == ["50", "100"] and all(re.fullmatch(rf"{NUMBER} / {NUMBER}", r[1])
+    assert [r[0] for r in through] == ["0", "8"] and all(re.fullmatch(rf"{NUMBER} / {NUMBER}", r[1])
                                                             for r in through)
 
 

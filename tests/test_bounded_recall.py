@@ -19,7 +19,7 @@ from eros.store import recall as recall_store
 from eros.store.rows import RankedMemory
 
 WINDOW = 50
-BOUNDED = RecallKnobs(utterance_window=WINDOW, sign_pool=60, lexical_pool=10, demote_similarity=2.0)
+BOUNDED = RecallKnobs(utterance_window=WINDOW, pool=60, lexical_pool=10, demote_similarity=2.0)
 UNBOUNDED = replace(BOUNDED, utterance_window=0)
 
 
@@ -146,15 +146,12 @@ def test_signs_are_the_embedding_s_sign_bits_and_a_row_without_them_is_still_rec
     row = insert(db, "alice", "a fact", vector)
     signs = db.execute("SELECT signs::text FROM engine.companion_memories WHERE id = %s", (row["id"],)).fetchone()
     assert signs["signs"] == "".join("1" if x > 0 else "0" for x in vector)
-    # The query's bits, made in Python for the recall statement, follow the same rule as the stored ones.
-    for query in (vector, [0.0, -0.0, 1e-30, -1e-30] * 128, random_vector(rng)):
-        assert recall_store.signs(query) == db.execute("SELECT engine.embedding_signs(%s::vector)::text AS s",
-                                                       (str(query),)).fetchone()["s"]
     db.execute("UPDATE engine.companion_memories SET embedding = %s WHERE id = %s",
                (str([-x for x in vector]), row["id"]))  # an edited vector: the trigger fills its bits again
     flipped = db.execute("SELECT signs::text FROM engine.companion_memories WHERE id = %s", (row["id"],)).fetchone()
     assert flipped["signs"] == "".join("0" if x > 0 else "1" for x in vector)
-    # A row the backfill has not reached yet: estimated at distance 0, so always re-ranked exactly.
+    # A row the backfill has not reached yet: recall ranks by the vector itself (migration 0025), so it is
+    # recalled as any other.
     db.execute("ALTER TABLE engine.companion_memories DISABLE TRIGGER companion_memories_fill_signs")
     try:
         unfilled = insert(db, "alice", "written before the migration", near(vector, rng, 0.05))
@@ -185,8 +182,7 @@ def test_a_profile_larger_than_the_pool_keeps_its_nearest_rows(db):
     ({"utterance_window": 10}, r"RECALL_UTTERANCE_WINDOW must be 0 \(no bound\) or at least 50"),
     ({"utterance_window": -1}, "utterance_window"),
     ({"utterance_window": 1_000_000}, "utterance_window"),
-    ({"sign_pool": 10}, "sign_pool"),
-    ({"sign_pool": 100, "demote_pool": 150}, "must be at least RECALL_DEMOTE_POOL"),
+    ({"pool": -1}, "pool"),
     ({"lexical_pool": -5}, "lexical_pool"),
 ])
 def test_bad_bounds_are_refused_by_the_configuration(changes, message):
@@ -195,9 +191,9 @@ def test_bad_bounds_are_refused_by_the_configuration(changes, message):
 
 
 def test_the_bounds_read_from_the_environment(monkeypatch):
-    fields = {"RECALL_UTTERANCE_WINDOW": "0", "RECALL_SIGN_POOL": "300", "RECALL_LEXICAL_POOL": "0"}
+    fields = {"RECALL_UTTERANCE_WINDOW": "0", "RECALL_POOL": "300", "RECALL_LEXICAL_POOL": "0"}
     knobs = RecallKnobs.model_validate(fields)
-    assert (knobs.utterance_window, knobs.sign_pool, knobs.lexical_pool) == (0, 300, 0)
+    assert (knobs.utterance_window, knobs.pool, knobs.lexical_pool) == (0, 300, 0)
 
 
 def test_extraction_s_candidate_search_shortlists_by_signs_and_ranks_exactly(db, monkeypatch):
@@ -239,7 +235,7 @@ def test_a_history_within_the_bound_is_recalled_as_the_exact_scan(db, strategy):
     for i in range(5):
         episode(db, "alice", instance, f"episode {i}", near(query, rng, 1.0), age_days=300 - i)
     knobs = RecallKnobs(strategy=strategy)
-    assert knobs.utterance_window >= 45 and knobs.sign_pool >= 150  # the defaults hold all of it
+    assert knobs.utterance_window >= 45  # the window holds all of it, and k + pool every row of a layer
     for layer in (MemoryLayer.PROFILE, MemoryLayer.RELATIONSHIP):
         bounded, exact = (recall_store.ranked(layer, chosen, "alice", query, k=200, cap=None, instance_id=instance,
                                               message="back in Lisbon", now=NOW)

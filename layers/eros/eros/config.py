@@ -63,12 +63,14 @@ class RecallKnobs(BaseModel):
     # The bound (issue 27; engine.recall_layer_v2 in sql/functions/recall.sql says what each reads and why).
     # ``utterance_window``: the newest active utterances of the persona instance that recall scores (older ones
     # are reached through their episode and the lexical path); 0 = no bound at all: the exact scan of every row
-    # of both layers, as before (what a quality evaluation compares the bound with). ``sign_pool``: of each
-    # layer's candidates, the best this many by the sign-bit estimate are re-ranked with exact vectors.
+    # of both layers, as before (what a quality evaluation compares the bound with). ``pool``: every candidate is
+    # scored exactly but for the lexical part and the demotion; the best k + ``pool`` of a layer (at most cap +
+    # ``pool`` of a category) go through those two parts, the only ones that read a row's text (``demote_pool``
+    # instead of ``pool`` when that is more: the demotion compares rows of the pool).
     # ``lexical_pool``: at most this many older rows (beyond the window) that share a word rare in the window
     # with the message.
     utterance_window: int = Field(1000, ge=0, le=100_000, alias="RECALL_UTTERANCE_WINDOW")
-    sign_pool: int = Field(400, ge=50, le=5_000, alias="RECALL_SIGN_POOL")
+    pool: int = Field(32, ge=0, le=5_000, alias="RECALL_POOL")
     lexical_pool: int = Field(50, ge=0, le=1_000, alias="RECALL_LEXICAL_POOL")
 
     @model_validator(mode="after")
@@ -77,9 +79,6 @@ class RecallKnobs(BaseModel):
             raise ValueError("RECALL_UTTERANCE_WINDOW must be 0 (no bound) or at least 50, not"
                              f" {self.utterance_window}: a window smaller than a few sessions would recall only"
                              " the current one")
-        if self.sign_pool < self.demote_pool:
-            raise ValueError(f"RECALL_SIGN_POOL ({self.sign_pool}) must be at least RECALL_DEMOTE_POOL"
-                             f" ({self.demote_pool}): the demotion compares rows of the exactly ranked pool")
         return self
 
     @property

@@ -24,11 +24,12 @@ from .rows import RankedMemory, RecallCandidate
 # engine.recall_layer_v2() ranks one layer, engine.recall_candidates_v2() both layers for a turn, and
 # engine.turn_recall_v2() is recall_candidates_v2() with its plan kept by the database connection (a turn then skips
 # the ~2 ms of parsing and planning that a 7 KB statement costs). Values only are bound; nothing is formatted
-# into SQL. The knobs travel as one engine.recall_knobs_v2 value, in that type's field order.
+# into SQL. The knobs travel as one engine.recall_knobs_v2 value, in that type's field order (its field sign_pool
+# is RECALL_POOL, the knob's name since migration 0025). The query's sign bits are no longer read (NULL).
 _KNOBS = ("ROW(%(strategy)s::text, %(lam)s::float8, %(tau_days)s::float8, %(floor)s::float8,"
           " %(importance_floor)s::float8, %(importance_weight)s::float8, %(demote_similarity)s::float8,"
           " %(demote_penalty)s::float8, %(demote_pool)s::int, %(lexical_weight)s::float8,"
-          " %(lexical_year_weight)s::float8, %(utterance_window)s::int, %(sign_pool)s::int,"
+          " %(lexical_year_weight)s::float8, %(utterance_window)s::int, %(pool)s::int,"
           " %(lexical_pool)s::int)::engine.recall_knobs_v2")
 _RANKED = ("SELECT * FROM engine.recall_layer_v2(%(layer)s::text, %(user)s::text, %(instance)s::uuid,"
            " %(category)s::text, %(q)s::vector, %(signs)s::bit(512), %(message)s::text,"
@@ -49,14 +50,8 @@ def _values(knobs: RecallKnobs, user_id: str, query: list[float], message: str |
     lexical = (knobs.lexical_weight > 0 or knobs.lexical_year_weight > 0) and bool(message and message.strip())
     return knobs.model_dump() | {  # the fields the knobs do not name are not bound
         "demote_pool": knobs.demote_pool if demoting else 0,
-        "q": Vector(list(query)), "signs": signs(query), "message": message if lexical else None, "user": user_id,
+        "q": Vector(list(query)), "signs": None, "message": message if lexical else None, "user": user_id,
         "instance": instance_id, "now": now}
-
-
-def signs(vector: list[float]) -> str:
-    """The vector's sign bits as engine.embedding_signs() makes them (migration 0023: 1 where a dimension is > 0),
-    as a bit string: made here, not by the database for each layer of each call."""
-    return "".join("1" if x > 0 else "0" for x in vector)
 
 
 def _cap(k: int, cap: int | None) -> int:

@@ -65,7 +65,7 @@ DO $do$ BEGIN
         lexical_weight      float8,
         lexical_year_weight float8,
         utterance_window    int,     -- the newest utterances scored; 0: no bound, every row exactly
-        sign_pool           int,     -- of a layer's candidates, how many are re-ranked with exact vectors
+        sign_pool           int,     -- RECALL_POOL: of a layer, the best k + this many get the lexical part
         lexical_pool        int      -- at most this many older rows found by a rare word of the message
     );
 EXCEPTION WHEN duplicate_object THEN NULL;  -- it exists: a type is never changed in place
@@ -85,11 +85,13 @@ RETURN CASE (of_knobs).strategy
        + (of_knobs).importance_weight * of_weight + of_lexical;
 
 -- The lexical path of recall_layer_v2 (below, `older`): the instance's active rows older than of_before (the
--- oldest row of the window) that hold one of of_terms, newest first, at most of_limit, found through
--- companion_memories_instance_terms_idx (of_keys: the terms hashed with the instance, as the index keys them;
--- a collision is dropped by the ts_delete() test). A function of its own, planned with its values every time
--- (force_custom_plan, ~0.1 ms): a plan made without them cannot tell a user of 100,000 rows from one of 100, and
--- ANDs the GIN index with an index of every row of the user, whose cost is the history's length.
+-- oldest row of the window) that hold one of of_terms (the message's words that are rare in the window),
+-- newest first, at most of_limit, found through companion_memories_instance_terms_idx (of_keys: the terms hashed
+-- with the instance, as the index keys them; a collision is dropped by the ts_delete() test). A function of its
+-- own, planned with its values every time (force_custom_plan, ~0.1 ms): a plan made without them cannot tell a
+-- user of 100,000 rows from one of 100, and ANDs the GIN index with an index of every row of the user, whose
+-- cost is the history's length. (Its cost is the rare words' posting lists: a word rare in the window but said
+-- thousands of times long ago is read whole; docs/CAPACITY.md.)
 CREATE OR REPLACE FUNCTION engine.recall_older_v2(
     of_user text, of_instance uuid, of_terms text[], of_keys bigint[], of_as_of timestamptz, of_before timestamptz,
     of_limit int)
@@ -135,68 +137,69 @@ $$;
 -- bench/results/recall_latency_10m.md); docs/CAPACITY.md has the measurements of this bound.
 -- * `profile`: the user's active rows without an instance and with a category (uncategorised profile rows are
 --   the raw turn dump the dreaming design replaced; the prompt renders the profile by category, so such a row
---   could never be shown), through companion_memories_profile_idx. Consolidation keeps it small (~100 rows;
---   2,000 is the measured large case), so all of them are candidates.
+--   could never be shown). Consolidation keeps it small (~100 rows; 2,000 is the measured large case), so all of
+--   them are candidates.
 -- * `recent`, the relationship layer's window: the instance's newest utterance_window active rows other than
---   episodes, by companion_memories_relationship_idx read backwards. Older utterances stay stored, listed,
---   exported and erased; they leave only this vector part of recall, and are reached by
--- * `episodes`: the instance's active episodes (one per session, migration 0021), the sign_pool nearest by
---   their sign bits (migration 0023), read from companion_memories_episodes_idx alone (it INCLUDEs the signs);
---   so an episode of any age is in reach, and 5,000 of them cost a popcount each, not a row each;
--- * `older`, the lexical path: older rows of the instance that hold a word of the message that is rare in the
---   window, through companion_memories_instance_terms_idx (each row's words keyed by its instance), newest
---   first, at most lexical_pool. "Rare": held by at most 1 in 100 of the window's rows. A name, a place or a
---   number said once a year ago is rare; "I" and "today" are in most rows and say nothing (BM25 would give them
---   ~no weight), and looking them up would read a posting list as long as the history: that is the df bound.
---   A history imported all at once has no episodes yet, and this is what still finds its old facts. Only when
---   the window is full: a shorter conversation is in the window whole (its episodes too, up to sign_pool).
+--   episodes. Older utterances stay stored, listed, exported and erased; they leave only this vector part of
+--   recall, and are reached by
+-- * `episodes`: the instance's newest utterance_window active episodes (one per session, migration 0021: a
+--   window of 1,000 utterances is ~50 sessions, 1,000 episodes ~20,000 utterances);
+-- * `older`, the lexical path (engine.recall_older_v2, above): older rows of the instance that hold a word of the
+--   message that is rare in the window, newest first, at most lexical_pool. A history imported all at once has
+--   no episodes yet, and this is what still finds its old facts. Only when the window is full: a shorter
+--   conversation is in the window whole.
 -- * With utterance_window 0 there is no bound: `recent` is every active row of the instance, episodes included,
---   and every candidate is ranked exactly (the statement of the previous release, what an evaluation compares
---   the bound with).
--- Then, per layer:
--- * `base`: every candidate's scalar parts, without its vector: the decay once per row (OFFSET 0 keeps it a plan
---   node of its own, else the planner substitutes the expression into every column that reads it), and
---   `estimate`, the cosine estimated from the sign bits, cos(pi * hamming / 512) (for two vectors whose
---   dimensions are correlated like the cosine, each sign differs with probability arccos(cosine) / pi). The age
---   is clamped at 0 (a row stamped a moment after the statement began is new) and the exponent at 700: exp()
---   of a float8 below about -745 raises "underflow" instead of returning 0, and a memory many tau old must
---   still be recalled when it is the relevant one. A row without importance (utterances, rows from before
---   extraction gave one) weighs 0.5: neither promoted nor buried. A row whose signs are not filled yet (a
---   database the migration's backfill has not reached) is estimated at 1: always re-ranked exactly.
--- * The lexical part: BM25 of the message's lexemes against each candidate's (engine.lexemes, the same tokens
---   on both sides, migration 0012) over the layer's candidates only, so the inverse document frequency is the
---   user's own (a word all their memories have is worth nothing, their colleague's rare name a lot) and its
+--   and every candidate goes through every part below (the statement of the previous release, what an
+--   evaluation compares the bound with).
+-- Each candidate is read from an index alone, with its vector (migration 0025: the profile, window and episodes
+-- indexes INCLUDE the columns read here): a user's rows sit together in the index, where the heap scatters them
+-- over a page each, and no row's text or lexemes are read. Then, per layer:
+-- * `rough`: every candidate's exact score but the lexical part and the demotion, from its exact distance (the
+--   vector is used there and dropped), its decay (age clamped at 0: a row stamped a moment after the statement
+--   began is new; the exponent at 700: exp() of a float8 below about -745 raises "underflow" instead of
+--   returning 0, and a memory many tau old must still be recalled when it is the relevant one) and its
+--   importance (a row without, an utterance or a row from before extraction gave one, weighs 0.5: neither
+--   promoted nor buried).
+-- * `chosen`, the pool: of the rough ranking, per category the best cap + pool rows, and of those the best
+--   k + pool overall, plus the lexical path's rows. The two parts left can only move a row by their size:
+--   the lexical part adds at most lexical_weight + lexical_year_weight, the demotion takes demote_penalty from
+--   rows of its own pool (demote_pool rows: when that is more than `pool`, it is the pool's size instead). So a pool of k + pool rows is the exact top k unless a row below it gains more than the
+--   gap to the k-th; `pool` 0 takes only the rough top k, whose order the two parts may still change.
+--   (Earlier drafts of this bound picked the pool by a sign-bit estimate of the cosine, migration 0023's
+--   `signs`: on e5 vectors a pool of 400 of 1,692 kept only 86 % of the exact top 10, bench/recall_prefilter.py,
+--   and the exact distance read from an index costs about what the popcount does: bench/results/
+--   turn_overhead_long_history.md.)
+-- * `base`: the pool's rows from the table by primary key (text, lexemes, the vector for the demotion and the
+--   near-duplicates): k + pool rows, whatever the user's size.
+-- * The lexical part: BM25 of the message's lexemes against each pool row's (engine.lexemes, the same tokens on
+--   both sides, migration 0012), with the document frequencies of the pool, so the inverse document frequency
+--   is among the rows in contention (a word all of them hold is worth nothing there, a rare name a lot) and its
 --   counts are bounded like the rest; divided by the best row's so that it lies in [0, 1] whatever the
 --   message's length. Term frequency 1 and no length normalisation (b = 0): memories are a sentence or two,
 --   a repeated word is no more evidence, and b = 0.75 was no better on the dev set
---   (bench/results/recall_summary.md).
---   `terms`: the message's lexemes and the query's sign bits (of_query_signs, engine.embedding_signs(of_query):
---   eros.store.recall makes them in Python, ~0.1 ms of the database's time less per layer; tests/
---   test_bounded_recall.py holds the two to one rule), once (MATERIALIZED); no lexemes without a
---   message, and then no row matches.
+--   (bench/results/recall_summary.md). A layer no larger than its pool (a small user) is scored exactly as
+--   before the bound, document frequencies over the whole layer.
+--   `terms`: the message's lexemes, once (MATERIALIZED); no lexemes without a message, and then no row matches.
 --   `matched` (in `base`): the message's lexemes a row holds; ts_delete() drops the message's lexemes from a
 --   row's in C, so rows that match nothing (most) are never unnested. `frequencies`: each such lexeme's
---   document frequency over the candidates (one small row per lexeme of the message, MATERIALIZED).
+--   document frequency over the pool (one small row per lexeme of the message, MATERIALIZED).
 --   `bm25`: per row, the sum of idf = ln(1 + (n - df + 0.5) / (df + 0.5)) over its matched lexemes (BM25's
 --   (k1 + 1) / (1 + k1) is 1 at term frequency 1 and b = 0); n is `collection`, MATERIALIZED so that it is
 --   counted once. Each row looks its lexemes up in the few `frequencies` rows instead of joining a per-row
---   result back to the candidates: a plan made without the values cannot tell 1,250 candidates from 10, and
---   chose a nested loop over (candidates x matching rows) for that join (~50 ms at 1,250 under load).
+--   result back to the pool (a plan made without the values chose a nested loop over that join).
 --   A row whose event time falls in a year the message names ("what happened in 2008?", "2018年") also gets
 --   lexical_year_weight: the year is a word of the row too, but at a tie-breaker's weight it cannot lift the
 --   one memory of 2008 over ten closer in meaning, and a year named in a question is rarely a coincidence.
--- * `exact`: the sign_pool candidates with the best estimated score (engine.recall_score_v2 with the estimate
---   for s) get their vector and its exact distance, fetched by ctid (the vectors, 2 KB each, travel for the pool
---   only: carrying every candidate's through the statement is what made the old scan spill past work_mem).
---   bench/recall_prefilter.py measures what this keeps of the exact top k on e5 embeddings.
--- * `scored`: the score parts and the score before demotion, exactly.
--- * The demotion (profile only): `pool` is the layer's demote_pool best rows before demotion, `demoted` those of
---   them with a newer row of the same category in the pool at least demote_similarity cosine-similar; they
---   lose demote_penalty. Comparing pool rows only bounds the pairwise work at pool^2 / 2 distances, whatever
---   the user's row count. `demoted` is MATERIALIZED: read twice, its pairwise join must run once.
+-- * `scored`: the score parts and the score before demotion.
+-- * The demotion (profile only): `contenders` is the layer's demote_pool best rows before demotion, `demoted`
+--   those of them with a newer row of the same category among them at least demote_similarity cosine-similar;
+--   they lose demote_penalty. Comparing those rows only bounds the pairwise work at demote_pool^2 / 2 distances,
+--   whatever the user's row count. `demoted` is MATERIALIZED: read twice, its pairwise join must run once.
 -- * `capped` numbers each category's rows by score: the per-category quota of `grouped`, the optional cap of
 --   the others (relationship rows have no category: one partition). ORDER BY score DESC, id ... LIMIT k is the
 --   top k, ties broken by id so that the same rows always come back in the same order.
+-- of_query_signs is no longer read (the pool is chosen by exact distances); it stays in the signature so that
+-- both releases call the function the same way during a deploy (README.md, the _v2 rule).
 CREATE OR REPLACE FUNCTION engine.recall_layer_v2(
     of_layer text, of_user text, of_instance uuid, of_category text, of_query vector, of_query_signs bit(512),
     of_message text, of_as_of timestamptz, of_knobs engine.recall_knobs_v2, of_k int, of_cap int)
@@ -206,72 +209,93 @@ RETURNS TABLE (id uuid, content text, category text, importance real, created_at
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
 WITH terms AS MATERIALIZED (
-    SELECT coalesce(array_agg(lexeme), '{}') AS terms, of_query_signs AS signs,
-           coalesce(of_as_of, statement_timestamp()) AS as_of, (of_knobs).utterance_window > 0 AS bounded
+    SELECT coalesce(array_agg(lexeme), '{}') AS terms, coalesce(of_as_of, statement_timestamp()) AS as_of,
+           (of_knobs).utterance_window > 0 AS bounded
     FROM unnest(engine.lexemes(of_message))
 ), profile AS (
-    SELECT m.ctid, m.id, m.content, m.category, m.importance, m.created_at, m.occurred_at, m.occurred_precision,
-           m.lexemes, m.signs
-    FROM (SELECT ctid, * FROM engine.companion_memories
-          WHERE of_layer = 'profile' AND user_id = of_user AND instance_id IS NULL AND category IS NOT NULL
-            AND (of_category IS NULL OR category = of_category) AND superseded_at IS NULL
+    SELECT m.id, m.category, m.importance, m.created_at, m.occurred_at, m.embedding <=> of_query AS distance
+    FROM (SELECT c.id, c.category, c.importance, c.created_at, c.occurred_at, c.embedding
+          FROM engine.companion_memories c
+          WHERE of_layer = 'profile' AND c.user_id = of_user AND c.instance_id IS NULL AND c.category IS NOT NULL
+            AND (of_category IS NULL OR c.category = of_category) AND c.superseded_at IS NULL
           OFFSET 0) m  -- the fence keeps the time condition out of the scan: else the generic plan may take
                        -- the listing index (user_id, created_at), which walks every row of the user, both layers
     WHERE m.created_at <= coalesce(of_as_of, statement_timestamp())
 ), recent AS MATERIALIZED (
-    SELECT m.ctid, m.id, m.content, m.category, m.importance, m.created_at, m.occurred_at, m.occurred_precision,
-           m.lexemes, m.signs
+    SELECT m.id, NULL::text AS category, m.importance, m.created_at, m.occurred_at, m.embedding <=> of_query AS distance
     FROM engine.companion_memories m
     WHERE of_layer = 'relationship' AND m.user_id = of_user AND m.instance_id = of_instance
       AND m.superseded_at IS NULL AND m.created_at <= coalesce(of_as_of, statement_timestamp())
       AND (m.source <> 'episode' OR (of_knobs).utterance_window = 0)
     ORDER BY m.created_at DESC
     LIMIT nullif((of_knobs).utterance_window, 0)
-), episodes AS (
-    SELECT m.id
+), episodes AS MATERIALIZED (
+    SELECT m.id, NULL::text AS category, m.importance, m.created_at, m.occurred_at, m.embedding <=> of_query AS distance
     FROM engine.companion_memories m
     WHERE of_layer = 'relationship' AND (of_knobs).utterance_window > 0 AND m.user_id = of_user
       AND m.instance_id = of_instance AND m.source = 'episode' AND m.superseded_at IS NULL
       AND m.created_at <= coalesce(of_as_of, statement_timestamp())
-    ORDER BY coalesce(bit_count(m.signs # (SELECT terms.signs FROM terms)), 0), m.id
-    LIMIT (of_knobs).sign_pool
+    ORDER BY m.created_at DESC
+    LIMIT (of_knobs).utterance_window
 ), common AS (
-    SELECT lexeme FROM recent r, terms, unnest(tsvector_to_array(r.lexemes)) AS lexeme
+    SELECT lexeme
+    FROM (SELECT recent.id FROM recent ORDER BY recent.created_at DESC LIMIT 300) w, terms,
+         LATERAL (SELECT c.lexemes FROM engine.companion_memories c WHERE c.id = w.id AND c.user_id = of_user) r,
+         unnest(tsvector_to_array(r.lexemes)) AS lexeme
     WHERE terms.bounded AND length(ts_delete(r.lexemes, terms.terms)) < length(r.lexemes)
       AND lexeme = ANY (terms.terms)
     GROUP BY lexeme
-    HAVING count(*) * 100 > (of_knobs).utterance_window
+    HAVING count(*) * 100 > 300
 ), rare AS MATERIALIZED (
-    SELECT array_agg(t.term) AS terms, array_agg(hashtextextended(of_instance::text || ' ' || t.term, 0)) AS keys
+    SELECT array_agg(t.term) AS terms, (SELECT min(recent.created_at) FROM recent) AS before
     FROM terms, unnest(terms.terms) AS t(term)
     WHERE of_layer = 'relationship' AND terms.bounded AND t.term NOT IN (SELECT lexeme FROM common)
       AND (SELECT count(*) FROM recent) >= (of_knobs).utterance_window  -- else every utterance is in the window
     GROUP BY ()
     HAVING count(*) > 0  -- no row, and no call of the lexical path, when no word is rare or the window holds all
 ), older AS (
-    SELECT o.id
-    FROM rare, engine.recall_older_v2(of_user, of_instance, rare.terms, rare.keys, of_as_of,
-                                      (SELECT min(recent.created_at) FROM recent), (of_knobs).lexical_pool) AS o(id)
-), reach AS (
-    SELECT * FROM profile
+    SELECT m.id, NULL::text AS category, m.importance, m.created_at, m.occurred_at,
+           m.embedding <=> of_query AS distance
+    FROM rare,
+         engine.recall_older_v2(of_user, of_instance, rare.terms,
+                                engine.instance_terms(of_instance, array_to_tsvector(rare.terms)), of_as_of,
+                                rare.before, (of_knobs).lexical_pool) AS o(id),
+         LATERAL (SELECT c.* FROM engine.companion_memories c WHERE c.id = o.id AND c.user_id = of_user) m
+    WHERE NOT EXISTS (SELECT 1 FROM episodes e WHERE e.id = o.id)
+), rough AS (
+    SELECT r.*, r.id IN (SELECT older.id FROM older) AS found_by_word, t.event_time, d.decay,
+           engine.recall_score_v2(of_knobs, 1 - r.distance, d.decay, coalesce(r.importance, 0.5)::float8, 0)
+               AS rough
+    FROM (SELECT * FROM profile UNION ALL SELECT * FROM recent UNION ALL SELECT * FROM episodes
+          UNION ALL SELECT * FROM older) r, terms,
+         LATERAL (SELECT coalesce(r.occurred_at::timestamp AT TIME ZONE 'UTC', r.created_at) AS event_time) t,
+         LATERAL (SELECT exp(-least(greatest(date_part('epoch', terms.as_of - t.event_time), 0)
+                                    / 86400.0 / (of_knobs).tau_days, 700)) AS decay) d
+), chosen AS (
+    (SELECT c.id, c.category, c.importance, c.created_at, c.occurred_at, c.distance, c.event_time, c.decay
+     FROM (SELECT rough.*, row_number() OVER (PARTITION BY rough.category ORDER BY rough.rough DESC, rough.id)
+                               AS in_category
+           FROM rough WHERE of_layer = 'profile' AND NOT rough.found_by_word) c, terms
+     WHERE NOT terms.bounded OR c.in_category <= of_cap + greatest((of_knobs).sign_pool, (of_knobs).demote_pool)
+     ORDER BY c.rough DESC, c.id
+     LIMIT CASE WHEN (SELECT bounded FROM terms) THEN of_k + greatest((of_knobs).sign_pool, (of_knobs).demote_pool) END)
     UNION ALL
-    SELECT * FROM recent
+    (SELECT c.id, c.category, c.importance, c.created_at, c.occurred_at, c.distance, c.event_time, c.decay
+     FROM rough c WHERE of_layer = 'relationship' AND NOT c.found_by_word  -- one category (none): no partition
+     ORDER BY c.rough DESC, c.id
+     LIMIT CASE WHEN (SELECT bounded FROM terms) THEN of_k + greatest((of_knobs).sign_pool, (of_knobs).demote_pool) END)
     UNION ALL
-    SELECT m.*
-    FROM (SELECT episodes.id FROM episodes UNION SELECT older.id FROM older) e,
-         LATERAL (SELECT m.ctid, m.id, m.content, m.category, m.importance, m.created_at, m.occurred_at,
-                         m.occurred_precision, m.lexemes, m.signs
-                  FROM engine.companion_memories m WHERE m.id = e.id AND m.user_id = of_user) m  -- by primary key
+    SELECT c.id, c.category, c.importance, c.created_at, c.occurred_at, c.distance, c.event_time, c.decay
+    FROM rough c WHERE c.found_by_word  -- the lexical path's rows: the lexical part decides them
 ), base AS (
-    SELECT r.*, t.event_time,
-           exp(-least(greatest(extract(epoch FROM (terms.as_of - t.event_time))::float8, 0)
-                      / 86400.0 / (of_knobs).tau_days, 700)) AS decay,
-           cos(pi() * coalesce(bit_count(r.signs # terms.signs), 0) / 512.0) AS estimate,
-           CASE WHEN length(ts_delete(r.lexemes, terms.terms)) < length(r.lexemes)
-                THEN ARRAY(SELECT x FROM unnest(tsvector_to_array(r.lexemes)) AS x WHERE x = ANY (terms.terms))
+    SELECT c.id, m.content, c.category, c.importance, c.created_at, c.occurred_at, m.occurred_precision,
+           m.embedding, c.distance, c.event_time, c.decay,
+           CASE WHEN length(ts_delete(m.lexemes, terms.terms)) < length(m.lexemes)
+                THEN ARRAY(SELECT x FROM unnest(tsvector_to_array(m.lexemes)) AS x WHERE x = ANY (terms.terms))
            END AS matched
-    FROM reach r, terms,
-         LATERAL (SELECT coalesce(r.occurred_at::timestamp AT TIME ZONE 'UTC', r.created_at) AS event_time) t
+    FROM chosen c, terms,
+         LATERAL (SELECT r.content, r.occurred_precision, r.embedding, r.lexemes FROM engine.companion_memories r
+                  WHERE r.id = c.id AND r.user_id = of_user) m  -- by primary key
     OFFSET 0
 ), frequencies AS MATERIALIZED (
     SELECT lexeme, count(*)::float8 AS df FROM base, unnest(base.matched) AS lexeme GROUP BY lexeme
@@ -289,15 +313,6 @@ WITH terms AS MATERIALIZED (
                + CASE WHEN extract(year FROM b.occurred_at)::int::text = ANY (terms.terms)
                       THEN (of_knobs).lexical_year_weight ELSE 0::float8 END AS lexical_term
     FROM bm25 b, terms
-), shortlist AS (
-    SELECT parts.* FROM parts, terms
-    ORDER BY CASE WHEN terms.bounded
-                  THEN engine.recall_score_v2(of_knobs, estimate, decay, weight, lexical_term) END DESC, parts.id
-    LIMIT CASE WHEN (SELECT bounded FROM terms) THEN (of_knobs).sign_pool END
-), exact AS (
-    SELECT s.*, m.embedding, m.embedding <=> of_query AS distance
-    FROM shortlist s JOIN engine.companion_memories m ON m.ctid = s.ctid AND m.user_id = of_user
-    OFFSET 0
 ), scored AS (
     SELECT *,
            engine.recall_score_v2(of_knobs, 1 - distance, decay, weight, lexical_term) AS undemoted,
@@ -310,14 +325,14 @@ WITH terms AS MATERIALIZED (
                                      * ((of_knobs).importance_floor + (1 - (of_knobs).importance_floor) * weight - 1)
                                      + (of_knobs).importance_weight * weight
                ELSE (of_knobs).importance_weight * weight END AS importance_term
-    FROM exact
-), pool AS (
+    FROM parts
+), contenders AS (
     SELECT scored.id, scored.category, scored.event_time, scored.embedding FROM scored
     ORDER BY undemoted DESC, scored.id
     LIMIT CASE WHEN of_layer = 'profile' THEN (of_knobs).demote_pool ELSE 0 END
 ), demoted AS MATERIALIZED (
-    SELECT a.id FROM pool a
-    WHERE EXISTS (SELECT 1 FROM pool b
+    SELECT a.id FROM contenders a
+    WHERE EXISTS (SELECT 1 FROM contenders b
                   WHERE b.category = a.category AND b.event_time > a.event_time
                     AND 1 - (a.embedding <=> b.embedding) >= (of_knobs).demote_similarity)
 ), ranked AS (
