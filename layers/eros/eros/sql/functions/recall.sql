@@ -84,9 +84,23 @@ RETURN CASE (of_knobs).strategy
                 * ((of_knobs).importance_floor + (1 - (of_knobs).importance_floor) * of_weight) END
        + (of_knobs).importance_weight * of_weight + of_lexical;
 
+-- A row's decay, exp(-age / tau_days), age from its event time to as_of: clamped at 0 (a row stamped a moment after
+-- the statement began is new) and the exponent at 700 (exp() of a float8 below about -745 raises "underflow"
+-- instead of returning 0, and a memory many tau old must still be recalled when it is the relevant one). The
+-- event time is occurred_at when a session said when it happened, else created_at. Inlined by the planner.
+CREATE OR REPLACE FUNCTION engine.recall_decay_v2(
+    of_knobs engine.recall_knobs_v2, of_as_of timestamptz, of_occurred_at date, of_created_at timestamptz)
+RETURNS float8
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN exp(-least(greatest(date_part('epoch', of_as_of - coalesce(of_occurred_at::timestamp AT TIME ZONE 'UTC',
+                                                                   of_created_at)), 0)
+                  / 86400.0 / (of_knobs).tau_days, 700));
+
 -- The lexical path of recall_layer_v2 (below, `older`): the instance's active rows older than of_before (the
--- oldest row of the window) that hold one of of_terms (the message's words that are rare in the window),
--- newest first, at most of_limit, found through companion_memories_instance_terms_idx (of_keys: the terms hashed
+-- oldest row of the window) that hold one of of_terms (the message's words that are rare in the window), those
+-- that hold the most of them first, then the newest, at most of_limit (a Chinese message's words are its
+-- character pairs, and "那个" or "上次" may be absent from the window yet said in every other old row: the row
+-- that also holds "红烧" and "烧肉" is the one asked about), found through companion_memories_instance_terms_idx (of_keys: the terms hashed
 -- with the instance, as the index keys them; a collision is dropped by the ts_delete() test). A function of its
 -- own, planned with its values every time (force_custom_plan, ~0.1 ms): a plan made without them cannot tell a
 -- user of 100,000 rows from one of 100, and ANDs the GIN index with an index of every row of the user, whose
@@ -106,7 +120,7 @@ BEGIN
           AND m.user_id = of_user AND m.instance_id = of_instance AND m.superseded_at IS NULL
           AND m.created_at < of_before AND m.created_at <= coalesce(of_as_of, statement_timestamp())
           AND length(ts_delete(m.lexemes, of_terms)) < length(m.lexemes)
-        ORDER BY m.created_at DESC
+        ORDER BY length(m.lexemes) - length(ts_delete(m.lexemes, of_terms)) DESC, m.created_at DESC
         LIMIT of_limit;
 END
 $$;
@@ -138,37 +152,37 @@ $$;
 -- * `profile`: the user's active rows without an instance and with a category (uncategorised profile rows are
 --   the raw turn dump the dreaming design replaced; the prompt renders the profile by category, so such a row
 --   could never be shown). Consolidation keeps it small (~100 rows; 2,000 is the measured large case), so all of
---   them are candidates.
+--   them are candidates, read one category at a time (`categories`: the user's, from the index alone).
 -- * `recent`, the relationship layer's window: the instance's newest utterance_window active rows other than
 --   episodes. Older utterances stay stored, listed, exported and erased; they leave only this vector part of
 --   recall, and are reached by
 -- * `episodes`: the instance's newest utterance_window active episodes (one per session, migration 0021: a
 --   window of 1,000 utterances is ~50 sessions, 1,000 episodes ~20,000 utterances);
--- * `older`, the lexical path (engine.recall_older_v2, above): older rows of the instance that hold a word of the
---   message that is rare in the window, newest first, at most lexical_pool. A history imported all at once has
---   no episodes yet, and this is what still finds its old facts. Only when the window is full: a shorter
---   conversation is in the window whole.
+-- * `older`, the lexical path (engine.recall_older_v2, above): older rows of the instance that hold words of the
+--   message that are rare in the window, at most lexical_pool. "Rare" (`common`, `rare`): held by at most 1 in
+--   100 of the window's newest 300 rows. A name, a place or a number said once a year ago is rare; "I" and
+--   "today" are in most rows and say nothing (BM25 would give them ~no weight), and looking them up would read a
+--   posting list as long as the history. The 300 are read by primary key, the only rows of the window whose
+--   lexemes are read (the window's 1,000 cost ~5 ms). A history imported all at once has no episodes yet, and
+--   this is what still finds its old facts. Only when the window is full: a shorter conversation is in the
+--   window whole.
 -- * With utterance_window 0 there is no bound: `recent` is every active row of the instance, episodes included,
 --   and every candidate goes through every part below (the statement of the previous release, what an
 --   evaluation compares the bound with).
 -- Each candidate is read from an index alone, with its vector (migration 0025: the profile, window and episodes
 -- indexes INCLUDE the columns read here): a user's rows sit together in the index, where the heap scatters them
--- over a page each, and no row's text or lexemes are read. Then, per layer:
--- * `rough`: every candidate's exact score but the lexical part and the demotion, from its exact distance (the
---   vector is used there and dropped), its decay (age clamped at 0: a row stamped a moment after the statement
---   began is new; the exponent at 700: exp() of a float8 below about -745 raises "underflow" instead of
---   returning 0, and a memory many tau old must still be recalled when it is the relevant one) and its
---   importance (a row without, an utterance or a row from before extraction gave one, weighs 0.5: neither
---   promoted nor buried).
--- * `chosen`, the pool: of the rough ranking, per category the best cap + pool rows, and of those the best
---   k + pool overall, plus the lexical path's rows. The two parts left can only move a row by their size:
---   the lexical part adds at most lexical_weight + lexical_year_weight, the demotion takes demote_penalty from
---   rows of its own pool (demote_pool rows: when that is more than `pool`, it is the pool's size instead). So a pool of k + pool rows is the exact top k unless a row below it gains more than the
---   gap to the k-th; `pool` 0 takes only the rough top k, whose order the two parts may still change.
---   (Earlier drafts of this bound picked the pool by a sign-bit estimate of the cosine, migration 0023's
---   `signs`: on e5 vectors a pool of 400 of 1,692 kept only 86 % of the exact top 10, bench/recall_prefilter.py,
---   and the exact distance read from an index costs about what the popcount does: bench/results/
---   turn_overhead_long_history.md.)
+-- over a page each, and no row's text or lexemes are read. Each gets its exact score but for the lexical part and
+-- the demotion, `rough`: from its exact distance (the vector is used there and dropped), its decay
+-- (engine.recall_decay_v2) and its importance (a row without, an utterance or a row from before extraction gave
+-- one, weighs 0.5: neither promoted nor buried). Then, per layer:
+-- * `chosen`, the pool: the best k + pool rows by `rough` (of the profile: of each category's best cap + pool;
+--   demote_pool instead of pool when that is more), plus the lexical path's rows. The two parts left can only move
+--   a row by their size: the lexical part adds at most lexical_weight + lexical_year_weight, the demotion takes
+--   demote_penalty from rows of its own pool. So the pool is the exact top k unless a row below it gains more than
+--   the gap to the k-th; `pool` 0 takes only the rough top k, whose order the two parts may still change.
+--   (Migration 0023's first form picked 400 rows per layer by a sign-bit estimate of the cosine, `signs`, and read
+--   each from the table: on e5 vectors that kept 86 % of the exact top 10, bench/recall_prefilter.py, and an exact
+--   distance read from an index costs about what the popcount did: bench/results/turn_overhead_long_history.md.)
 -- * `base`: the pool's rows from the table by primary key (text, lexemes, the vector for the demotion and the
 --   near-duplicates): k + pool rows, whatever the user's size.
 -- * The lexical part: BM25 of the message's lexemes against each pool row's (engine.lexemes, the same tokens on
@@ -212,17 +226,27 @@ WITH terms AS MATERIALIZED (
     SELECT coalesce(array_agg(lexeme), '{}') AS terms, coalesce(of_as_of, statement_timestamp()) AS as_of,
            (of_knobs).utterance_window > 0 AS bounded
     FROM unnest(engine.lexemes(of_message))
+), categories AS (
+    SELECT DISTINCT c.category FROM engine.companion_memories c  -- read from the index alone, no vector
+    WHERE of_layer = 'profile' AND c.user_id = of_user AND c.instance_id IS NULL AND c.category IS NOT NULL
+      AND (of_category IS NULL OR c.category = of_category) AND c.superseded_at IS NULL
 ), profile AS (
-    SELECT m.id, m.category, m.importance, m.created_at, m.occurred_at, m.embedding <=> of_query AS distance
-    FROM (SELECT c.id, c.category, c.importance, c.created_at, c.occurred_at, c.embedding
-          FROM engine.companion_memories c
-          WHERE of_layer = 'profile' AND c.user_id = of_user AND c.instance_id IS NULL AND c.category IS NOT NULL
-            AND (of_category IS NULL OR c.category = of_category) AND c.superseded_at IS NULL
-          OFFSET 0) m  -- the fence keeps the time condition out of the scan: else the generic plan may take
-                       -- the listing index (user_id, created_at), which walks every row of the user, both layers
-    WHERE m.created_at <= coalesce(of_as_of, statement_timestamp())
+    SELECT p.* FROM categories, terms, LATERAL (
+        SELECT r.*, engine.recall_score_v2(of_knobs, 1 - r.distance, r.decay, coalesce(r.importance, 0.5)::float8, 0)
+                        AS rough
+        FROM (SELECT c.id, c.category, c.importance, c.created_at, c.occurred_at,
+                     c.embedding <=> of_query AS distance,
+                     engine.recall_decay_v2(of_knobs, terms.as_of, c.occurred_at, c.created_at) AS decay
+              FROM engine.companion_memories c
+              WHERE c.user_id = of_user AND c.instance_id IS NULL AND c.category = categories.category
+                AND c.superseded_at IS NULL AND c.created_at <= terms.as_of
+              OFFSET 0) r  -- a node of its own: else the planner copies the distance into every use of it
+        ORDER BY rough DESC, r.id
+        LIMIT CASE WHEN terms.bounded THEN of_cap + greatest((of_knobs).sign_pool, (of_knobs).demote_pool) END
+    ) p
 ), recent AS MATERIALIZED (
-    SELECT m.id, NULL::text AS category, m.importance, m.created_at, m.occurred_at, m.embedding <=> of_query AS distance
+    SELECT m.id, NULL::text AS category, m.importance, m.created_at, m.occurred_at,
+           m.embedding <=> of_query AS distance
     FROM engine.companion_memories m
     WHERE of_layer = 'relationship' AND m.user_id = of_user AND m.instance_id = of_instance
       AND m.superseded_at IS NULL AND m.created_at <= coalesce(of_as_of, statement_timestamp())
@@ -230,7 +254,8 @@ WITH terms AS MATERIALIZED (
     ORDER BY m.created_at DESC
     LIMIT nullif((of_knobs).utterance_window, 0)
 ), episodes AS MATERIALIZED (
-    SELECT m.id, NULL::text AS category, m.importance, m.created_at, m.occurred_at, m.embedding <=> of_query AS distance
+    SELECT m.id, NULL::text AS category, m.importance, m.created_at, m.occurred_at,
+           m.embedding <=> of_query AS distance
     FROM engine.companion_memories m
     WHERE of_layer = 'relationship' AND (of_knobs).utterance_window > 0 AND m.user_id = of_user
       AND m.instance_id = of_instance AND m.source = 'episode' AND m.superseded_at IS NULL
@@ -253,7 +278,7 @@ WITH terms AS MATERIALIZED (
       AND (SELECT count(*) FROM recent) >= (of_knobs).utterance_window  -- else every utterance is in the window
     GROUP BY ()
     HAVING count(*) > 0  -- no row, and no call of the lexical path, when no word is rare or the window holds all
-), older AS (
+), older AS MATERIALIZED (
     SELECT m.id, NULL::text AS category, m.importance, m.created_at, m.occurred_at,
            m.embedding <=> of_query AS distance
     FROM rare,
@@ -262,34 +287,27 @@ WITH terms AS MATERIALIZED (
                                 rare.before, (of_knobs).lexical_pool) AS o(id),
          LATERAL (SELECT c.* FROM engine.companion_memories c WHERE c.id = o.id AND c.user_id = of_user) m
     WHERE NOT EXISTS (SELECT 1 FROM episodes e WHERE e.id = o.id)
-), rough AS (
-    SELECT r.*, r.id IN (SELECT older.id FROM older) AS found_by_word, t.event_time, d.decay,
-           engine.recall_score_v2(of_knobs, 1 - r.distance, d.decay, coalesce(r.importance, 0.5)::float8, 0)
-               AS rough
-    FROM (SELECT * FROM profile UNION ALL SELECT * FROM recent UNION ALL SELECT * FROM episodes
-          UNION ALL SELECT * FROM older) r, terms,
-         LATERAL (SELECT coalesce(r.occurred_at::timestamp AT TIME ZONE 'UTC', r.created_at) AS event_time) t,
-         LATERAL (SELECT exp(-least(greatest(date_part('epoch', terms.as_of - t.event_time), 0)
-                                    / 86400.0 / (of_knobs).tau_days, 700)) AS decay) d
+), relationship AS (
+    SELECT r.*, engine.recall_score_v2(of_knobs, 1 - r.distance, r.decay, coalesce(r.importance, 0.5)::float8, 0)
+                    AS rough
+    FROM (SELECT u.*, engine.recall_decay_v2(of_knobs, terms.as_of, u.occurred_at, u.created_at) AS decay
+          FROM (SELECT * FROM recent UNION ALL SELECT * FROM episodes) u, terms) r
 ), chosen AS (
-    (SELECT c.id, c.category, c.importance, c.created_at, c.occurred_at, c.distance, c.event_time, c.decay
-     FROM (SELECT rough.*, row_number() OVER (PARTITION BY rough.category ORDER BY rough.rough DESC, rough.id)
-                               AS in_category
-           FROM rough WHERE of_layer = 'profile' AND NOT rough.found_by_word) c, terms
-     WHERE NOT terms.bounded OR c.in_category <= of_cap + greatest((of_knobs).sign_pool, (of_knobs).demote_pool)
-     ORDER BY c.rough DESC, c.id
+    (SELECT p.id, p.category, p.importance, p.created_at, p.occurred_at, p.distance, p.decay FROM profile p
+     ORDER BY p.rough DESC, p.id
      LIMIT CASE WHEN (SELECT bounded FROM terms) THEN of_k + greatest((of_knobs).sign_pool, (of_knobs).demote_pool) END)
     UNION ALL
-    (SELECT c.id, c.category, c.importance, c.created_at, c.occurred_at, c.distance, c.event_time, c.decay
-     FROM rough c WHERE of_layer = 'relationship' AND NOT c.found_by_word  -- one category (none): no partition
-     ORDER BY c.rough DESC, c.id
+    (SELECT r.id, r.category, r.importance, r.created_at, r.occurred_at, r.distance, r.decay FROM relationship r
+     ORDER BY r.rough DESC, r.id
      LIMIT CASE WHEN (SELECT bounded FROM terms) THEN of_k + greatest((of_knobs).sign_pool, (of_knobs).demote_pool) END)
     UNION ALL
-    SELECT c.id, c.category, c.importance, c.created_at, c.occurred_at, c.distance, c.event_time, c.decay
-    FROM rough c WHERE c.found_by_word  -- the lexical path's rows: the lexical part decides them
+    SELECT o.id, o.category, o.importance, o.created_at, o.occurred_at, o.distance,  -- the lexical path's rows: the
+           engine.recall_decay_v2(of_knobs, terms.as_of, o.occurred_at, o.created_at)  -- lexical part decides them
+    FROM older o, terms
 ), base AS (
     SELECT c.id, m.content, c.category, c.importance, c.created_at, c.occurred_at, m.occurred_precision,
-           m.embedding, c.distance, c.event_time, c.decay,
+           m.embedding, c.distance, coalesce(c.occurred_at::timestamp AT TIME ZONE 'UTC', c.created_at) AS event_time,
+           c.decay,
            CASE WHEN length(ts_delete(m.lexemes, terms.terms)) < length(m.lexemes)
                 THEN ARRAY(SELECT x FROM unnest(tsvector_to_array(m.lexemes)) AS x WHERE x = ANY (terms.terms))
            END AS matched
