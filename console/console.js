@@ -471,6 +471,7 @@ async function sweepNow() {
     const result = await call("POST", "/local/sweep", { idle_now: true });
     const jobs = result.jobs.map((job) => job.kind === "session"
       ? `session ${short(job.session_id)}: ${job.outcome}${job.memories ? ` (${job.memories} new)` : ""}`
+        + (job.episode ? `, episode ${job.episode}` : "")
       : `deep pass: ${job.outcome}`);
     $("sweep-result").textContent = `Claimed ${result.claimed} session(s)${jobs.length ? ": " : "."}${jobs.join("; ")}`;
     await Promise.all([refreshMemories(true), refreshSessions()]);

@@ -189,7 +189,7 @@ def test_episodes_show_in_the_relationship_view_with_their_session_and_event_tim
     box.press("Enter")
     expect(page.locator("#messages li.assistant").last).to_contain_text("rehearse", timeout=15_000)
     page.get_by_role("button", name="Sweep now").click()
-    expect(page.locator("#sweep-result")).to_contain_text("extracted")
+    expect(page.locator("#sweep-result")).to_contain_text("extracted (1 new), episode written")
     group = page.locator("section[aria-label='episodes · kai']")
     item = group.locator("li.memory.episode")
     expect(item).to_contain_text(episode)

@@ -100,12 +100,13 @@ def restore_memory(memory_id: UUID) -> MemoryWithHistory:
 @router.post("/v1/memories/search", summary="search the caller's memories",
              description="The ranking a chat turn recalls with, without its per-category quota, and each result's "
                          "score parts: why it is where it is. The query is embedded once. What it covers is what a "
-                         "turn recalls from: every current profile memory; of a persona's relationship memories, its "
-                         "episodes (one per session), the newest utterances (RECALL_UTTERANCE_WINDOW, 1,000 by "
-                         "default) and older utterances that share a rare word with the query (a name, a place, a "
-                         "number; at most RECALL_LEXICAL_POOL). Older utterances are kept, listed by GET /v1/memories, "
-                         "exported and erased like every memory; only this search and a turn's recall rank them "
-                         "through their episode and their words instead of their vectors.",
+                         "turn recalls from: every current profile memory; of a persona's relationship memories, the "
+                         "newest utterances (RECALL_UTTERANCE_WINDOW, 1,000 by default), as many of its newest "
+                         "episodes (one per session), and older utterances and episodes that share a rare word with "
+                         "the query (a name, a place, a number; at most RECALL_LEXICAL_POOL). Older utterances are "
+                         "kept, listed by GET /v1/memories, exported and erased like every memory; only this search "
+                         "and a turn's recall reach them through their episode and their words instead of their "
+                         "vectors.",
              responses=documented((200, "the results, best first"),
                                   (404, "persona_id names a persona the caller never talked to"), *_MODEL_FAILURES))
 def search_memories(body: MemorySearch) -> SearchResults:
