@@ -100,8 +100,9 @@ RETURN exp(-least(greatest(date_part('epoch', of_as_of - coalesce(of_occurred_at
 -- oldest row of the window) that hold one of of_terms (the message's words that are rare in the window), those
 -- that hold the most of them first, then the newest, at most of_limit (a Chinese message's words are its
 -- character pairs, and "那个" or "上次" may be absent from the window yet said in every other old row: the row
--- that also holds "红烧" and "烧肉" is the one asked about), found through companion_memories_instance_terms_idx (of_keys: the terms hashed
--- with the instance, as the index keys them; a collision is dropped by the ts_delete() test). A function of its
+-- that also holds "红烧" and "烧肉" is the one asked about), found through companion_memories_instance_terms_idx
+-- (of_keys: the terms hashed with the instance, as the index keys them; a collision is dropped by the ts_delete()
+-- test). A function of its
 -- own, planned with its values every time (force_custom_plan, ~0.1 ms): a plan made without them cannot tell a
 -- user of 100,000 rows from one of 100, and ANDs the GIN index with an index of every row of the user, whose
 -- cost is the history's length. (Its cost is the rare words' posting lists: a word rare in the window but said
@@ -232,8 +233,8 @@ WITH terms AS MATERIALIZED (
       AND (of_category IS NULL OR c.category = of_category) AND c.superseded_at IS NULL
 ), profile AS (
     SELECT p.* FROM categories, terms, LATERAL (
-        SELECT r.*, engine.recall_score_v2(of_knobs, 1 - r.distance, r.decay, coalesce(r.importance, 0.5)::float8, 0)
-                        AS rough
+        SELECT r.*, engine.recall_score_v2(of_knobs, 1 - r.distance, r.decay, coalesce(r.importance, 0.5)::float8,
+                                           0) AS rough
         FROM (SELECT c.id, c.category, c.importance, c.created_at, c.occurred_at,
                      c.embedding <=> of_query AS distance,
                      engine.recall_decay_v2(of_knobs, terms.as_of, c.occurred_at, c.created_at) AS decay
@@ -295,11 +296,13 @@ WITH terms AS MATERIALIZED (
 ), chosen AS (
     (SELECT p.id, p.category, p.importance, p.created_at, p.occurred_at, p.distance, p.decay FROM profile p
      ORDER BY p.rough DESC, p.id
-     LIMIT CASE WHEN (SELECT bounded FROM terms) THEN of_k + greatest((of_knobs).sign_pool, (of_knobs).demote_pool) END)
+     LIMIT CASE WHEN (SELECT bounded FROM terms)
+                THEN of_k + greatest((of_knobs).sign_pool, (of_knobs).demote_pool) END)
     UNION ALL
     (SELECT r.id, r.category, r.importance, r.created_at, r.occurred_at, r.distance, r.decay FROM relationship r
      ORDER BY r.rough DESC, r.id
-     LIMIT CASE WHEN (SELECT bounded FROM terms) THEN of_k + greatest((of_knobs).sign_pool, (of_knobs).demote_pool) END)
+     LIMIT CASE WHEN (SELECT bounded FROM terms)
+                THEN of_k + greatest((of_knobs).sign_pool, (of_knobs).demote_pool) END)
     UNION ALL
     SELECT o.id, o.category, o.importance, o.created_at, o.occurred_at, o.distance,  -- the lexical path's rows: the
            engine.recall_decay_v2(of_knobs, terms.as_of, o.occurred_at, o.created_at)  -- lexical part decides them
