@@ -32,10 +32,10 @@ _KNOBS = ("ROW(%(strategy)s::text, %(lam)s::float8, %(tau_days)s::float8, %(floo
           " %(lexical_year_weight)s::float8, %(utterance_window)s::int, %(pool)s::int,"
           " %(lexical_pool)s::int)::engine.recall_knobs_v2")
 _RANKED = ("SELECT * FROM engine.recall_layer_v2(%(layer)s::text, %(user)s::text, %(instance)s::uuid,"
-           " %(category)s::text, %(q)s::vector, %(signs)s::bit(512), %(message)s::text,"
+           " %(category)s::text, %(q)s::vector, NULL::bit(512), %(message)s::text,"
            f" %(now)s::timestamptz, {_KNOBS}, %(k)s::int, %(cap)s::int)")
 _CANDIDATES = ("SELECT * FROM engine.{function}(%(user)s::text, %(instance)s::uuid, %(q)s::vector,"
-               " %(signs)s::bit(512), %(message)s::text,"
+               " NULL::bit(512), %(message)s::text,"
                f" %(now)s::timestamptz, {_KNOBS}, %(profile_k)s::int, %(profile_cap)s::int,"
                " %(relationship_k)s::int, %(dedupe)s::float8)")
 TURN_RECALL = _CANDIDATES.format(function="turn_recall_v2")
@@ -50,7 +50,7 @@ def _values(knobs: RecallKnobs, user_id: str, query: list[float], message: str |
     lexical = (knobs.lexical_weight > 0 or knobs.lexical_year_weight > 0) and bool(message and message.strip())
     return knobs.model_dump() | {  # the fields the knobs do not name are not bound
         "demote_pool": knobs.demote_pool if demoting else 0,
-        "q": Vector(list(query)), "signs": None, "message": message if lexical else None, "user": user_id,
+        "q": Vector(list(query)), "message": message if lexical else None, "user": user_id,
         "instance": instance_id, "now": now}
 
 

@@ -225,7 +225,9 @@ LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
 WITH terms AS MATERIALIZED (
     SELECT coalesce(array_agg(lexeme), '{}') AS terms, coalesce(of_as_of, statement_timestamp()) AS as_of,
-           (of_knobs).utterance_window > 0 AS bounded
+           (of_knobs).utterance_window > 0 AS bounded,
+           CASE WHEN (of_knobs).utterance_window > 0  -- the pool beyond k (or cap): none without the bound
+                THEN greatest((of_knobs).sign_pool, (of_knobs).demote_pool) END AS pool
     FROM unnest(engine.lexemes(of_message))
 ), categories AS (
     SELECT DISTINCT c.category FROM engine.companion_memories c  -- read from the index alone, no vector
@@ -243,7 +245,7 @@ WITH terms AS MATERIALIZED (
                 AND c.superseded_at IS NULL AND c.created_at <= terms.as_of
               OFFSET 0) r  -- a node of its own: else the planner copies the distance into every use of it
         ORDER BY rough DESC, r.id
-        LIMIT CASE WHEN terms.bounded THEN of_cap + greatest((of_knobs).sign_pool, (of_knobs).demote_pool) END
+        LIMIT of_cap + terms.pool
     ) p
 ), recent AS MATERIALIZED (
     SELECT m.id, NULL::text AS category, m.importance, m.created_at, m.occurred_at,
@@ -296,13 +298,11 @@ WITH terms AS MATERIALIZED (
 ), chosen AS (
     (SELECT p.id, p.category, p.importance, p.created_at, p.occurred_at, p.distance, p.decay FROM profile p
      ORDER BY p.rough DESC, p.id
-     LIMIT CASE WHEN (SELECT bounded FROM terms)
-                THEN of_k + greatest((of_knobs).sign_pool, (of_knobs).demote_pool) END)
+     LIMIT of_k + (SELECT pool FROM terms))
     UNION ALL
     (SELECT r.id, r.category, r.importance, r.created_at, r.occurred_at, r.distance, r.decay FROM relationship r
      ORDER BY r.rough DESC, r.id
-     LIMIT CASE WHEN (SELECT bounded FROM terms)
-                THEN of_k + greatest((of_knobs).sign_pool, (of_knobs).demote_pool) END)
+     LIMIT of_k + (SELECT pool FROM terms))
     UNION ALL
     SELECT o.id, o.category, o.importance, o.created_at, o.occurred_at, o.distance,  -- the lexical path's rows: the
            engine.recall_decay_v2(of_knobs, terms.as_of, o.occurred_at, o.created_at)  -- lexical part decides them
