@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import math
 import random
+import re
 import uuid
 from array import array
 from datetime import UTC, datetime, timedelta
@@ -18,7 +19,7 @@ from psycopg.types.json import Jsonb
 
 from eros import recall
 from eros.config import RecallKnobs
-from eros.memory import MemoryLayer
+from eros.memory import CATEGORIES, MemoryLayer
 from eros.recall import Hygiene, normalised
 from eros.store import recall as recall_store
 
@@ -317,6 +318,25 @@ def test_a_category_with_one_row(db):
                            knobs=RecallKnobs(strategy="composite", top_k=5, category_cap=2))
     assert sorted(m["category"] for m in capped.profile) == ["emotion", "fact", "fact"]  # cap 2; nothing else exists
     assert capped.profile[-1]["id"] == lonely["id"]
+
+
+def test_every_category_the_schema_allows_is_recalled(db):
+    """Recall reads the profile one category at a time from a written-out list (recall.sql, `categories`): it is
+    the schema's CHECK and eros.memory.CATEGORIES, so a category added to one and not the other is never silently
+    left out of every prompt."""
+    check = db.execute("SELECT pg_get_constraintdef(oid) AS d FROM pg_constraint"
+                       " WHERE conrelid = 'engine.companion_memories'::regclass AND contype = 'c'"
+                       " AND pg_get_constraintdef(oid) LIKE '%%category%%'").fetchone()["d"]
+    assert sorted(re.findall(r"'(\w+)'::text", check)) == sorted(CATEGORIES)
+    rng = random.Random(41)
+    q = random_vector(rng)
+    rows = {c: insert(db, "alice", f"the one {c}", near(q, rng, 3.0), category=c) for c in CATEGORIES}
+    result = recall.recall("alice", None, q, knobs=RecallKnobs(strategy="grouped", per_category=1), now=NOW)
+    assert {m["id"] for m in result.profile} == {r["id"] for r in rows.values()}
+    for category, row in rows.items():  # and a search's filter by each
+        only = recall_store.ranked(MemoryLayer.PROFILE, RecallKnobs(), "alice", q, k=5, cap=None, now=NOW,
+                                   category=category)
+        assert [m["id"] for m in only] == [row["id"]]
 
 
 # --- time ------------------------------------------------------------------------------------------

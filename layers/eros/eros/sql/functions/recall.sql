@@ -96,6 +96,14 @@ RETURN exp(-least(greatest(date_part('epoch', of_as_of - coalesce(of_occurred_at
                                                                    of_created_at)), 0)
                   / 86400.0 / (of_knobs).tau_days, 700));
 
+-- The lexemes of a row that are among of_terms (a message's): the row's lexemes less those that are not, in C
+-- (ts_delete twice) instead of unnesting every lexeme of the row to compare it with the terms (~1 ms less for
+-- the 300 rows of the rarity test, `common` below). Inlined by the planner.
+CREATE OR REPLACE FUNCTION engine.lexemes_among(of_lexemes tsvector, of_terms text[])
+RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN tsvector_to_array(ts_delete(of_lexemes, tsvector_to_array(ts_delete(of_lexemes, of_terms))));
+
 -- The lexical path of recall_layer_v2 (below, `older`): the instance's active rows older than of_before (the
 -- oldest row of the window) that hold one of of_terms (the message's words that are rare in the window), those
 -- that hold the most of them first, then the newest, at most of_limit (a Chinese message's words are its
@@ -153,7 +161,9 @@ $$;
 -- * `profile`: the user's active rows without an instance and with a category (uncategorised profile rows are
 --   the raw turn dump the dreaming design replaced; the prompt renders the profile by category, so such a row
 --   could never be shown). Consolidation keeps it small (~100 rows; 2,000 is the measured large case), so all of
---   them are candidates, read one category at a time (`categories`: the user's, from the index alone).
+--   them are candidates, read one category at a time (`categories`: the five the CHECK allows, written out; a
+--   category the user has no row of costs one index probe, where reading the user's categories from the index
+--   read every entry with its vector, a second pass over the profile: ~2 ms at 2,000 rows).
 -- * `recent`, the relationship layer's window: the instance's newest utterance_window active rows other than
 --   episodes. Older utterances stay stored, listed, exported and erased; they leave only this vector part of
 --   recall, and are reached by
@@ -195,8 +205,8 @@ $$;
 --   (bench/results/recall_summary.md). A layer no larger than its pool (a small user) is scored exactly as
 --   before the bound, document frequencies over the whole layer.
 --   `terms`: the message's lexemes, once (MATERIALIZED); no lexemes without a message, and then no row matches.
---   `matched` (in `base`): the message's lexemes a row holds; ts_delete() drops the message's lexemes from a
---   row's in C, so rows that match nothing (most) are never unnested. `frequencies`: each such lexeme's
+--   `matched` (in `base`): the message's lexemes a row holds (engine.lexemes_among, in C; NULL when none).
+--   `frequencies`: each such lexeme's
 --   document frequency over the pool (one small row per lexeme of the message, MATERIALIZED).
 --   `bm25`: per row, the sum of idf = ln(1 + (n - df + 0.5) / (df + 0.5)) over its matched lexemes (BM25's
 --   (k1 + 1) / (1 + k1) is 1 at term frequency 1 and b = 0); n is `collection`, MATERIALIZED so that it is
@@ -229,10 +239,9 @@ WITH terms AS MATERIALIZED (
            CASE WHEN (of_knobs).utterance_window > 0  -- the pool beyond k (or cap): none without the bound
                 THEN greatest((of_knobs).sign_pool, (of_knobs).demote_pool) END AS pool
     FROM unnest(engine.lexemes(of_message))
-), categories AS (
-    SELECT DISTINCT c.category FROM engine.companion_memories c  -- read from the index alone, no vector
-    WHERE of_layer = 'profile' AND c.user_id = of_user AND c.instance_id IS NULL AND c.category IS NOT NULL
-      AND (of_category IS NULL OR c.category = of_category) AND c.superseded_at IS NULL
+), categories AS (  -- the CHECK of migration 0001 (eros.memory.CATEGORIES); tests/test_recall.py compares them
+    SELECT c.category FROM unnest(ARRAY['fact', 'preference', 'event', 'emotion', 'relation']) AS c(category)
+    WHERE of_layer = 'profile' AND (of_category IS NULL OR c.category = of_category)
 ), profile AS (
     SELECT p.* FROM categories, terms, LATERAL (
         SELECT r.*, engine.recall_score_v2(of_knobs, 1 - r.distance, r.decay, coalesce(r.importance, 0.5)::float8,
@@ -269,9 +278,8 @@ WITH terms AS MATERIALIZED (
     SELECT lexeme
     FROM (SELECT recent.id FROM recent ORDER BY recent.created_at DESC LIMIT 300) w, terms,
          LATERAL (SELECT c.lexemes FROM engine.companion_memories c WHERE c.id = w.id AND c.user_id = of_user) r,
-         unnest(tsvector_to_array(r.lexemes)) AS lexeme
-    WHERE terms.bounded AND length(ts_delete(r.lexemes, terms.terms)) < length(r.lexemes)
-      AND lexeme = ANY (terms.terms)
+         unnest(engine.lexemes_among(r.lexemes, terms.terms)) AS lexeme
+    WHERE terms.bounded
     GROUP BY lexeme
     HAVING count(*) * 100 > 300
 ), rare AS MATERIALIZED (
@@ -311,9 +319,7 @@ WITH terms AS MATERIALIZED (
     SELECT c.id, m.content, c.category, c.importance, c.created_at, c.occurred_at, m.occurred_precision,
            m.embedding, c.distance, coalesce(c.occurred_at::timestamp AT TIME ZONE 'UTC', c.created_at) AS event_time,
            c.decay,
-           CASE WHEN length(ts_delete(m.lexemes, terms.terms)) < length(m.lexemes)
-                THEN ARRAY(SELECT x FROM unnest(tsvector_to_array(m.lexemes)) AS x WHERE x = ANY (terms.terms))
-           END AS matched
+           nullif(engine.lexemes_among(m.lexemes, terms.terms), '{}') AS matched
     FROM chosen c, terms,
          LATERAL (SELECT r.content, r.occurred_precision, r.embedding, r.lexemes FROM engine.companion_memories r
                   WHERE r.id = c.id AND r.user_id = of_user) m  -- by primary key
