@@ -45,7 +45,7 @@ from eros.store import recall as recall_store
 # migration 0013, whose turn key (the conflict target of the store's INSERT ... ON CONFLICT) names user_id,
 # as partitioning forces every unique key to; its foreign key to the sessions already carried user_id.
 TABLES = ("persona_instances", "chat_sessions", "chat_messages", "companion_memories", "user_deep_pass",
-          "user_usage", "user_model_usage")
+          "user_usage", "user_model_usage", "relationship_terms")
 PARTITIONS = 4
 KEY = "user_id"
 

@@ -103,6 +103,86 @@ def test_a_word_common_in_the_window_is_not_looked_up_in_the_history(db):
                                                       message="weather in zermatt")}
 
 
+def test_the_lexical_path_reads_a_bounded_number_of_rows_per_word_preferring_more_words_then_the_newest(db):
+    """A name said 30 times long ago, with lexical_pool 10: the lexical path reads the 10 newest rows of each rare
+    word (engine.relationship_terms), not all 30; the one old row that also holds the second rare word comes
+    first, though older than all of them; a superseded old row is never brought in."""
+    rng = random.Random(31)
+    query = random_vector(rng)
+    instance = instance_for(db, "alice")
+    both = insert(db, "alice", "Mehmet showed me flat 4711", random_vector(rng), category=None, instance=instance,
+                  age_days=900)
+    named = [insert(db, "alice", f"Mehmet again, time {i}", random_vector(rng), category=None, instance=instance,
+                    age_days=800 - i) for i in range(30)]
+    gone = insert(db, "alice", "Mehmet before the edit", random_vector(rng), category=None, instance=instance,
+                  age_days=700)
+    db.execute("UPDATE engine.companion_memories SET superseded_at = %s, superseded_reason = 'edited' WHERE id = %s",
+               (NOW, gone["id"]))
+    utterances(db, "alice", instance, 80, rng, query, oldest_days=300)
+    ids = {r["id"] for r in relationship(db, BOUNDED, "alice", instance, query, k=500,
+                                         message="Mehmet and flat 4711")}
+    older = ids - {r["id"] for r in relationship(db, BOUNDED, "alice", instance, query, k=500, message="hello")}
+    newest = {r["id"] for r in sorted(named, key=lambda r: r["created_at"])[-9:]}
+    assert both["id"] in older and gone["id"] not in older
+    assert older == {both["id"]} | newest  # lexical_pool 10: the row of both words, then the newest of one
+
+
+def test_the_terms_follow_their_row_through_edits_and_deletes(db):
+    """engine.relationship_terms is kept by the trigger of migration 0027: an active relationship row's words are
+    there (keyed with its instance), an edit of its text replaces them, superseding removes them and a restore
+    gives them back, a delete removes them; profile rows have none."""
+    rng = random.Random(32)
+    instance = instance_for(db, "alice")
+
+    def terms(memory_id) -> set[int]:
+        return {r["term_key"] for r in db.execute(
+            "SELECT term_key FROM engine.relationship_terms WHERE memory_id = %s AND user_id = 'alice'",
+            (memory_id,)).fetchall()}
+
+    def keys(text: str) -> set[int]:
+        return set(db.execute("SELECT engine.instance_terms(%s, engine.lexemes(%s)) AS k", (instance, text)
+                              ).fetchone()["k"])
+
+    row = insert(db, "alice", "Mehmet lives in flat 4711", random_vector(rng), category=None, instance=instance)
+    assert terms(row["id"]) == keys("Mehmet lives in flat 4711") and len(terms(row["id"])) >= 4
+    db.execute("UPDATE engine.companion_memories SET content = 'Aylin moved to Izmir' WHERE id = %s", (row["id"],))
+    assert terms(row["id"]) == keys("Aylin moved to Izmir")
+    db.execute("UPDATE engine.companion_memories SET importance = 0.9 WHERE id = %s", (row["id"],))  # no word
+    assert terms(row["id"]) == keys("Aylin moved to Izmir")
+    db.execute("UPDATE engine.companion_memories SET superseded_at = now(), superseded_reason = 'edited'"
+               " WHERE id = %s", (row["id"],))
+    assert terms(row["id"]) == set()
+    db.execute("UPDATE engine.companion_memories SET superseded_at = NULL, superseded_reason = NULL WHERE id = %s",
+               (row["id"],))
+    assert terms(row["id"]) == keys("Aylin moved to Izmir")
+    profile = insert(db, "alice", "likes flat whites", random_vector(rng))
+    assert terms(profile["id"]) == set()
+    db.execute("DELETE FROM engine.companion_memories WHERE id = %s", (row["id"],))
+    assert terms(row["id"]) == set()
+    assert db.execute("SELECT count(*) AS n FROM engine.relationship_terms").fetchone()["n"] == 0
+
+
+def test_the_terms_migration_can_run_again_and_then_changes_nothing(db):
+    """docs/DEPLOY.md has a large database run migration 0027 beforehand, in one transaction: the deploy's run of it
+    then finds the table filled and leaves it as it is (no row twice)."""
+    from eros.migrate import migration_files
+
+    rng = random.Random(33)
+    instance = instance_for(db, "alice")
+    utterances(db, "alice", instance, 20, rng, random_vector(rng))
+
+    def snapshot() -> list[tuple]:
+        return [tuple(r.values()) for r in db.execute(
+            "SELECT term_key, created_at, memory_id, user_id FROM engine.relationship_terms"
+            " ORDER BY term_key, memory_id").fetchall()]
+
+    before = snapshot()
+    assert len(before) >= 20 * 4
+    [(_, sql)] = [(name, sql) for name, sql in migration_files() if name.startswith("0027_")]
+    db.execute(sql)
+    assert snapshot() == before
+
+
 def test_episodes_of_any_age_are_scored(db):
     """An episode older than the whole window, nearest to the query, is recalled first; an old utterance as near
     as it is not (it is beyond the window and shares no word with the message)."""

@@ -15,8 +15,10 @@ from eros.migrate import EditedMigration, checksum, function_files, migrate, mig
 
 # Defined by migrations, not by the files: what stored data depends on (README.md, "What may not go here") ...
 VERSIONED = {"engine.lexemes(text)", "engine.embedding_signs(vector)", "engine.instance_terms(uuid,tsvector)",
-             "engine.fill_signs()"}
-VERSIONED_TRIGGERS = {"companion_memories_fill_signs"}  # fills the stored signs (migration 0023)
+             "engine.fill_signs()", "engine.keep_relationship_terms()"}
+# Fill the stored signs (migration 0023) and engine.relationship_terms (migration 0027).
+VERSIONED_TRIGGERS = {"companion_memories_fill_signs", "companion_memories_keep_relationship_terms",
+                      "companion_memories_keep_relationship_terms_on_change"}
 # ... and the previous release's signatures, kept for its containers until a later migration drops them (the _v2
 # rule): the recall functions of 0015, replaced by the _v2 ones that take engine.recall_knobs_v2 (recall.sql keeps
 # the old knobs type while they exist). 0022 dropped 0018's open_turn and admit.

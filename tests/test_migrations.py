@@ -156,6 +156,7 @@ APP_TABLE_PRIVILEGES = {
     "schema_objects": {"SELECT"},  # likewise
     "personas": {"SELECT"},  # seeded by the migrations' own user: no runtime path changes a persona's prompt
     "chat_messages": {"SELECT", "INSERT", "DELETE"},  # a message is never changed; retention and erasure delete
+    "relationship_terms": {"SELECT", "INSERT", "DELETE"},  # the trigger of migration 0027, as the memory's writer
     "persona_instances": {"SELECT", "INSERT", "DELETE"},  # and UPDATE of user_id alone (below)
     "chat_sessions": READ_WRITE, "companion_memories": READ_WRITE, "user_deep_pass": READ_WRITE,
     "user_usage": READ_WRITE, "user_model_usage": READ_WRITE, "provider_blocks": READ_WRITE,

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.unit
 STORES = ROOT / "layers" / "eros" / "eros" / "store"
 FUNCTIONS = ROOT / "layers" / "eros" / "eros" / "sql" / "functions"
 USER_TABLES = {"chat_sessions", "chat_messages", "companion_memories", "persona_instances", "user_deep_pass",
-               "user_usage", "user_model_usage"}
+               "user_usage", "user_model_usage", "relationship_terms"}
 SHARED_TABLES = {"personas", "provider_blocks", "schema_migrations", "schema_objects"}  # reference data: on every shard
 # Cross-user by design, each with why. On a sharded database these run on every shard (a fan-out) or per shard.
 CROSS_USER = {

@@ -8,6 +8,8 @@
 --   persona_instances                   SELECT, INSERT, DELETE, and UPDATE of user_id alone: create_session's
 --                                       INSERT .. ON CONFLICT DO UPDATE SET user_id = EXCLUDED.user_id returns
 --                                       the user's existing instance (store/chat.py); persona_id cannot change
+--   relationship_terms                  SELECT, INSERT, DELETE: written by the trigger of migration 0027 as the
+--                                       role that writes the memory; a term row is never changed
 --   every other table                   SELECT, INSERT, UPDATE, DELETE (sessions, memories, dreaming and usage
 --                                       state are updated in place); a later migration's table gets the same by
 --                                       0006's default privileges until a line here narrows it
@@ -23,6 +25,7 @@ BEGIN
     REVOKE INSERT, UPDATE, DELETE ON engine.schema_migrations, engine.schema_objects, engine.personas FROM eros_app;
     REVOKE UPDATE ON engine.chat_messages FROM eros_app;
     REVOKE UPDATE ON engine.persona_instances FROM eros_app;
+    REVOKE UPDATE ON engine.relationship_terms FROM eros_app;
     GRANT UPDATE (user_id) ON engine.persona_instances TO eros_app;
 END
 $$;

@@ -97,41 +97,39 @@ RETURN exp(-least(greatest(date_part('epoch', of_as_of - coalesce(of_occurred_at
                   / 86400.0 / (of_knobs).tau_days, 700));
 
 -- The lexemes of a row that are among of_terms (a message's): the row's lexemes less those that are not, in C
--- (ts_delete twice) instead of unnesting every lexeme of the row to compare it with the terms (~1 ms less for
--- the 300 rows of the rarity test, `common` below). Inlined by the planner.
+-- (ts_delete twice), instead of unnesting every lexeme of the row to compare it with the terms. Inlined by the
+-- planner.
 CREATE OR REPLACE FUNCTION engine.lexemes_among(of_lexemes tsvector, of_terms text[])
 RETURNS text[]
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN tsvector_to_array(ts_delete(of_lexemes, tsvector_to_array(ts_delete(of_lexemes, of_terms))));
 
--- The lexical path of recall_layer_v2 (below, `older`): the instance's active rows older than of_before (the
--- oldest row of the window) that hold one of of_terms (the message's words that are rare in the window), those
--- that hold the most of them first, then the newest, at most of_limit (a Chinese message's words are its
--- character pairs, and "那个" or "上次" may be absent from the window yet said in every other old row: the row
--- that also holds "红烧" and "烧肉" is the one asked about), found through companion_memories_instance_terms_idx
--- (of_keys: the terms hashed with the instance, as the index keys them; a collision is dropped by the ts_delete()
--- test). A function of its
--- own, planned with its values every time (force_custom_plan, ~0.1 ms): a plan made without them cannot tell a
--- user of 100,000 rows from one of 100, and ANDs the GIN index with an index of every row of the user, whose
--- cost is the history's length. (Its cost is the rare words' posting lists: a word rare in the window but said
--- thousands of times long ago is read whole; docs/CAPACITY.md.)
+-- The lexical path of recall_layer_v2 (below, `older`): of the instance's rows older than of_before (the oldest
+-- row of the window), those that hold the most of of_keys (the message's words that are rare in the window,
+-- hashed with the instance as engine.instance_terms() keys them), then the newest, at most of_limit. Each word's
+-- newest of_limit rows before the window are read from engine.relationship_terms (migration 0027), in its
+-- index's order: at most of_limit index entries a word, whatever the history's length or how often the word was
+-- said long ago. (A Chinese message's words are its character pairs, and "那个" or "上次" may be absent from the
+-- window yet said in every other old row: the row that also holds "红烧" and "烧肉" is the one asked about.)
+-- The caller reads the rows, drops a superseded one and one that holds none of of_terms (a hash collision).
+-- of_instance and of_terms are not read here (the keys carry the instance); they stay for the _v2 rule
+-- (README.md). LANGUAGE sql and a single SELECT: the planner inlines it into the recall statement.
 CREATE OR REPLACE FUNCTION engine.recall_older_v2(
     of_user text, of_instance uuid, of_terms text[], of_keys bigint[], of_as_of timestamptz, of_before timestamptz,
     of_limit int)
 RETURNS SETOF uuid
-LANGUAGE plpgsql STABLE PARALLEL SAFE ROWS 50
-SET plan_cache_mode = force_custom_plan
+LANGUAGE sql STABLE PARALLEL SAFE ROWS 50
 AS $$
-BEGIN
-    RETURN QUERY
-        SELECT m.id FROM engine.companion_memories m
-        WHERE engine.instance_terms(m.instance_id, m.lexemes) && of_keys
-          AND m.user_id = of_user AND m.instance_id = of_instance AND m.superseded_at IS NULL
-          AND m.created_at < of_before AND m.created_at <= coalesce(of_as_of, statement_timestamp())
-          AND length(ts_delete(m.lexemes, of_terms)) < length(m.lexemes)
-        ORDER BY length(m.lexemes) - length(ts_delete(m.lexemes, of_terms)) DESC, m.created_at DESC
-        LIMIT of_limit;
-END
+SELECT p.memory_id
+FROM (SELECT DISTINCT k FROM unnest(of_keys) AS k) AS w(term_key),
+     LATERAL (SELECT r.memory_id, r.created_at FROM engine.relationship_terms r
+              WHERE r.term_key = w.term_key AND r.user_id = of_user
+                AND r.created_at < of_before AND r.created_at <= coalesce(of_as_of, statement_timestamp())
+              ORDER BY r.created_at DESC
+              LIMIT of_limit) AS p
+GROUP BY p.memory_id
+ORDER BY count(*) DESC, max(p.created_at) DESC, p.memory_id
+LIMIT of_limit
 $$;
 
 -- One layer's top k rows (at most cap per category), by
@@ -170,13 +168,12 @@ $$;
 -- * `episodes`: the instance's newest utterance_window active episodes (one per session, migration 0021: a
 --   window of 1,000 utterances is ~50 sessions, 1,000 episodes ~20,000 utterances);
 -- * `older`, the lexical path (engine.recall_older_v2, above): older rows of the instance that hold words of the
---   message that are rare in the window, at most lexical_pool. "Rare" (`common`, `rare`): held by at most 1 in
---   100 of the window's newest 300 rows. A name, a place or a number said once a year ago is rare; "I" and
---   "today" are in most rows and say nothing (BM25 would give them ~no weight), and looking them up would read a
---   posting list as long as the history. The 300 are read by primary key, the only rows of the window whose
---   lexemes are read (the window's 1,000 cost ~5 ms). A history imported all at once has no episodes yet, and
---   this is what still finds its old facts. Only when the window is full: a shorter conversation is in the
---   window whole.
+--   message that are rare in the window, at most lexical_pool. "Rare" (`rare`): held by at most 1 in 100 of the
+--   relationship rows since the window's oldest (`span`), counted in engine.relationship_terms' index, at most
+--   utterance_window / 100 + 1 entries a word (migration 0027). A name, a place or a number said once a year ago
+--   is rare; "I" and "today" are in most rows and say nothing (BM25 would give them ~no weight). A history
+--   imported all at once has no episodes yet, and this is what still finds its old facts. Only when the window
+--   is full: a shorter conversation is in the window whole.
 -- * With utterance_window 0 there is no bound: `recent` is every active row of the instance, episodes included,
 --   and every candidate goes through every part below (the statement of the previous release, what an
 --   evaluation compares the bound with).
@@ -274,30 +271,30 @@ WITH terms AS MATERIALIZED (
       AND m.created_at <= coalesce(of_as_of, statement_timestamp())
     ORDER BY m.created_at DESC
     LIMIT (of_knobs).utterance_window
-), common AS (
-    SELECT lexeme
-    FROM (SELECT recent.id FROM recent ORDER BY recent.created_at DESC LIMIT 300) w, terms,
-         LATERAL (SELECT c.lexemes FROM engine.companion_memories c WHERE c.id = w.id AND c.user_id = of_user) r,
-         unnest(engine.lexemes_among(r.lexemes, terms.terms)) AS lexeme
-    WHERE terms.bounded
-    GROUP BY lexeme
-    HAVING count(*) * 100 > 300
+), span AS MATERIALIZED (  -- the window's oldest row, and whether the window is full (else it holds every row)
+    SELECT min(recent.created_at) AS since, count(*) >= (of_knobs).utterance_window AS full FROM recent
 ), rare AS MATERIALIZED (
-    SELECT array_agg(t.term) AS terms, (SELECT min(recent.created_at) FROM recent) AS before
-    FROM terms, unnest(terms.terms) AS t(term)
-    WHERE of_layer = 'relationship' AND terms.bounded AND t.term NOT IN (SELECT lexeme FROM common)
-      AND (SELECT count(*) FROM recent) >= (of_knobs).utterance_window  -- else every utterance is in the window
-    GROUP BY ()
+    SELECT array_agg(k.term) AS terms, array_agg(k.term_key) AS keys, span.since AS before
+    FROM terms, span,
+         LATERAL (SELECT t.term, (engine.instance_terms(of_instance, array_to_tsvector(ARRAY[t.term])))[1] AS term_key
+                  FROM unnest(terms.terms) AS t(term)) k
+    WHERE of_layer = 'relationship' AND terms.bounded AND span.full
+      AND (SELECT count(*) FROM (SELECT FROM engine.relationship_terms r  -- held by at most 1 in 100 of the window
+                                 WHERE r.term_key = k.term_key AND r.user_id = of_user
+                                   AND r.created_at >= span.since AND r.created_at <= terms.as_of
+                                 LIMIT (of_knobs).utterance_window / 100 + 1) AS held)
+          <= (of_knobs).utterance_window / 100
+    GROUP BY span.since
     HAVING count(*) > 0  -- no row, and no call of the lexical path, when no word is rare or the window holds all
 ), older AS MATERIALIZED (
     SELECT m.id, NULL::text AS category, m.importance, m.created_at, m.occurred_at,
            m.embedding <=> of_query AS distance
     FROM rare,
-         engine.recall_older_v2(of_user, of_instance, rare.terms,
-                                engine.instance_terms(of_instance, array_to_tsvector(rare.terms)), of_as_of,
-                                rare.before, (of_knobs).lexical_pool) AS o(id),
+         engine.recall_older_v2(of_user, of_instance, rare.terms, rare.keys, of_as_of, rare.before,
+                                (of_knobs).lexical_pool) AS o(id),
          LATERAL (SELECT c.* FROM engine.companion_memories c WHERE c.id = o.id AND c.user_id = of_user) m
-    WHERE NOT EXISTS (SELECT 1 FROM episodes e WHERE e.id = o.id)
+    WHERE m.superseded_at IS NULL AND length(ts_delete(m.lexemes, rare.terms)) < length(m.lexemes)
+      AND o.id NOT IN (SELECT e.id FROM episodes e)  -- a hashed set: NOT EXISTS became a loop over the episodes
 ), relationship AS (
     SELECT r.*, engine.recall_score_v2(of_knobs, 1 - r.distance, r.decay, coalesce(r.importance, 0.5)::float8, 0)
                     AS rough
