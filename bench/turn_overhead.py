@@ -442,37 +442,46 @@ def long_history(url: str, args: argparse.Namespace, command: str) -> int:
     run_tag = uuid.uuid4().hex[:8]
     loads = [f"start {machine()['loadavg']}"]
     timings: dict[str, dict[int, list[float]]] = {mode: {n: [] for n in sizes} for mode in ("bounded", "unbounded")}
+    stages = {n: Stages() for n in sizes}  # a pass of its own: where each size's bounded turn goes
     configured = settings()
     unbounded = configured.model_copy(update={"recall": configured.recall.model_copy(update={"utterance_window": 0})})
     with fakes_installed(embedder, chat), logging_to_nowhere():
         connect_to(url)
         try:
-            for mode, turns, chosen in (("bounded", args.turns, configured), ("unbounded", args.unbounded_turns,
-                                                                               unbounded)):
+            passes = (("bounded", args.turns, configured), ("breakdown", min(args.turns, 100), configured),
+                      ("unbounded", args.unbounded_turns, unbounded))
+            for mode, turns, chosen in passes:
                 eros.recall.settings = lambda chosen=chosen: chosen  # type: ignore[assignment]  # bench only
                 warmup = min(args.warmup, turns)
                 for i in range(warmup + turns):
                     for n in sizes:
                         user, session_id = sessions[n]["user_id"], sessions[n]["id"]
-                        t0 = time.perf_counter()
-                        eros.chat.take_turn(user, session_id, rng.choice(LONG_MESSAGES),
-                                            f"{TURN_PREFIX}{run_tag}-{mode}-{n}-{i}")
-                        elapsed = time.perf_counter() - t0
+                        timer = stages[n] if mode == "breakdown" else None
+                        with timer.installed() if timer else contextlib.nullcontext():
+                            if timer:
+                                timer.begin()
+                            t0 = time.perf_counter()
+                            eros.chat.take_turn(user, session_id, rng.choice(LONG_MESSAGES),
+                                                f"{TURN_PREFIX}{run_tag}-{mode}-{n}-{i}")
+                            elapsed = time.perf_counter() - t0
                         metrics.clear_metrics()
-                        if i >= warmup:
+                        if i >= warmup and timer:
+                            timer.keep(elapsed)
+                        elif i >= warmup:
                             timings[mode][n].append(elapsed)
                 loads.append(f"after {mode} {machine()['loadavg']}")
         finally:
             eros.recall.settings = settings
             db.reset()
     forget_earlier_runs(url)
-    report = render_long(args, command, sizes, table_rows, timings, loads)
+    report = render_long(args, command, sizes, table_rows, timings, loads, stages)
     print(report)
     write_results(LONG_RESULTS if args.output == RESULTS else args.output, report)
     return 0
 
 
-def render_long(args, command: str, sizes: list[int], table_rows: int, timings: dict, loads: list[str]) -> str:
+def render_long(args, command: str, sizes: list[int], table_rows: int, timings: dict, loads: list[str],
+                stages: dict[int, Stages]) -> str:
     knobs = __import__("eros.config", fromlist=["settings"]).settings().recall
     lines = [f"`{command}`", "", f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, commit {git_commit()}, "
              f"{machine()['nproc']} cores shared; load average (1 / 5 / 15 min): {'; '.join(loads)}", "",
@@ -496,6 +505,21 @@ def render_long(args, command: str, sizes: list[int], table_rows: int, timings: 
             label = f"{n:,}" + ("" if mode == "bounded" else " unbounded")
             lines.append(f"| {label} | {len(timings[mode][n])} | {s['p50']:.2f} | {s['p95']:.2f} | {s['p99']:.2f} | "
                          f"{s['max']:.2f} | {goal} |")
+    parts = (("open", "open the turn"), ("recall", "recall (both layers)"), ("prompt", "prompt"),
+             ("persist", "persist"), ("other", "other (Python in take_turn)"))
+    lines += ["", "Where a bounded turn goes, by size (a pass of its own, the sizes interleaved, with a timer around "
+              "each function take_turn reaches, as in `turn_overhead.md`): p50 / p95 ms.", "",
+              "| utterances (breakdown) | turns | " + " | ".join(label for _, label in parts) + " |",
+              "| ---: | ---: |" + " ---: |" * len(parts)]
+    for n in sizes:
+        samples = stages[n].samples
+        if not samples:
+            continue
+        cells = []
+        for key, _ in parts:
+            s = summary(samples.get(f"stage:{key}", [0.0]))
+            cells.append(f"{s['p50']:.2f} / {s['p95']:.2f}")
+        lines.append(f"| {n:,} | {len(samples['stage:other'])} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

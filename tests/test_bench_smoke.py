@@ -173,6 +173,9 @@ def test_turn_overhead_long_history(bench_url, tmp_path):
     assert list(rows) == ["60", "120", "60 unbounded", "120 unbounded"]
     assert [r[0] for r in rows.values()] == ["3", "3", "1", "1"]
     assert all(re.fullmatch(NUMBER, c) for r in rows.values() for c in r[1:5])
+    parts = {r[0]: r[1:] for r in table_rows(out.read_text(), "| utterances (breakdown) | turns |")}
+    assert list(parts) == ["60", "120"] and all(r[0] == "3" for r in parts.values())
+    assert all(re.fullmatch(rf"{NUMBER} / {NUMBER}", c) for r in parts.values() for c in r[1:])
 
 
 def test_recall_prefilter(bench_url, tmp_path):
