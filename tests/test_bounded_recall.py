@@ -104,16 +104,17 @@ def test_a_word_common_in_the_window_is_not_looked_up_in_the_history(db):
 
 
 def test_the_lexical_path_reads_a_bounded_number_of_rows_per_word_preferring_more_words_then_the_newest(db):
-    """A name said 30 times long ago, with lexical_pool 10: the lexical path reads the 10 newest rows of each rare
-    word (engine.relationship_terms), not all 30; the one old row that also holds the second rare word comes
-    first, though older than all of them; a superseded old row is never brought in."""
+    """A name said 150 times long ago, with lexical_pool 10: the lexical path reads the 100 newest rows of each rare
+    word (engine.relationship_terms, 10 x lexical_pool), not all 150, and so never reaches the oldest, which holds
+    two more rare words; through those two words' lists it is still found, and first (more words), though older
+    than every other; a superseded old row is never brought in. Then the newest rows of the name."""
     rng = random.Random(31)
     query = random_vector(rng)
     instance = instance_for(db, "alice")
     both = insert(db, "alice", "Mehmet showed me flat 4711", random_vector(rng), category=None, instance=instance,
                   age_days=900)
     named = [insert(db, "alice", f"Mehmet again, time {i}", random_vector(rng), category=None, instance=instance,
-                    age_days=800 - i) for i in range(30)]
+                    age_days=800 - i) for i in range(150)]
     gone = insert(db, "alice", "Mehmet before the edit", random_vector(rng), category=None, instance=instance,
                   age_days=700)
     db.execute("UPDATE engine.companion_memories SET superseded_at = %s, superseded_reason = 'edited' WHERE id = %s",

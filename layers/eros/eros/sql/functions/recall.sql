@@ -107,9 +107,11 @@ RETURN tsvector_to_array(ts_delete(of_lexemes, tsvector_to_array(ts_delete(of_le
 -- The lexical path of recall_layer_v2 (below, `older`): of the instance's rows older than of_before (the oldest
 -- row of the window), those that hold the most of of_keys (the message's words that are rare in the window,
 -- hashed with the instance as engine.instance_terms() keys them), then the newest, at most of_limit. Each word's
--- newest of_limit rows before the window are read from engine.relationship_terms (migration 0027), in its
--- index's order: at most of_limit index entries a word, whatever the history's length or how often the word was
--- said long ago. (A Chinese message's words are its character pairs, and "那个" or "上次" may be absent from the
+-- newest 10 * of_limit rows before the window are read from engine.relationship_terms (migration 0027), in its
+-- index's order: at most that many index entries a word (~40 bytes each), whatever the history's length or how
+-- often the word was said long ago. (With of_limit alone, a word said every hundred utterances reached back only
+-- ~5,000 utterances, and the row that also held two rarer words was found through none of them:
+-- bench/results/long_history_eval_scripted_50k.md notes.) (A Chinese message's words are its character pairs, and "那个" or "上次" may be absent from the
 -- window yet said in every other old row: the row that also holds "红烧" and "烧肉" is the one asked about.)
 -- The caller reads the rows, drops a superseded one and one that holds none of of_terms (a hash collision).
 -- of_instance and of_terms are not read here (the keys carry the instance); they stay for the _v2 rule
@@ -126,7 +128,7 @@ FROM (SELECT DISTINCT k FROM unnest(of_keys) AS k) AS w(term_key),
               WHERE r.term_key = w.term_key AND r.user_id = of_user
                 AND r.created_at < of_before AND r.created_at <= coalesce(of_as_of, statement_timestamp())
               ORDER BY r.created_at DESC
-              LIMIT of_limit) AS p
+              LIMIT 10 * of_limit) AS p
 GROUP BY p.memory_id
 ORDER BY count(*) DESC, max(p.created_at) DESC, p.memory_id
 LIMIT of_limit
