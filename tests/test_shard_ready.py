@@ -101,11 +101,11 @@ def tables(sql: str) -> set[str]:
 def test_every_table_of_a_users_data_has_the_user_key():
     migrations = "\n".join(p.read_text() for p in sorted((ROOT / "layers/eros/eros/migrations").glob("*.sql")))
     first_named = {new: old for old, new in re.findall(r"ALTER TABLE engine\.(\w+) RENAME TO (\w+)", migrations)}
-    created = set(re.findall(r"CREATE TABLE engine\.(\w+)", migrations)) - set(first_named.values())
+    created = set(re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?engine\.(\w+)", migrations)) - set(first_named.values())
     assert created | first_named.keys() == USER_TABLES | (SHARED_TABLES - {"schema_migrations"})
     for table in USER_TABLES:
         first = first_named.get(table, table)
-        body = re.search(rf"CREATE TABLE engine\.{first} \((.*?)\n\);", migrations, re.S)[1]
+        body = re.search(rf"CREATE TABLE (?:IF NOT EXISTS )?engine\.{first} \((.*?)\n\);", migrations, re.S)[1]
         added = re.search(rf"ALTER TABLE engine\.{first} ADD COLUMN user_id", migrations)
         assert re.search(r"^\s*user_id\s+text", body, re.M) or added, table
 
