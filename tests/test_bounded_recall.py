@@ -259,6 +259,23 @@ def test_a_profile_larger_than_the_pool_keeps_its_nearest_rows(db):
     assert [r["id"] for r in got] == [r["id"] for r in exact] == [r["id"] for r in nearest]
 
 
+@pytest.mark.parametrize("size", [40, 301])
+@pytest.mark.parametrize("strategy", ["grouped", "recency", "composite"])
+def test_a_profile_read_a_category_at_a_time_ranks_as_the_brute_force(db, size, strategy):
+    """The profile is read one category at a time, each category's best cap + pool by the score without its
+    lexical part and demotion (recall.sql, `profile`): with neither in play, the ranking is the brute force's over
+    every row, per-category caps included, for a profile within one category's pool and one far beyond it."""
+    rng = random.Random(34)
+    query = random_vector(rng)
+    categories = ("fact", "preference", "event", "emotion", "relation")
+    rows = [insert(db, "alice", f"row {i}", near(query, rng, rng.uniform(0.3, 3.0)), category=categories[i % 5],
+                   importance=rng.random(), age_days=rng.uniform(0, 700)) for i in range(size)]
+    knobs = replace(BOUNDED, strategy=strategy, lam=0.2, tau_days=60, per_category=2, pool=8)
+    k, cap = (10, 2) if strategy == "grouped" else (12, 3)
+    got = recall_store.ranked(MemoryLayer.PROFILE, knobs, "alice", query, k=k, cap=cap, now=NOW)
+    assert [r["id"] for r in got] == [i for i, _ in brute_force(rows, query, strategy, knobs, k, cap, demote=False)]
+
+
 @pytest.mark.parametrize("changes,message", [
     ({"utterance_window": 10}, r"RECALL_UTTERANCE_WINDOW must be 0 \(no bound\) or at least 50"),
     ({"utterance_window": -1}, "utterance_window"),
