@@ -261,10 +261,11 @@ def test_a_profile_larger_than_the_pool_keeps_its_nearest_rows(db):
 
 @pytest.mark.parametrize("size", [40, 301])
 @pytest.mark.parametrize("strategy", ["grouped", "recency", "composite"])
-def test_a_profile_read_a_category_at_a_time_ranks_as_the_brute_force(db, size, strategy):
-    """The profile is read one category at a time, each category's best cap + pool by the score without its
-    lexical part and demotion (recall.sql, `profile`): with neither in play, the ranking is the brute force's over
-    every row, per-category caps included, for a profile within one category's pool and one far beyond it."""
+def test_a_small_and_a_large_profile_rank_as_the_brute_force(db, size, strategy):
+    """A profile of at most 300 rows is read from the table by key, a larger one from the covering index one
+    category at a time (recall.sql, `sized` and `profile`), each category's best cap + pool by the score without
+    its lexical part and demotion: with neither in play, either read ranks as the brute force over every row,
+    per-category caps included."""
     rng = random.Random(34)
     query = random_vector(rng)
     categories = ("fact", "preference", "event", "emotion", "relation")

@@ -163,7 +163,10 @@ $$;
 --   could never be shown). Consolidation keeps it small (~100 rows; 2,000 is the measured large case), so all of
 --   them are candidates, read one category at a time (`categories`: the five the CHECK allows, written out; a
 --   category the user has no row of costs one index probe, where reading the user's categories from the index
---   read every entry with its vector, a second pass over the profile: ~2 ms at 2,000 rows).
+--   read every entry with its vector, a second pass over the profile: ~2 ms at 2,000 rows). A small profile
+--   (`sized`: at most 300 rows, most users') is read from the table instead, by key, its ids from a slim index
+--   (migration 0028 says why: a small user's turn then keeps only the table's copy of its vectors in memory);
+--   the pool's rows are read again below, from memory by then.
 -- * `recent`, the relationship layer's window: the instance's newest utterance_window active rows other than
 --   episodes. Older utterances stay stored, listed, exported and erased; they leave only this vector part of
 --   recall, and are reached by
@@ -241,8 +244,14 @@ WITH terms AS MATERIALIZED (
 ), categories AS (  -- the CHECK of migration 0001 (eros.memory.CATEGORIES); tests/test_recall.py compares them
     SELECT c.category FROM unnest(ARRAY['fact', 'preference', 'event', 'emotion', 'relation']) AS c(category)
     WHERE of_layer = 'profile' AND (of_category IS NULL OR c.category = of_category)
+), sized AS MATERIALIZED (  -- the ids of a small profile (at most 300 rows), from the slim index (migration 0028)
+    SELECT CASE WHEN count(*) <= 300 THEN array_agg(n.id) END AS small
+    FROM (SELECT c.id FROM engine.companion_memories c
+          WHERE of_layer = 'profile' AND c.user_id = of_user AND c.instance_id IS NULL AND c.superseded_at IS NULL
+            AND c.category IS NOT NULL
+          LIMIT 301) AS n
 ), profile AS (
-    SELECT p.* FROM categories, terms, LATERAL (
+    SELECT p.* FROM categories, terms, sized, LATERAL (
         SELECT r.*, engine.recall_score_v2(of_knobs, 1 - r.distance, r.decay, coalesce(r.importance, 0.5)::float8,
                                            0) AS rough
         FROM (SELECT c.id, c.category, c.importance, c.created_at, c.occurred_at,
@@ -255,6 +264,23 @@ WITH terms AS MATERIALIZED (
         ORDER BY rough DESC, r.id
         LIMIT of_cap + terms.pool
     ) p
+    WHERE sized.small IS NULL
+    UNION ALL
+    SELECT s.id, s.category, s.importance, s.created_at, s.occurred_at, s.distance, s.decay, s.rough
+    FROM terms, (
+        SELECT r.*, row_number() OVER (PARTITION BY r.category ORDER BY r.rough DESC, r.id) AS place
+        FROM (SELECT q.*, engine.recall_score_v2(of_knobs, 1 - q.distance, q.decay,
+                                                 coalesce(q.importance, 0.5)::float8, 0) AS rough
+              FROM (SELECT c.id, c.category, c.importance, c.created_at, c.occurred_at,
+                           c.embedding <=> of_query AS distance,
+                           engine.recall_decay_v2(of_knobs, terms.as_of, c.occurred_at, c.created_at) AS decay
+                    FROM sized, terms, unnest(sized.small) AS i(id),
+                         LATERAL (SELECT m.* FROM engine.companion_memories m  -- by primary key, from the table
+                                  WHERE m.id = i.id AND m.user_id = of_user) c
+                    WHERE (of_category IS NULL OR c.category = of_category) AND c.created_at <= terms.as_of
+                    OFFSET 0) q) r
+    ) s
+    WHERE s.place <= of_cap + terms.pool OR terms.pool IS NULL
 ), recent AS MATERIALIZED (
     SELECT m.id, NULL::text AS category, m.importance, m.created_at, m.occurred_at,
            m.embedding <=> of_query AS distance
