@@ -71,8 +71,9 @@ DO $do$ BEGIN
 EXCEPTION WHEN duplicate_object THEN NULL;  -- it exists: a type is never changed in place
 END $do$;
 
--- A row's score before demotion, from its parts (the formulas below): one definition for the sign-bit estimate
--- that picks the pool and for the exact score the pool is ranked by. Inlined by the planner.
+-- A row's score before demotion, from its parts (the formulas below): one definition for the rough score that
+-- picks a layer's pool (engine.recall_rough_v2, below) and for the score the pool is ranked by. Inlined by the
+-- planner.
 CREATE OR REPLACE FUNCTION engine.recall_score_v2(
     of_knobs engine.recall_knobs_v2, of_similarity float8, of_decay float8, of_weight float8, of_lexical float8)
 RETURNS float8
@@ -83,6 +84,16 @@ RETURN CASE (of_knobs).strategy
            ELSE of_similarity * ((of_knobs).floor + (1 - (of_knobs).floor) * of_decay)
                 * ((of_knobs).importance_floor + (1 - (of_knobs).importance_floor) * of_weight) END
        + (of_knobs).importance_weight * of_weight + of_lexical;
+
+-- A candidate's rough score: its score from what an index gives (distance, decay, importance), without the
+-- lexical part and the demotion, by which each layer's pool is chosen (recall_layer_v2: `profile`,
+-- `relationship`). A row without importance (an utterance, a row from before extraction gave one) weighs 0.5:
+-- neither promoted nor buried. Inlined by the planner.
+CREATE OR REPLACE FUNCTION engine.recall_rough_v2(
+    of_knobs engine.recall_knobs_v2, of_distance float8, of_decay float8, of_importance real)
+RETURNS float8
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN engine.recall_score_v2(of_knobs, 1 - of_distance, of_decay, coalesce(of_importance, 0.5)::float8, 0);
 
 -- A row's decay, exp(-age / tau_days), age from its event time to as_of: clamped at 0 (a row stamped a moment after
 -- the statement began is new) and the exponent at 700 (exp() of a float8 below about -745 raises "underflow"
@@ -111,8 +122,9 @@ RETURN tsvector_to_array(ts_delete(of_lexemes, tsvector_to_array(ts_delete(of_le
 -- index's order: at most that many index entries a word (~40 bytes each), whatever the history's length or how
 -- often the word was said long ago. (With of_limit alone, a word said every hundred utterances reached back only
 -- ~5,000 utterances, and the row that also held two rarer words was found through none of them:
--- bench/results/long_history_eval_scripted_50k.md notes.) (A Chinese message's words are its character pairs, and "那个" or "上次" may be absent from the
--- window yet said in every other old row: the row that also holds "红烧" and "烧肉" is the one asked about.)
+-- bench/results/long_history_eval_scripted_50k.md notes.) A Chinese message's words are its character pairs, and
+-- "那个" or "上次" may be absent from the window yet said in every other old row: the row that also holds "红烧"
+-- and "烧肉" is the one asked about.
 -- The caller reads the rows, drops a superseded one and one that holds none of of_terms (a hash collision).
 -- of_instance and of_terms are not read here (the keys carry the instance); they stay for the _v2 rule
 -- (README.md). LANGUAGE sql and a single SELECT: the planner inlines it into the recall statement.
@@ -185,9 +197,8 @@ $$;
 -- Each candidate is read from an index alone, with its vector (migration 0025: the profile, window and episodes
 -- indexes INCLUDE the columns read here): a user's rows sit together in the index, where the heap scatters them
 -- over a page each, and no row's text or lexemes are read. Each gets its exact score but for the lexical part and
--- the demotion, `rough`: from its exact distance (the vector is used there and dropped), its decay
--- (engine.recall_decay_v2) and its importance (a row without, an utterance or a row from before extraction gave
--- one, weighs 0.5: neither promoted nor buried). Then, per layer:
+-- the demotion, `rough` (engine.recall_rough_v2): from its exact distance (the vector is used there and dropped),
+-- its decay (engine.recall_decay_v2) and its importance. Then, per layer:
 -- * `chosen`, the pool: the best k + pool rows by `rough` (of the profile: of each category's best cap + pool;
 --   demote_pool instead of pool when that is more), plus the lexical path's rows. The two parts left can only move
 --   a row by their size: the lexical part adds at most lexical_weight + lexical_year_weight, the demotion takes
@@ -252,8 +263,7 @@ WITH terms AS MATERIALIZED (
           LIMIT 301) AS n
 ), profile AS (
     SELECT p.* FROM categories, terms, sized, LATERAL (
-        SELECT r.*, engine.recall_score_v2(of_knobs, 1 - r.distance, r.decay, coalesce(r.importance, 0.5)::float8,
-                                           0) AS rough
+        SELECT r.*, engine.recall_rough_v2(of_knobs, r.distance, r.decay, r.importance) AS rough
         FROM (SELECT c.id, c.category, c.importance, c.created_at, c.occurred_at,
                      c.embedding <=> of_query AS distance,
                      engine.recall_decay_v2(of_knobs, terms.as_of, c.occurred_at, c.created_at) AS decay
@@ -269,8 +279,7 @@ WITH terms AS MATERIALIZED (
     SELECT s.id, s.category, s.importance, s.created_at, s.occurred_at, s.distance, s.decay, s.rough
     FROM terms, (
         SELECT r.*, row_number() OVER (PARTITION BY r.category ORDER BY r.rough DESC, r.id) AS place
-        FROM (SELECT q.*, engine.recall_score_v2(of_knobs, 1 - q.distance, q.decay,
-                                                 coalesce(q.importance, 0.5)::float8, 0) AS rough
+        FROM (SELECT q.*, engine.recall_rough_v2(of_knobs, q.distance, q.decay, q.importance) AS rough
               FROM (SELECT c.id, c.category, c.importance, c.created_at, c.occurred_at,
                            c.embedding <=> of_query AS distance,
                            engine.recall_decay_v2(of_knobs, terms.as_of, c.occurred_at, c.created_at) AS decay
@@ -321,11 +330,10 @@ WITH terms AS MATERIALIZED (
          engine.recall_older_v2(of_user, of_instance, rare.terms, rare.keys, of_as_of, rare.before,
                                 (of_knobs).lexical_pool) AS o(id),
          LATERAL (SELECT c.* FROM engine.companion_memories c WHERE c.id = o.id AND c.user_id = of_user) m
-    WHERE m.superseded_at IS NULL AND length(ts_delete(m.lexemes, rare.terms)) < length(m.lexemes)
+    WHERE m.superseded_at IS NULL AND engine.lexemes_among(m.lexemes, rare.terms) <> '{}'
       AND o.id NOT IN (SELECT e.id FROM episodes e)  -- a hashed set: NOT EXISTS became a loop over the episodes
 ), relationship AS (
-    SELECT r.*, engine.recall_score_v2(of_knobs, 1 - r.distance, r.decay, coalesce(r.importance, 0.5)::float8, 0)
-                    AS rough
+    SELECT r.*, engine.recall_rough_v2(of_knobs, r.distance, r.decay, r.importance) AS rough
     FROM (SELECT u.*, engine.recall_decay_v2(of_knobs, terms.as_of, u.occurred_at, u.created_at) AS decay
           FROM (SELECT * FROM recent UNION ALL SELECT * FROM episodes) u, terms) r
 ), chosen AS (
