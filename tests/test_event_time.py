@@ -25,7 +25,7 @@ from test_dreaming import answer_extraction_with, chat_requests, extraction_requ
 
 from eros.extraction import parse_candidates, render_transcript
 from eros.memory import EventTime, InvalidEventTime, later_telling, parse_event_time
-from eros.prompt import build_messages
+from eros.prompt import build_messages, memory_section
 from eros.providers.offline import offline_candidates
 from eros_dev.dreaming import sweep_locally
 
@@ -235,7 +235,7 @@ def test_the_prompt_shows_the_event_time_next_to_the_memory_in_both_layers():
     relationship = [{"content": "My interview is on the 3rd", "category": None, "created_at": noted,
                      "occurred_at": date(2026, 12, 3), "occurred_precision": "day"},
                     {"content": "hello", "category": None, "created_at": noted}]
-    system = build_messages("You are Luna.", profile_rows, relationship, [], "hi")[0]["content"]
+    system = build_messages("You are Luna.", memory_section(profile_rows, relationship), [], "hi")[0]["content"]
     assert ("[fact]\n- Lives in Munich (noted 2026-11-26)\n"
             "[event]\n- Started a new job at Siemens (in the week of 2026-11-16; noted 2026-11-26)\n"
             "- Moved to Munich (in March 2019; noted 2026-11-26)\n"

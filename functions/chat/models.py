@@ -7,9 +7,19 @@ from datetime import date, datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StringConstraints,
+    model_validator,
+)
 
-from eros import chat, curation, recall
+from eros import context, curation, ingest, recall
 from eros.config import settings
 from eros.memory import (
     EVENT_TIME_FORMS,
@@ -100,9 +110,44 @@ class NewSession(Strict):
     persona_id: Annotated[str, StringConstraints(min_length=1, max_length=64), BeforeValidator(_storable)]
 
 
+ClientId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
+
+
 class NewTurn(Strict):
     content: Content
-    client_turn_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:-]{1,128}$")] | None = None
+    client_turn_id: ClientId | None = None
+
+
+class NewMessage(Strict):
+    role: Literal["user", "assistant"] = Field(description="who said it: the user, or the persona (your model)")
+    content: Content
+    client_message_id: ClientId | None = Field(
+        None, description="your id for the message (1-128 of A-Z a-z 0-9 . _ : -): a retry with the same id and role "
+                          "stores nothing twice; the same id with other text is a 409 message_conflict. Without "
+                          "one, an id is made, and a retry stores the message again")
+    created_at: AwareDatetime | None = Field(
+        None, description="when it was said, with its time zone (ISO 8601); default: when it is stored. Not ahead of "
+                          "the server's clock by more than 5 minutes, in order within the request, and not before "
+                          "the session's newest message")
+
+
+class NewMessages(Strict):
+    messages: list[NewMessage] = Field(min_length=1, max_length=ingest.MAX_MESSAGES,
+                                       description=f"in order, 1 to {ingest.MAX_MESSAGES}")
+
+
+class ContextRequest(Strict):
+    content: Content = Field(description="the user's message to answer")
+    store: StrictBool = Field(False, description="also record the message in the session, as an appended user "
+                                                 "message (POST .../messages): then append only your reply")
+    client_message_id: ClientId | None = Field(None, description="with store: the message's id, as in POST "
+                                                                 ".../messages (a retry stores it once)")
+
+    @model_validator(mode="after")
+    def _id_needs_store(self):
+        if self.client_message_id is not None and not self.store:
+            raise ValueError("client_message_id names the message to store: give it with store: true")
+        return self
 
 
 class Memory(ApiModel):
@@ -224,7 +269,7 @@ class MessageView(ApiModel):
     content: str
     client_turn_id: str | None
     sent_at: datetime
-    recalled: list[chat.RecalledMemory] | None = Field(
+    recalled: list[context.RecalledMemory] | None = Field(
         description="a reply's: the memories its prompt carried, with their scores (their text is the memories' "
                     "own: look them up by id); null for the user's messages")
 

@@ -1,4 +1,5 @@
-"""Sessions with personas: starting one, listing them with where each is in dreaming, a chat turn, the messages."""
+"""Sessions with personas: starting one, listing them with where each is in dreaming, a chat turn, the messages;
+and for an app with its own chat pipeline, messages it appends and the context for a message."""
 
 # No `from __future__ import annotations` here: pydantic and the resolver would then compile and evaluate
 # every annotation of the models and routes from its text at import (~115 evaluations a cold start).
@@ -9,11 +10,20 @@ from aws_lambda_powertools.event_handler import Response, content_types
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Query
 
-from eros import chat, errors
+from eros import chat, context, errors, ingest
 from eros.config import settings
 from eros.store import chat as chat_store
 
-from models import CreatedSession, MessagePage, NewSession, NewTurn, PersonaList, SessionList
+from models import (
+    ContextRequest,
+    CreatedSession,
+    MessagePage,
+    NewMessages,
+    NewSession,
+    NewTurn,
+    PersonaList,
+    SessionList,
+)
 from routes import current_user, documented
 
 router = Router()
@@ -81,3 +91,43 @@ def messages(session_id: UUID, limit: Annotated[int, Query(ge=1, le=200)] = 50,
     _session_of(user, session_id)
     page = chat_store.list_messages(user, session_id, limit, before)
     return MessagePage.model_validate({"messages": page, "next_before": page[-1]["id"] if len(page) == limit else None})
+
+
+@router.post("/v1/sessions/<session_id>/messages", summary="append messages your own chat pipeline produced",
+             description="Stored as a chat turn stores its own: each message in the transcript, each user message "
+                         "also in the relationship layer with its embedding (one embedding batch a request, admitted "
+                         "by the spend limits as a turn is; a request with no new user message pays nothing), and "
+                         "the session made active, so dreaming picks it up like any other. The request is checked "
+                         "whole before anything is paid for or stored, and is stored whole or not at all. A message "
+                         "already stored under its `client_message_id` and role with the same text is not stored "
+                         "again (`stored: false`): retry a failed request as it was.",
+             responses=documented((200, "each message as stored, in order"), (404, "no such session of this user"),
+                                  (409, "message_conflict: a client_message_id already used for another text; "
+                                        "out_of_order: a new message older than the session's newest; "
+                                        "session_gone: the user was erased meanwhile"),
+                                  (429, "rate_limited or budget_exhausted: over a per-user limit (Retry-After)"),
+                                  (502, "model_error: the embedder refused the request: not retryable"),
+                                  (503, "model_unavailable (retryable), database_unavailable or database_busy"),
+                                  (504, "model_timeout (retryable)")))
+def append_messages(session_id: UUID, body: NewMessages) -> ingest.Appended:
+    incoming = [ingest.Incoming(m.role, m.content, m.client_message_id, m.created_at) for m in body.messages]
+    return ingest.append(current_user(router), session_id, incoming)
+
+
+@router.post("/v1/sessions/<session_id>/context", summary="the memories for a message, without the model call",
+             description="What a chat turn would recall for this message in this session, as memories (layer, "
+                         "category, event time, score and its parts) and as `prompt`: the section a chat turn puts "
+                         "in its system prompt after the persona's own, built by the same function. Put it in front "
+                         "of your model, then append your reply with POST .../messages. With `store: true` the user's "
+                         "message is recorded in the same call (idempotent on `client_message_id`). Pays one query "
+                         "embedding, admitted by the spend limits as a turn is.",
+             responses=documented((200, "the context"), (404, "no such session of this user"),
+                                  (409, "message_conflict (with store): the client_message_id holds another text; "
+                                        "session_gone: the user was erased meanwhile"),
+                                  (429, "rate_limited or budget_exhausted: over a per-user limit (Retry-After)"),
+                                  (502, "model_error: the embedder refused the request: not retryable"),
+                                  (503, "model_unavailable (retryable), database_unavailable or database_busy"),
+                                  (504, "model_timeout (retryable)")))
+def message_context(session_id: UUID, body: ContextRequest) -> context.ContextResult:
+    return context.context_for(current_user(router), session_id, body.content, store=body.store,
+                               client_message_id=body.client_message_id)

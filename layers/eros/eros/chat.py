@@ -10,13 +10,12 @@ from pydantic import BaseModel, Field
 
 from . import clock, prompt, recall
 from .config import Settings, settings
+from .context import MEMORY_DATA, RecalledMemory, remember
 from .errors import ClientError, ModelFailed, NotFound, provider_status
-from .memory import EVENT_TIME_FORMS, MemoryLayer, Precision, event_time_text
 from .observability import logger, metrics, tracer
 from .providers import Deadline, ProviderError, chat_client, embedder
 from .providers.embed import Embeddings
 from .providers.llm import Completion
-from .recall import ScoreParts
 from .store import chat as chat_store
 from .store import usage as usage_store
 from .store.rows import Message, OpenedTurn, SessionWithPersona, TurnMessages
@@ -41,25 +40,6 @@ class TurnFailed(ModelFailed):
         advice = ("retry with the same client_turn_id" if self.retryable
                   else "retrying will not help until the service is fixed")
         return f"your message was kept, {advice}"
-
-
-class RecalledMemory(BaseModel):
-    """A memory the reply's prompt carried, with the score that put it there. Its text is in the turn's
-    answer only: the stored turn keeps ids and numbers, so a memory the user deletes leaves no copy."""
-    id: UUID
-    layer: MemoryLayer
-    category: str | None = Field(description="the profile category; null for a relationship utterance")
-    content: str | None = Field(None, description="the memory's text (null when the turn is replayed)")
-    occurred_at: str | None = Field(None, description=f"its event time, as the prompt showed it: {EVENT_TIME_FORMS} "
-                                                      "(null when it has none, and when the turn is replayed)")
-    occurred_precision: Precision | None = None
-    score: float | None = Field(None,
-                                description="what ranked it: similarity + recency + importance + lexical - demotion")
-    parts: ScoreParts | None = None
-
-
-# What a stored turn leaves out of what it recalled: the memory's own data (ids and numbers are kept).
-MEMORY_DATA = {"content", "occurred_at", "occurred_precision"}
 
 
 class TurnResult(BaseModel):
@@ -181,10 +161,8 @@ def _answer(cfg: Settings, user_id: str, session: SessionWithPersona, content: s
     try:
         query = embedder().embed([content], "query", deadline=deadline)
         paid.append(usage_store.Call.of("chat", query))
-        memories = recall.recall(user_id, session["instance_id"], query.vectors[0], history=history,
-                                 message=content)
-        messages = prompt.build_messages(session["system_prompt"], memories.profile, memories.relationship,
-                                         history, content)
+        remembered = remember(user_id, session["instance_id"], query.vectors[0], history=history, message=content)
+        messages = prompt.build_messages(session["system_prompt"], remembered.section, history, content)
         stage = "chat"
         completion = chat_client().complete(cfg.chat_model, messages, max_tokens=cfg.chat_max_tokens,
                                             deadline=deadline)
@@ -196,9 +174,4 @@ def _answer(cfg: Settings, user_id: str, session: SessionWithPersona, content: s
             "session_id": str(session["id"]), "stage": stage, "error_type": type(exc).__name__,
             "provider_status": provider_status(exc), "code": failed.code, "retryable": failed.retryable})
         raise failed from None
-    recalled = [RecalledMemory(id=m["id"], layer=layer, category=m["category"], content=m["content"],
-                               occurred_at=event_time_text(m["occurred_at"], m["occurred_precision"]),
-                               occurred_precision=m["occurred_precision"], score=m["score"], parts=ScoreParts.of(m))
-                for layer, rows in ((MemoryLayer.PROFILE, memories.profile),
-                                    (MemoryLayer.RELATIONSHIP, memories.relationship)) for m in rows]
-    return _Answer(query, completion, recalled)
+    return _Answer(query, completion, remembered.memories)

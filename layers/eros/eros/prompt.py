@@ -44,9 +44,12 @@ def _relationship_line(memory: Mapping[str, Any]) -> str:
     return f"- ({memory['created_at']:%Y-%m-%d}) {neutralise(memory['content'])}{when}"
 
 
-def build_messages(persona_prompt: str, profile: Sequence[Mapping[str, Any]], relationship: Sequence[Mapping[str, Any]],
-                   history: Sequence[Mapping[str, Any]], user_message: str) -> list[dict[str, str]]:
-    parts = [persona_prompt.strip()]
+def memory_section(profile: Sequence[Mapping[str, Any]], relationship: Sequence[Mapping[str, Any]]) -> str:
+    """The part of the system prompt that carries the recalled memories, after the persona's own prompt: the data
+    rule, then the profile by category and the relationship layer, each in its tagged block; "" when nothing was
+    recalled. What a chat turn puts in front of the model, and what ``POST /v1/sessions/{id}/context`` hands an
+    app for its own (eros.context builds both from this)."""
+    parts = []
     if profile or relationship:
         parts.append(_DATA_RULE)
     if profile:
@@ -64,7 +67,15 @@ def build_messages(persona_prompt: str, profile: Sequence[Mapping[str, Any]], re
         lines.extend(_relationship_line(m) for m in relationship)
         lines.append("</memory>")
         parts.append("\n".join(lines))
-    messages = [{"role": "system", "content": "\n\n".join(parts)}]
+    return "\n\n".join(parts)
+
+
+def build_messages(persona_prompt: str, section: str, history: Sequence[Mapping[str, Any]],
+                   user_message: str) -> list[dict[str, str]]:
+    """The chat model's messages: the system prompt (the persona's, then the memory ``section``), the history,
+    the message."""
+    system = "\n\n".join(p for p in (persona_prompt.strip(), section) if p)
+    messages = [{"role": "system", "content": system}]
     messages.extend({"role": m["role"], "content": m["content"]} for m in history)
     messages.append({"role": "user", "content": user_message})
     return messages

@@ -36,6 +36,7 @@ _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4
 _ROUTES = [(re.compile(pattern), template) for pattern, template in [
     (r"^/v1/sessions/([^/]+)/turns$", "/v1/sessions/{session_id}/turns"),
     (r"^/v1/sessions/([^/]+)/messages$", "/v1/sessions/{session_id}/messages"),
+    (r"^/v1/sessions/([^/]+)/context$", "/v1/sessions/{session_id}/context"),
     (r"^/v1/memories/([^/]+)/restore$", "/v1/memories/{memory_id}/restore"),
     (r"^/v1/memories/([^/]+)$", "/v1/memories/{memory_id}"),
     (r"^/v1/(health|openapi\.json|docs|personas|sessions|memories)$", None),

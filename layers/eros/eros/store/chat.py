@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from uuid import UUID
 
@@ -21,6 +21,8 @@ from .rows import (
     Session,
     SessionWithDreaming,
     SessionWithPersona,
+    StoredMessage,
+    Transcript,
     TurnMessages,
 )
 
@@ -81,14 +83,20 @@ def list_sessions(user_id: str, idle_secs: int, limit: int = 100) -> list[Sessio
             for r in rows]
 
 
-def get_session(user_id: str, session_id: UUID) -> SessionWithPersona | None:
-    """The session with its persona's prompt, only if it belongs to this user."""
+def get_session(user_id: str, session_id: UUID, *, history: int = 0) -> SessionWithPersona | None:
+    """The session with its persona's prompt, only if it belongs to this user; with ``history``, also its last
+    ``history`` messages, oldest first (what a prompt's history is, as engine.open_turn_v2 reads it for a turn)."""
     return connection().execute(
-        f"SELECT {_SESSION_COLUMNS}, p.name AS persona_name, p.system_prompt FROM engine.chat_sessions s"
+        f"SELECT {_SESSION_COLUMNS}, p.name AS persona_name, p.system_prompt"
+        + (", (SELECT coalesce(jsonb_agg(h ORDER BY h.id), '[]') FROM ("
+           "   SELECT m.id, m.role, m.content FROM engine.chat_messages m"
+           "   WHERE m.user_id = s.user_id AND m.session_id = s.id ORDER BY m.id DESC LIMIT %(history)s) h) AS history"
+           if history else "")
+        + " FROM engine.chat_sessions s"
         " JOIN engine.persona_instances i ON i.id = s.instance_id"
         " JOIN engine.personas p ON p.id = i.persona_id"
-        " WHERE s.id = %s AND s.user_id = %s",
-        (session_id, user_id),
+        " WHERE s.id = %(session)s AND s.user_id = %(user)s",
+        {"session": session_id, "user": user_id, "history": history},
     ).fetchone()
 
 
@@ -204,6 +212,92 @@ def record_turn(session: SessionWithPersona, user_id: str, user_message_id: int,
     if assistant["id"] is None:
         return {"replayed": True}
     return {"replayed": False, "user_message_id": user_message_id, "assistant_message_id": assistant["id"]}
+
+
+_STORED = "SELECT m.id, m.role, m.client_turn_id, m.content, m.sent_at FROM engine.chat_messages m"
+
+
+def transcript(user_id: str, session_id: UUID, client_ids: Sequence[str]) -> Transcript | None:
+    """What an append checks before it pays for anything (eros.ingest.plan): the session's persona instance (None:
+    not this user's session), its newest message's time, and its messages stored under ``client_ids``."""
+    conn = connection()
+    session = conn.execute(
+        "SELECT s.instance_id, (SELECT m.sent_at FROM engine.chat_messages m"
+        "                       WHERE m.user_id = s.user_id AND m.session_id = s.id ORDER BY m.id DESC LIMIT 1)"
+        "   AS newest"
+        " FROM engine.chat_sessions s WHERE s.id = %s AND s.user_id = %s", (session_id, user_id)).fetchone()
+    if session is None:
+        return None
+    stored = conn.execute(f"{_STORED} WHERE m.user_id = %s AND m.session_id = %s AND m.client_turn_id = ANY(%s)",
+                          (user_id, session_id, list(client_ids))).fetchall()
+    return {"instance_id": session["instance_id"], "newest": session["newest"], "stored": stored}
+
+
+# An append's messages in one statement: the transcript's rows (in the request's order, so their ids follow it;
+# ON CONFLICT: a message already stored under its client id and role is kept as it is), and for each new user
+# message its utterance in the relationship layer, at the message's time, with the embedding the request paid
+# for (as engine.record_turn stores a turn's). A message without a time is stamped when it is stored
+# (clock_timestamp(): rows of one statement keep their order).
+_APPEND = """
+WITH incoming AS (
+    SELECT * FROM unnest(%(roles)s::text[], %(contents)s::text[], %(ids)s::text[], %(times)s::timestamptz[])
+        WITH ORDINALITY AS i(role, content, client_id, at, place)
+), embedded AS (
+    SELECT * FROM unnest(%(embedded)s::text[], %(vectors)s::vector[]) AS e(client_id, embedding)
+), inserted AS (
+    INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id, sent_at)
+    SELECT %(session)s, %(user)s, i.role, i.content, i.client_id, coalesce(i.at, clock_timestamp())
+    FROM incoming i ORDER BY i.place
+    ON CONFLICT (session_id, client_turn_id, role, user_id) DO NOTHING
+    RETURNING id, role, client_turn_id, content, sent_at
+), utterances AS (
+    INSERT INTO engine.companion_memories (session_id, user_id, instance_id, content, embedding, source,
+                                           from_message_id, through_message_id, metadata, created_at)
+    SELECT %(session)s, %(user)s, %(instance)s, n.content, e.embedding, 'utterance', n.id, n.id,
+           jsonb_build_object('message_id', n.id, 'embed_model', %(model)s::text), n.sent_at
+    FROM inserted n JOIN embedded e ON e.client_id = n.client_turn_id
+    WHERE n.role = 'user'
+)
+SELECT n.id, n.role, n.client_turn_id, n.content, n.sent_at FROM inserted n
+"""
+
+
+def append_messages(user_id: str, session_id: UUID, messages: Sequence[tuple[str, str, str, datetime | None]],
+                    vectors: Sequence[tuple[str, list[float]]], embed_model: str,
+                    check: Callable[[datetime | None], None]) -> dict[tuple[str, str], StoredMessage] | None:
+    """Append ``messages`` (role, content, client id, time or None) to the session in one transaction: the
+    session's row is locked (appends to one session go one at a time; a turn's KEY SHARE lock does not wait),
+    ``check`` is given its newest message's time and may raise (nothing is written then), then the messages and
+    the utterances of the new user messages (``vectors``: each one's client id and vector) are written
+    (``_APPEND``) and the session is made active again. Returns every message of the request by (client id,
+    role), as stored, each with ``inserted``; None: no such session of this user (an erasure deleted it meanwhile)."""
+    ids = [m[2] for m in messages]
+    with transaction() as conn:
+        session = conn.execute(
+            "SELECT s.instance_id, (SELECT m.sent_at FROM engine.chat_messages m"
+            "                       WHERE m.user_id = s.user_id AND m.session_id = s.id ORDER BY m.id DESC LIMIT 1)"
+            "   AS newest"
+            " FROM engine.chat_sessions s WHERE s.id = %s AND s.user_id = %s FOR NO KEY UPDATE OF s",
+            (session_id, user_id)).fetchone()
+        if session is None:
+            return None
+        check(session["newest"])
+        stored = {(r["client_turn_id"], r["role"]): r for r in conn.execute(
+            f"{_STORED} WHERE m.user_id = %s AND m.session_id = %s AND m.client_turn_id = ANY(%s)",
+            (user_id, session_id, ids)).fetchall()}
+        inserted = conn.execute(_APPEND, {
+            "roles": [m[0] for m in messages], "contents": [m[1] for m in messages], "ids": ids,
+            "times": [m[3] for m in messages],
+            "embedded": [i for i, _ in vectors], "vectors": [Vector(v) for _, v in vectors],
+            "session": session_id, "user": user_id, "instance": session["instance_id"], "model": embed_model,
+        }).fetchall()
+        if inserted:
+            _touch(conn, user_id, session_id)
+    out: dict[tuple[str, str], StoredMessage] = {}
+    for rows, fresh in ((stored.values(), False), (inserted, True)):
+        for row in rows:
+            out[(row["client_turn_id"], row["role"])] = {**row, "inserted": fresh}  # type: ignore[typeddict-item]
+    return out
 
 
 def _insert_message(conn, user_id, session_id, role, content, client_turn_id, metadata) -> dict | None:

@@ -47,6 +47,7 @@ class SessionWithPersona(Session):
     """A session with its persona's prompt (``store.chat.get_session``): what a chat turn needs."""
     persona_name: str
     system_prompt: str
+    history: NotRequired[list[Message]]  # get_session(history=n): its last n messages, oldest first
 
 
 class Message(TypedDict):
@@ -57,6 +58,23 @@ class Message(TypedDict):
     sent_at: NotRequired[datetime]
     metadata: NotRequired[dict[str, Any]]
     recalled: NotRequired[list[dict[str, Any]] | None]  # a listed reply's: what its prompt recalled
+
+
+class StoredMessage(TypedDict):
+    """A message as an append finds or stores it (``store.chat.transcript``, ``append_messages``)."""
+    id: int
+    role: str  # user | assistant
+    client_turn_id: str  # the message's client_message_id
+    content: str
+    sent_at: datetime
+    inserted: NotRequired[bool]  # append_messages: stored by this request
+
+
+class Transcript(TypedDict):
+    """A session as an append checks it (``store.chat.transcript``)."""
+    instance_id: UUID
+    newest: datetime | None  # its newest message's time
+    stored: list[StoredMessage]  # its messages under the ids asked about
 
 
 # The messages already stored for one client_turn_id, by role ("user", and "assistant" once answered).
