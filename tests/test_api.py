@@ -4,6 +4,7 @@ hostile client sends. Offline providers (no keys), embedded Postgres."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from datetime import UTC, datetime
 
@@ -34,6 +35,22 @@ def test_openapi_document_lists_the_routes(api):
     assert body["openapi"].startswith("3.")
     for path in ("/v1/sessions", "/v1/sessions/{session_id}/turns", "/v1/memories/{memory_id}", "/v1/personas"):
         assert path in body["paths"], path
+
+
+def test_every_operation_has_a_readable_unique_id_and_a_tag(api):
+    """What generated clients name their methods and group them by: takeTurn, not
+    take_turn_v1_sessions__session_id__turns_post."""
+    status, body = api.call("GET", "/v1/openapi.json", user=None)
+    operations = [(path, method, op) for path, item in body["paths"].items() for method, op in item.items()]
+    ids = [op.get("operationId") for _, _, op in operations]
+    assert all(isinstance(i, str) and re.fullmatch(r"[a-z][A-Za-z]{2,30}", i) for i in ids), ids
+    assert len(set(ids)) == len(ids)
+    assert all(op.get("tags") and set(op["tags"]) <= {"health", "sessions", "chat", "memories", "account"}
+               for _, _, op in operations)
+    by_id = {op["operationId"]: (method, path) for path, method, op in operations}
+    assert by_id["takeTurn"] == ("post", "/v1/sessions/{session_id}/turns")
+    assert by_id["appendMessages"] == ("post", "/v1/sessions/{session_id}/messages")
+    assert by_id["getContext"] == ("post", "/v1/sessions/{session_id}/context")
 
 
 def test_the_docs_page_is_public_self_contained_and_carries_the_document(api):

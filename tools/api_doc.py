@@ -158,7 +158,9 @@ def _responses(operation: Schema) -> list[str]:
 def _operation(method: str, path: str, operation: Schema, components: Schema) -> list[str]:
     public = operation.get("security") == [{}]
     heading = [f"### `{method.upper()} {path}`", "", f"**{operation.get('summary', '')}**"
-               + (" (public: no token)" if public else "") + ".", ""]
+               + (" (public: no token)" if public else "") + "."
+               + (f" Operation `{operation['operationId']}`" if operation.get("operationId") else "")
+               + (f", tag `{operation['tags'][0]}`." if operation.get("tags") else ""), ""]
     description = [operation["description"], ""] if operation.get("description") else []
     return [*heading, *description, *_parameters(operation), *_body(operation, components), *_responses(operation)]
 

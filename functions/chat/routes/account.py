@@ -17,7 +17,8 @@ from routes import current_user, documented
 router = Router()
 
 
-@router.get("/v1/export", summary="everything the engine holds about the caller",
+@router.get("/v1/export", operation_id="exportAccount", tags=["account"],
+            summary="everything the engine holds about the caller",
             description="Writes the caller's whole record as one JSON document and answers a link to it (a document "
                         "can be far larger than an API answer may be), a page of rows at a time. In AWS the file is "
                         "an object of the private, encrypted, TLS-only ExportBucket and the link is presigned for "
@@ -31,7 +32,7 @@ def export_record() -> ExportLink:
     return ExportLink(url=done.url, expires_at=done.expires_at, bytes=done.bytes)
 
 
-@router.delete("/v1/me", summary="erase everything of the caller",
+@router.delete("/v1/me", operation_id="eraseAccount", tags=["account"], summary="erase everything of the caller",
                description="Messages, sessions, persona instances, both memory layers with their history, usage, and "
                            "any dreaming queued for them, in one transaction. Dreaming that is running writes nothing "
                            "after it (no memory, no usage). Idempotent: erasing again answers zeros. Operators: `eros "
@@ -44,7 +45,7 @@ def erase_me() -> Erasure:
     return Erasure(erased=Erased(**erased))
 
 
-@router.get("/v1/usage", summary="the caller's usage and its estimated cost",
+@router.get("/v1/usage", operation_id="getUsage", tags=["account"], summary="the caller's usage and its estimated cost",
             description="Tokens and provider calls per UTC day, purpose and model, with a cost estimated at the "
                         f"configured list prices. Without dates: the last {usage.DEFAULT_DAYS} days, today included "
                         f"(from 0001-01-01 at the earliest); at most {usage.MAX_DAYS} days at a time. A date that is "

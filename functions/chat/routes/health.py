@@ -16,7 +16,7 @@ router = Router()
 TITLE = "eros companion memory API"
 
 
-@router.get("/v1/health", summary="is the service up", security=PUBLIC,
+@router.get("/v1/health", operation_id="getHealth", tags=["health"], summary="is the service up", security=PUBLIC,
             responses=documented((200, "healthy"),
                                  (503, "degraded: the report (a HealthReport, not an error) says what"), public=True))
 def health() -> Response[HealthReport]:
@@ -25,7 +25,8 @@ def health() -> Response[HealthReport]:
                     HealthReport.model_validate(report))
 
 
-@router.get("/v1/health/deep", summary="check the database, the schema and each provider",
+@router.get("/v1/health/deep", operation_id="getDeepHealth", tags=["health"],
+            summary="check the database, the schema and each provider",
             description="Times a query, compares the applied migrations with the ones this build ships and makes one "
                         "tiny call to the chat model and the embedder, at most once per DEEP_HEALTH_CACHE_SECS (300) "
                         "per "
@@ -63,7 +64,8 @@ def openapi_document() -> str:
     return json.dumps(document)
 
 
-@router.get("/v1/openapi.json", summary="this document", security=PUBLIC, compress=True)
+@router.get("/v1/openapi.json", operation_id="getOpenApiDocument", tags=["health"],
+            summary="this document", security=PUBLIC, compress=True)
 def openapi():
     return Response(200, content_types.APPLICATION_JSON, openapi_document())
 

@@ -35,7 +35,8 @@ _MODEL_FAILURES = ((429, "rate_limited or budget_exhausted: over a per-user limi
                    (503, "the embedder is unavailable (retryable)"), (504, "the embedder timed out (retryable)"))
 
 
-@router.get("/v1/memories", summary="the caller's memories, newest first",
+@router.get("/v1/memories", operation_id="listMemories", tags=["memories"],
+            summary="the caller's memories, newest first",
             description="The caller's active memories (with `include=superseded`, their history too), never an "
                         "embedding. `next_before` is an opaque cursor of the last row's position, so paging goes on "
                         "when that memory is deleted.",
@@ -71,7 +72,8 @@ def _position(user: str, before: object) -> tuple[datetime, UUID] | None:
     return before if isinstance(before, tuple) else None
 
 
-@router.get("/v1/memories/<memory_id>", summary="one memory with its history",
+@router.get("/v1/memories/<memory_id>", operation_id="getMemory", tags=["memories"],
+            summary="one memory with its history",
             description="The memory and `history`: every version of it (what it replaced and what replaced it, "
                         "recursively, merged duplicates and itself included), oldest first.",
             responses=documented((200, "the memory"), _NOT_YOURS))
@@ -82,7 +84,8 @@ def memory(memory_id: UUID) -> MemoryWithHistory:
     return MemoryWithHistory.model_validate(found)
 
 
-@router.post("/v1/memories/<memory_id>/restore", summary="undo a supersession",
+@router.post("/v1/memories/<memory_id>/restore", operation_id="restoreMemory", tags=["memories"],
+             summary="undo a supersession",
              description="\"I still live in Berlin\": the memory is active again and confirmed now. Unless it had "
                          "been merged as a duplicate, "
                          "its fact's current version, whichever it is by then, is superseded by it (reason "
@@ -97,7 +100,8 @@ def restore_memory(memory_id: UUID) -> MemoryWithHistory:
     return MemoryWithHistory.model_validate(restored)
 
 
-@router.post("/v1/memories/search", summary="search the caller's memories",
+@router.post("/v1/memories/search", operation_id="searchMemories", tags=["memories"],
+             summary="search the caller's memories",
              description="The ranking a chat turn recalls with, without its per-category quota, and each result's "
                          "score parts: why it is where it is. The query is embedded once. What it covers is what a "
                          "turn recalls from: every current profile memory; of a persona's relationship memories, the "
@@ -115,7 +119,7 @@ def search_memories(body: MemorySearch) -> SearchResults:
     return SearchResults.model_validate({"results": results})
 
 
-@router.post("/v1/memories", summary="state a memory",
+@router.post("/v1/memories", operation_id="addMemory", tags=["memories"], summary="state a memory",
              description="A profile memory the user states directly (source 'user'), embedded once; when the embedder "
                          "fails, nothing is stored.",
              responses=documented((201, "the new memory"), *_MODEL_FAILURES))
@@ -125,7 +129,7 @@ def add_memory(body: NewMemory) -> Response[MemoryWithHistory]:
     return Response(201, content_types.APPLICATION_JSON, MemoryWithHistory.model_validate(memory))
 
 
-@router.patch("/v1/memories/<memory_id>", summary="edit a memory",
+@router.patch("/v1/memories/<memory_id>", operation_id="editMemory", tags=["memories"], summary="edit a memory",
               description="A new version of the current version of a profile memory: it supersedes the old one "
                           "(reason 'edited'; the history keeps both) and keeps where the memory came from (its session "
                           "and message range) and its event time unless `occurred_at` is given. The text is embedded "
@@ -141,7 +145,8 @@ def edit_memory(memory_id: UUID, body: MemoryEdit) -> MemoryWithHistory:
     return MemoryWithHistory.model_validate(curation.edit(current_user(router), memory_id, body.changes()))
 
 
-@router.delete("/v1/memories", summary="delete the memories of a layer and/or a category",
+@router.delete("/v1/memories", operation_id="deleteMemories", tags=["memories"],
+               summary="delete the memories of a layer and/or a category",
                description="Every memory of the caller matching both filters, history included. At least one filter "
                            "is required: a 422 without (DELETE /v1/me erases everything). Memories of other kinds "
                            "that one of them "
@@ -157,7 +162,7 @@ def delete_memories(layer: Annotated[MemoryLayer | None, Query()] = None,
     return Deleted(deleted=memory_store.delete_memories(user, layer, category))
 
 
-@router.delete("/v1/memories/<memory_id>", summary="delete a memory",
+@router.delete("/v1/memories/<memory_id>", operation_id="deleteMemory", tags=["memories"], summary="delete a memory",
                description="Memories it had replaced stay history (their validity end is kept).",
                responses=documented((204, "deleted"), _NOT_YOURS))
 def delete_memory(memory_id: UUID):

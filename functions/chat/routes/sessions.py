@@ -37,13 +37,14 @@ def _session_of(user: str, session_id: UUID) -> None:
         raise errors.NotFound("session not found")
 
 
-@router.get("/v1/personas", summary="the personas to chat with", responses=documented((200, "the personas")))
+@router.get("/v1/personas", operation_id="listPersonas", tags=["sessions"],
+            summary="the personas to chat with", responses=documented((200, "the personas")))
 def personas() -> PersonaList:
     current_user(router)
     return PersonaList.model_validate({"personas": chat_store.list_personas()})
 
 
-@router.post("/v1/sessions", summary="start a session with a persona",
+@router.post("/v1/sessions", operation_id="createSession", tags=["sessions"], summary="start a session with a persona",
              responses=documented((201, "the session"), (404, "no such persona")))
 def create_session(body: NewSession) -> Response[CreatedSession]:
     session = chat_store.create_session(current_user(router), body.persona_id)
@@ -52,7 +53,8 @@ def create_session(body: NewSession) -> Response[CreatedSession]:
     return Response(201, content_types.APPLICATION_JSON, CreatedSession.model_validate(session))
 
 
-@router.get("/v1/sessions", summary="the caller's sessions and where each is in dreaming",
+@router.get("/v1/sessions", operation_id="listSessions", tags=["sessions"],
+            summary="the caller's sessions and where each is in dreaming",
             description="Newest first; each with `dreaming`: its state in the background extraction, its last "
                         "error, its attempts and when it is due.",
             responses=documented((200, "the sessions")))
@@ -61,7 +63,7 @@ def sessions() -> SessionList:
     return SessionList.model_validate({"sessions": rows})
 
 
-@router.post("/v1/sessions/<session_id>/turns", summary="one chat turn",
+@router.post("/v1/sessions/<session_id>/turns", operation_id="takeTurn", tags=["chat"], summary="one chat turn",
              description="The message is stored, claiming `client_turn_id` for it, before the model is called: a "
                          "retry or a concurrent duplicate with the same content gets the one reply (`replayed: "
                          "true`; the model is called once); other content with that id is a 409 `turn_conflict` and "
@@ -81,7 +83,8 @@ def take_turn(session_id: UUID, body: NewTurn) -> chat.TurnResult:
     return chat.take_turn(current_user(router), session_id, body.content, body.client_turn_id)
 
 
-@router.get("/v1/sessions/<session_id>/messages", summary="a page of a session's messages",
+@router.get("/v1/sessions/<session_id>/messages", operation_id="listMessages", tags=["sessions"],
+            summary="a page of a session's messages",
             description="Newest first; each reply with the memories its prompt recalled (ids, scores and their parts: "
                         "the text is the memory's own, looked up by id).",
             responses=documented((200, "the page"), (404, "no such session of this user")))
@@ -93,7 +96,8 @@ def messages(session_id: UUID, limit: Annotated[int, Query(ge=1, le=200)] = 50,
     return MessagePage.model_validate({"messages": page, "next_before": page[-1]["id"] if len(page) == limit else None})
 
 
-@router.post("/v1/sessions/<session_id>/messages", summary="append messages your own chat pipeline produced",
+@router.post("/v1/sessions/<session_id>/messages", operation_id="appendMessages", tags=["chat"],
+             summary="append messages your own chat pipeline produced",
              description="Stored as a chat turn stores its own: each message in the transcript, each user message "
                          "also in the relationship layer with its embedding (one embedding batch a request, admitted "
                          "by the spend limits as a turn is; a request with no new user message pays nothing), and "
@@ -114,7 +118,8 @@ def append_messages(session_id: UUID, body: NewMessages) -> ingest.Appended:
     return ingest.append(current_user(router), session_id, incoming)
 
 
-@router.post("/v1/sessions/<session_id>/context", summary="the memories for a message, without the model call",
+@router.post("/v1/sessions/<session_id>/context", operation_id="getContext", tags=["chat"],
+             summary="the memories for a message, without the model call",
              description="What a chat turn would recall for this message in this session, as memories (layer, "
                          "category, event time, score and its parts) and as `prompt`: the section a chat turn puts "
                          "in its system prompt after the persona's own, built by the same function. Put it in front "
