@@ -20,7 +20,8 @@ unexport PYTHONDONTWRITEBYTECODE
 # layers/eros/requirements.lock is what the Lambda layer ships -- the same versions, for Lambda's platform,
 # with hashes. `make lock` writes both again after a change to what pyproject.toml, requirements-dev.txt or
 # layers/eros/requirements.txt ask for; tests/test_packaging.py checks that they agree and match the virtualenv.
-$(VENV)/.installed: pyproject.toml requirements-dev.lock layers/eros/requirements.txt requirements-dev.txt
+$(VENV)/.installed: pyproject.toml requirements-dev.lock layers/eros/requirements.txt requirements-dev.txt \
+		clients/python/pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 is required (python3.12 on PATH, or pyenv install 3.12)"; exit 1; }
 	@echo "setting up $(VENV) with $(PYTHON312) (the first time: about a minute and a half)"
 	@$(PYTHON312) -m venv $(VENV)
@@ -30,6 +31,7 @@ $(VENV)/.installed: pyproject.toml requirements-dev.lock layers/eros/requirement
 		| awk '/^Collecting/ { if (++n % 25 == 0) { print "  " n " packages fetched"; fflush() } } \
 		       /^(ERROR|error)/ { print } /^Successfully installed/ { print "  " n " packages installed" }'
 	@$(PY) -m pip install --quiet --no-deps -e .
+	@$(PY) -m pip install --quiet --no-deps -e clients/python
 	@touch $@
 
 venv: $(VENV)/.installed

@@ -1,0 +1,339 @@
+"""``Client`` and ``AsyncClient``: one method per API operation (named after its operationId), answers parsed into
+the generated models, errors raised as ``ApiError`` with the API's stable ``code``.
+
+Retries: a request the API says may be retried (``retryable: true``: a model timeout or outage, a busy or
+unreachable database, a spend limit) is sent again after the ``Retry-After`` the API gave, or after a short
+backoff, at most ``max_retries`` times, and never when the wait would exceed ``max_wait`` (a daily budget resets at
+midnight: that error is raised at once, with its ``retry_after``). A request whose connection broke is sent again
+only when that is safe: reads, deletes, and the writes whose ids make the server store them once (a turn's
+``client_turn_id`` and a message's ``client_message_id`` are made once, before the first attempt, when the caller
+gives none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import date, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, TypeVar
+from uuid import UUID
+
+import httpx
+
+from . import _operations as op
+from . import models
+from ._operations import UNSET, Call
+
+T = TypeVar("T")
+Token = str | Callable[[], str]
+
+
+class ApiError(Exception):
+    """An error answer of the API: ``status``, its stable ``code`` (branch on it), ``message`` for people,
+    ``retryable`` and, for a limit, ``retry_after`` seconds; ``body`` is the whole answer."""
+
+    def __init__(self, status: int, body: Any, retry_after: float | None):
+        body = body if isinstance(body, dict) else {"message": str(body)}
+        self.status, self.body, self.retry_after = status, body, retry_after
+        self.code: str = str(body.get("code") or ("unauthorized" if status == 401 else "error"))
+        self.message: str = str(body.get("message") or "")
+        self.retryable: bool = body.get("retryable") is True
+        super().__init__(f"{status} {self.code}: {self.message}")
+
+
+class _Policy:
+    """When and how long to wait before sending a request again."""
+
+    def __init__(self, max_retries: int, max_wait: float, backoff: float):
+        self.max_retries, self.max_wait, self.backoff = max_retries, max_wait, backoff
+
+    def _backoff(self, attempt: int) -> float:
+        return self.backoff * 2 ** attempt * random.uniform(0.5, 1.0)
+
+    def after_error(self, error: ApiError, attempt: int) -> float | None:
+        if not error.retryable or attempt >= self.max_retries:
+            return None
+        wait = error.retry_after if error.retry_after is not None else self._backoff(attempt)
+        return wait if wait <= self.max_wait else None
+
+    def after_broken_connection(self, call: Call[Any], attempt: int) -> float | None:
+        return self._backoff(attempt) if call.resend and attempt < self.max_retries else None
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """The Retry-After header in seconds (a number or an HTTP date), or the body's ``retry_after``."""
+    value = response.headers.get("retry-after")
+    if value:
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            try:
+                return max(0.0, (parsedate_to_datetime(value) - datetime.now(parsedate_to_datetime(value).tzinfo))
+                           .total_seconds())
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def _answer(call: Call[T], response: httpx.Response) -> T:
+    if response.is_success or response.status_code in call.also_ok:
+        if call.answer is None or response.status_code == 204:
+            return None  # type: ignore[return-value]
+        if call.answer is dict:
+            return response.json()
+        return call.answer.model_validate(response.json())  # type: ignore[attr-defined]
+    try:
+        body = response.json()
+    except ValueError:
+        body = {"message": response.text[:500]}
+    raise ApiError(response.status_code, body, _retry_after(response))
+
+
+def _headers(token: Token | None) -> dict[str, str]:
+    if token is None:
+        return {}
+    return {"Authorization": f"Bearer {token() if callable(token) else token}"}
+
+
+class _Base:
+    def __init__(self, base_url: str, token: Token | None, max_retries: int, max_wait: float, backoff: float):
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https:// (got {base_url!r})")
+        self._token = token
+        self._policy = _Policy(max_retries, max_wait, backoff)
+
+    def _request(self, call: Call[Any]) -> dict[str, Any]:
+        return {"method": call.method, "url": call.path, "params": call.params or None,
+                "json": call.body, "headers": _headers(self._token)}
+
+
+class Client(_Base):
+    """The API, synchronously. ``token``: the user's bearer token (a JWT of your issuer), or a function that
+    returns a fresh one; ``base_url``: the API's root (the stack's ApiUrl output, or http://127.0.0.1:3000)."""
+
+    def __init__(self, base_url: str, token: Token | None = None, *, timeout: float = 30.0, max_retries: int = 2,
+                 max_wait: float = 30.0, backoff: float = 0.5, http: httpx.Client | None = None):
+        super().__init__(base_url, token, max_retries, max_wait, backoff)
+        self._http = http or httpx.Client(base_url=base_url, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send(self, call: Call[T]) -> T:
+        attempt = 0
+        while True:
+            try:
+                response = self._http.request(**self._request(call))
+            except httpx.TransportError:
+                wait = self._policy.after_broken_connection(call, attempt)
+                if wait is None:
+                    raise
+            else:
+                try:
+                    return _answer(call, response)
+                except ApiError as error:
+                    wait = self._policy.after_error(error, attempt)
+                    if wait is None:
+                        raise
+            time.sleep(wait)
+            attempt += 1
+
+    # --- health
+    def get_health(self) -> models.HealthReport:
+        return self._send(op.get_health())
+
+    def get_deep_health(self) -> models.DeepHealth:
+        return self._send(op.get_deep_health())
+
+    def get_open_api_document(self) -> dict:
+        return self._send(op.get_open_api_document())
+
+    # --- sessions
+    def list_personas(self) -> models.PersonaList:
+        return self._send(op.list_personas())
+
+    def create_session(self, persona_id: str) -> models.CreatedSession:
+        return self._send(op.create_session(persona_id))
+
+    def list_sessions(self) -> models.SessionList:
+        return self._send(op.list_sessions())
+
+    def list_messages(self, session_id: UUID | str, *, limit: int | None = None,
+                      before: int | None = None) -> models.MessagePage:
+        return self._send(op.list_messages(session_id, limit, before))
+
+    # --- chat
+    def take_turn(self, session_id: UUID | str, content: str, *,
+                  client_turn_id: str | None = None) -> models.TurnResult:
+        return self._send(op.take_turn(session_id, content, client_turn_id))
+
+    def append_messages(self, session_id: UUID | str,
+                        messages: Sequence[models.NewMessage | Mapping[str, Any]]) -> models.Appended:
+        return self._send(op.append_messages(session_id, messages))
+
+    def get_context(self, session_id: UUID | str, content: str, *, store: bool = False,
+                    client_message_id: str | None = None) -> models.ContextResult:
+        return self._send(op.get_context(session_id, content, store, client_message_id))
+
+    # --- memories
+    def list_memories(self, *, layer: str | None = None, category: str | None = None, source: str | None = None,
+                      limit: int | None = None, before: str | None = None,
+                      include: str | None = None) -> models.MemoryPage:
+        return self._send(op.list_memories(layer, category, source, limit, before, include))
+
+    def get_memory(self, memory_id: UUID | str) -> models.MemoryWithHistory:
+        return self._send(op.get_memory(memory_id))
+
+    def restore_memory(self, memory_id: UUID | str) -> models.MemoryWithHistory:
+        return self._send(op.restore_memory(memory_id))
+
+    def search_memories(self, query: str, *, layer: str | None = None, category: str | None = None,
+                        persona_id: str | None = None, k: int | None = None) -> models.SearchResults:
+        return self._send(op.search_memories(query, layer, category, persona_id, k))
+
+    def add_memory(self, content: str, category: str, *, importance: float | None = None,
+                   occurred_at: str | None = None) -> models.MemoryWithHistory:
+        return self._send(op.add_memory(content, category, importance, occurred_at))
+
+    def edit_memory(self, memory_id: UUID | str, *, content: Any = UNSET, category: Any = UNSET,
+                    importance: Any = UNSET, occurred_at: Any = UNSET) -> models.MemoryWithHistory:
+        return self._send(op.edit_memory(memory_id, content, category, importance, occurred_at))
+
+    def delete_memories(self, *, layer: str | None = None, category: str | None = None) -> models.Deleted:
+        return self._send(op.delete_memories(layer, category))
+
+    def delete_memory(self, memory_id: UUID | str) -> None:
+        self._send(op.delete_memory(memory_id))
+
+    # --- account
+    def export_account(self) -> models.ExportLink:
+        return self._send(op.export_account())
+
+    def erase_account(self) -> models.Erasure:
+        return self._send(op.erase_account())
+
+    def get_usage(self, *, first: date | None = None, last: date | None = None) -> models.UsageReport:
+        return self._send(op.get_usage(first, last))
+
+
+class AsyncClient(_Base):
+    """The API, with asyncio: the same methods as ``Client``, awaited."""
+
+    def __init__(self, base_url: str, token: Token | None = None, *, timeout: float = 30.0, max_retries: int = 2,
+                 max_wait: float = 30.0, backoff: float = 0.5, http: httpx.AsyncClient | None = None):
+        super().__init__(base_url, token, max_retries, max_wait, backoff)
+        self._http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _send(self, call: Call[T]) -> T:
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.request(**self._request(call))
+            except httpx.TransportError:
+                wait = self._policy.after_broken_connection(call, attempt)
+                if wait is None:
+                    raise
+            else:
+                try:
+                    return _answer(call, response)
+                except ApiError as error:
+                    wait = self._policy.after_error(error, attempt)
+                    if wait is None:
+                        raise
+            await asyncio.sleep(wait)
+            attempt += 1
+
+    # --- health
+    async def get_health(self) -> models.HealthReport:
+        return await self._send(op.get_health())
+
+    async def get_deep_health(self) -> models.DeepHealth:
+        return await self._send(op.get_deep_health())
+
+    async def get_open_api_document(self) -> dict:
+        return await self._send(op.get_open_api_document())
+
+    # --- sessions
+    async def list_personas(self) -> models.PersonaList:
+        return await self._send(op.list_personas())
+
+    async def create_session(self, persona_id: str) -> models.CreatedSession:
+        return await self._send(op.create_session(persona_id))
+
+    async def list_sessions(self) -> models.SessionList:
+        return await self._send(op.list_sessions())
+
+    async def list_messages(self, session_id: UUID | str, *, limit: int | None = None,
+                            before: int | None = None) -> models.MessagePage:
+        return await self._send(op.list_messages(session_id, limit, before))
+
+    # --- chat
+    async def take_turn(self, session_id: UUID | str, content: str, *,
+                        client_turn_id: str | None = None) -> models.TurnResult:
+        return await self._send(op.take_turn(session_id, content, client_turn_id))
+
+    async def append_messages(self, session_id: UUID | str,
+                              messages: Sequence[models.NewMessage | Mapping[str, Any]]) -> models.Appended:
+        return await self._send(op.append_messages(session_id, messages))
+
+    async def get_context(self, session_id: UUID | str, content: str, *, store: bool = False,
+                          client_message_id: str | None = None) -> models.ContextResult:
+        return await self._send(op.get_context(session_id, content, store, client_message_id))
+
+    # --- memories
+    async def list_memories(self, *, layer: str | None = None, category: str | None = None,
+                            source: str | None = None, limit: int | None = None, before: str | None = None,
+                            include: str | None = None) -> models.MemoryPage:
+        return await self._send(op.list_memories(layer, category, source, limit, before, include))
+
+    async def get_memory(self, memory_id: UUID | str) -> models.MemoryWithHistory:
+        return await self._send(op.get_memory(memory_id))
+
+    async def restore_memory(self, memory_id: UUID | str) -> models.MemoryWithHistory:
+        return await self._send(op.restore_memory(memory_id))
+
+    async def search_memories(self, query: str, *, layer: str | None = None, category: str | None = None,
+                              persona_id: str | None = None, k: int | None = None) -> models.SearchResults:
+        return await self._send(op.search_memories(query, layer, category, persona_id, k))
+
+    async def add_memory(self, content: str, category: str, *, importance: float | None = None,
+                         occurred_at: str | None = None) -> models.MemoryWithHistory:
+        return await self._send(op.add_memory(content, category, importance, occurred_at))
+
+    async def edit_memory(self, memory_id: UUID | str, *, content: Any = UNSET, category: Any = UNSET,
+                          importance: Any = UNSET, occurred_at: Any = UNSET) -> models.MemoryWithHistory:
+        return await self._send(op.edit_memory(memory_id, content, category, importance, occurred_at))
+
+    async def delete_memories(self, *, layer: str | None = None, category: str | None = None) -> models.Deleted:
+        return await self._send(op.delete_memories(layer, category))
+
+    async def delete_memory(self, memory_id: UUID | str) -> None:
+        await self._send(op.delete_memory(memory_id))
+
+    # --- account
+    async def export_account(self) -> models.ExportLink:
+        return await self._send(op.export_account())
+
+    async def erase_account(self) -> models.Erasure:
+        return await self._send(op.erase_account())
+
+    async def get_usage(self, *, first: date | None = None, last: date | None = None) -> models.UsageReport:
+        return await self._send(op.get_usage(first, last))

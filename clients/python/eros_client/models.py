@@ -1,0 +1,817 @@
+# The API's request and response shapes, generated from its OpenAPI document by .venv/bin/python tools/client_models.py
+# (datamodel-code-generator): do not edit; change the API's models, then run it again.
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, RootModel
+from uuid import UUID
+from datetime import date
+
+
+class AppendedMessage(BaseModel):
+    """
+    A message of an append, as stored.
+    """
+
+    id: Annotated[int, Field(title="Id")]
+    role: Annotated[Literal["user", "assistant"], Field(title="Role")]
+    client_message_id: Annotated[str, Field(title="Client Message Id")]
+    """
+    its id: the client's, or one made for it
+    """
+    created_at: Annotated[AwareDatetime, Field(title="Created At")]
+    """
+    its time in the transcript (and its utterance's, for a user message)
+    """
+    stored: Annotated[bool, Field(title="Stored")]
+    """
+    false: an earlier request with this client_message_id and role stored it (a retry): nothing was stored again
+    """
+
+
+class CallsUsage(BaseModel):
+    purpose: Annotated[
+        Literal["chat", "extraction", "deep_pass", "curation"], Field(title="Purpose")
+    ]
+    """
+    chat: turns (reply and query embedding); extraction and deep_pass: dreaming; curation: the memory API's embeddings
+    """
+    model: Annotated[str, Field(title="Model")]
+    calls: Annotated[int, Field(title="Calls")]
+    input_tokens: Annotated[int, Field(title="Input Tokens")]
+    output_tokens: Annotated[int, Field(title="Output Tokens")]
+    estimated_cost: Annotated[float | None, Field(title="Estimated Cost")]
+    """
+    USD at the configured list prices; null: the model has no price
+    """
+
+
+class Check(BaseModel):
+    status: Annotated[Literal["ok", "failed"], Field(title="Status")]
+    detail: Annotated[str, Field(title="Detail")]
+    ms: Annotated[float, Field(title="Ms")]
+    age_s: Annotated[float, Field(title="Age S")]
+    """
+    seconds since the check ran: 0, but for the providers' checks, which a container makes at most once per DEEP_HEALTH_CACHE_SECS
+    """
+
+
+class ClientMessageId(RootModel[str]):
+    root: Annotated[
+        str, Field(pattern="^[A-Za-z0-9._:-]{1,128}$", title="Client Message Id")
+    ]
+    """
+    with store: the message's id, as in POST .../messages (a retry stores it once)
+    """
+
+
+class ContextRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    content: Annotated[str, Field(min_length=1, title="Content")]
+    """
+    the user's message to answer
+    """
+    store: Annotated[bool | None, Field(title="Store")] = False
+    """
+    also record the message in the session, as an appended user message (POST .../messages): then append only your reply
+    """
+    client_message_id: Annotated[
+        ClientMessageId | None, Field(title="Client Message Id")
+    ] = None
+    """
+    with store: the message's id, as in POST .../messages (a retry stores it once)
+    """
+
+
+class CreatedSession(BaseModel):
+    id: Annotated[UUID, Field(title="Id")]
+    persona_id: Annotated[str, Field(title="Persona Id")]
+    created_at: Annotated[AwareDatetime, Field(title="Created At")]
+    last_active_at: Annotated[AwareDatetime, Field(title="Last Active At")]
+
+
+class DayUsage(BaseModel):
+    day: Annotated[date, Field(title="Day")]
+    """
+    a UTC day
+    """
+    tokens: Annotated[int, Field(title="Tokens")]
+    """
+    what the daily token budget counted
+    """
+    estimated_cost: Annotated[float, Field(title="Estimated Cost")]
+    calls: Annotated[list[CallsUsage], Field(title="Calls")]
+
+
+class DeepHealth(BaseModel):
+    status: Annotated[Literal["ok", "failed"], Field(title="Status")]
+    checks: Annotated[dict[str, Check], Field(title="Checks")]
+    """
+    database, schema, llm, embedder
+    """
+
+
+class Deleted(BaseModel):
+    deleted: Annotated[int, Field(title="Deleted")]
+    """
+    how many memories were deleted (0 when none matched)
+    """
+
+
+class DreamingState(BaseModel):
+    state: Annotated[
+        Literal["active", "waiting", "claimed", "retrying", "extracted", "failed"],
+        Field(title="State"),
+    ]
+    """
+    active: not quiet for DREAMING_IDLE_SECS yet; waiting: for the next sweep; claimed: being extracted; retrying: after a failure, at due_at; extracted: its memories are written; failed: given up (error says why; a new message makes it eligible again)
+    """
+    error: Annotated[str | None, Field(title="Error")]
+    """
+    the last failed attempt's error
+    """
+    attempts: Annotated[int, Field(title="Attempts")]
+    due_at: Annotated[AwareDatetime | None, Field(title="Due At")]
+    """
+    when it is quiet enough to be dreamt about, or retried
+    """
+
+
+class Erased(BaseModel):
+    """
+    What an erasure deleted, by kind (all 0 when there was nothing, e.g. the second time).
+    """
+
+    memories: Annotated[int, Field(title="Memories")]
+    """
+    both layers, superseded history included
+    """
+    messages: Annotated[int, Field(title="Messages")]
+    sessions: Annotated[int, Field(title="Sessions")]
+    persona_instances: Annotated[int, Field(title="Persona Instances")]
+    deep_pass: Annotated[int, Field(title="Deep Pass")]
+    """
+    the user's deep-pass (per-user consolidation) record
+    """
+    usage_days: Annotated[int, Field(title="Usage Days")]
+    """
+    days of token usage and turn counts
+    """
+    usage_by_model: Annotated[int, Field(title="Usage By Model")]
+    """
+    rows of usage per day, purpose and model
+    """
+    exports: Annotated[int, Field(title="Exports")]
+    """
+    export files not yet expired
+    """
+
+
+class Erasure(BaseModel):
+    erased: Erased
+
+
+class ExportLink(BaseModel):
+    url: Annotated[str, Field(title="Url")]
+    """
+    where the export is, a JSON document: `user_id`, `exported_at`, `sessions` (each with its `messages`), `memories` of both layers with their history, provenance and event time (never an embedding), `usage` per day and `usage_by_model` per day, purpose and model
+    """
+    expires_at: Annotated[AwareDatetime, Field(title="Expires At")]
+    """
+    the link (and, within a day, the file) expires
+    """
+    bytes: Annotated[int, Field(title="Bytes")]
+
+
+class HealthReport(BaseModel):
+    status: Annotated[Literal["ok", "degraded"], Field(title="Status")]
+    database: Annotated[Literal["ok", "unreachable"], Field(title="Database")]
+    providers: Annotated[dict[str, str], Field(title="Providers")]
+    """
+    what the chat model and the embedder are (real or offline)
+    """
+    dreaming: Annotated[dict[str, Any], Field(title="Dreaming")]
+    """
+    ok, or held while a provider refuses our credentials (and why)
+    """
+
+
+class Content(RootModel[str]):
+    root: Annotated[str, Field(min_length=1, title="Content")]
+    """
+    text, trimmed: at most MAX_CONTENT_CHARS (4,000) characters, no NUL character or lone surrogate
+    """
+
+
+class MemoryEdit(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    content: Annotated[Content | None, Field(title="Content")] = None
+    category: Annotated[
+        Literal["fact", "preference", "event", "emotion", "relation"] | None,
+        Field(title="Category"),
+    ] = None
+    importance: Annotated[float | None, Field(title="Importance")] = None
+    """
+    a number 0..1, stored as a float4 (one too small for a float4, such as 1e-100, is 0); NaN, infinities, text and booleans are refused
+    """
+    occurred_at: Annotated[str | None, Field(title="Occurred At")] = None
+    """
+    the new event time; null clears it; left out: kept
+    """
+
+
+class PersonaId(RootModel[str]):
+    root: Annotated[str, Field(max_length=64, min_length=1, title="Persona Id")]
+    """
+    the persona whose relationship memories (what was said to it) are searched too: its episodes, its newest utterances and older ones that share a rare word with the query
+    """
+
+
+class MemorySearch(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    query: Annotated[str, Field(min_length=1, title="Query")]
+    """
+    text, trimmed: at most MAX_CONTENT_CHARS (4,000) characters, no NUL character or lone surrogate
+    """
+    layer: Literal["profile", "relationship"] | None = None
+    """
+    default: both (the relationship layer needs persona_id)
+    """
+    category: Annotated[
+        Literal["fact", "preference", "event", "emotion", "relation"] | None,
+        Field(title="Category"),
+    ] = None
+    """
+    profile memories of this category only
+    """
+    persona_id: Annotated[PersonaId | None, Field(title="Persona Id")] = None
+    """
+    the persona whose relationship memories (what was said to it) are searched too: its episodes, its newest utterances and older ones that share a rare word with the query
+    """
+    k: Annotated[int | None, Field(ge=1, le=50, title="K")] = 10
+    """
+    how many results at most
+    """
+
+
+class NewMemory(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    content: Annotated[str, Field(min_length=1, title="Content")]
+    """
+    text, trimmed: at most MAX_CONTENT_CHARS (4,000) characters, no NUL character or lone surrogate
+    """
+    category: Annotated[
+        Literal["fact", "preference", "event", "emotion", "relation"],
+        Field(title="Category"),
+    ]
+    importance: Annotated[float | None, Field(title="Importance")] = None
+    """
+    a number 0..1, stored as a float4 (one too small for a float4, such as 1e-100, is 0); NaN, infinities, text and booleans are refused; default 0.8 (what the user states matters)
+    """
+    occurred_at: Annotated[str | None, Field(title="Occurred At")] = None
+
+
+class ClientMessageId1(RootModel[str]):
+    root: Annotated[
+        str, Field(pattern="^[A-Za-z0-9._:-]{1,128}$", title="Client Message Id")
+    ]
+    """
+    your id for the message (1-128 of A-Z a-z 0-9 . _ : -): a retry with the same id and role stores nothing twice; the same id with other text is a 409 message_conflict. Without one, an id is made, and a retry stores the message again
+    """
+
+
+class NewMessage(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    role: Annotated[Literal["user", "assistant"], Field(title="Role")]
+    """
+    who said it: the user, or the persona (your model)
+    """
+    content: Annotated[str, Field(min_length=1, title="Content")]
+    """
+    text, trimmed: at most MAX_CONTENT_CHARS (4,000) characters, no NUL character or lone surrogate
+    """
+    client_message_id: Annotated[
+        ClientMessageId1 | None, Field(title="Client Message Id")
+    ] = None
+    """
+    your id for the message (1-128 of A-Z a-z 0-9 . _ : -): a retry with the same id and role stores nothing twice; the same id with other text is a 409 message_conflict. Without one, an id is made, and a retry stores the message again
+    """
+    created_at: Annotated[AwareDatetime | None, Field(title="Created At")] = None
+    """
+    when it was said, with its time zone (ISO 8601); default: when it is stored. Not ahead of the server's clock by more than 5 minutes, in order within the request, and not before the session's newest message
+    """
+
+
+class NewMessages(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    messages: Annotated[
+        list[NewMessage], Field(max_length=100, min_length=1, title="Messages")
+    ]
+    """
+    in order, 1 to 100
+    """
+
+
+class NewSession(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    persona_id: Annotated[str, Field(max_length=64, min_length=1, title="Persona Id")]
+
+
+class ClientTurnId(RootModel[str]):
+    root: Annotated[
+        str, Field(pattern="^[A-Za-z0-9._:-]{1,128}$", title="Client Turn Id")
+    ]
+
+
+class NewTurn(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    content: Annotated[str, Field(min_length=1, title="Content")]
+    """
+    text, trimmed: at most MAX_CONTENT_CHARS (4,000) characters, no NUL character or lone surrogate
+    """
+    client_turn_id: Annotated[ClientTurnId | None, Field(title="Client Turn Id")] = None
+
+
+class PersonaView(BaseModel):
+    id: Annotated[str, Field(title="Id")]
+    name: Annotated[str, Field(title="Name")]
+    description: Annotated[str, Field(title="Description")]
+
+
+class PurposeUsage(BaseModel):
+    purpose: Annotated[str, Field(title="Purpose")]
+    calls: Annotated[int, Field(title="Calls")]
+    input_tokens: Annotated[int, Field(title="Input Tokens")]
+    output_tokens: Annotated[int, Field(title="Output Tokens")]
+    estimated_cost: Annotated[float, Field(title="Estimated Cost")]
+
+
+class ScoreParts(BaseModel):
+    """
+    Why a ranked memory is where it is: its score is similarity + recency + importance + lexical - demotion.
+    """
+
+    similarity: Annotated[float, Field(title="Similarity")]
+    """
+    cosine similarity of the memory to the query
+    """
+    recency: Annotated[float, Field(title="Recency")]
+    """
+    what its age adds (or, composite strategy, takes away)
+    """
+    importance: Annotated[float, Field(title="Importance")]
+    """
+    what its importance adds
+    """
+    lexical: Annotated[float, Field(title="Lexical")]
+    """
+    what its words shared with the message add (names, numbers, rare words)
+    """
+    demotion: Annotated[float, Field(title="Demotion")]
+    """
+    taken away when a newer, similar memory of its category outranks it
+    """
+
+
+class SearchResult(BaseModel):
+    id: Annotated[UUID, Field(title="Id")]
+    layer: Annotated[Literal["profile", "relationship"], Field(title="MemoryLayer")]
+    """
+    Which of the two memory layers a memory is in (not to be confused with the Lambda layer).
+    """
+    category: Annotated[
+        Literal["fact", "preference", "event", "emotion", "relation"] | None,
+        Field(title="Category"),
+    ]
+    content: Annotated[str, Field(title="Content")]
+    importance: Annotated[float | None, Field(title="Importance")]
+    persona_id: Annotated[str | None, Field(title="Persona Id")]
+    """
+    the persona of a relationship memory; null in the profile layer
+    """
+    created_at: Annotated[AwareDatetime, Field(title="Created At")]
+    occurred_at: Annotated[str | None, Field(title="Occurred At")]
+    """
+    its event time, when a session (or the user) said when what it is about happened or will happen: a day YYYY-MM-DD, an ISO week YYYY-Www, a month YYYY-MM or a year YYYY; null: none was said
+    """
+    occurred_precision: Annotated[
+        Literal["day", "week", "month", "year"] | None,
+        Field(title="Occurred Precision"),
+    ]
+    """
+    the size of that period; null with occurred_at
+    """
+    source: Annotated[
+        Literal["utterance", "dreaming", "deep_pass", "user", "episode"],
+        Field(title="Source"),
+    ]
+    """
+    what wrote it: a chat utterance, session-end dreaming, the per-user deep pass, the user, or 'episode': a session's account of what happened between the user and the persona (relationship layer, one per session, rewritten when the session resumes)
+    """
+    session_id: Annotated[UUID | None, Field(title="Session Id")]
+    """
+    the session it came from
+    """
+    from_message_id: Annotated[int | None, Field(title="From Message Id")]
+    """
+    first message of the range it was distilled from
+    """
+    through_message_id: Annotated[int | None, Field(title="Through Message Id")]
+    """
+    last message of that range
+    """
+    model: Annotated[str | None, Field(title="Model")]
+    """
+    the model that wrote it, if one did
+    """
+    last_confirmed_at: Annotated[AwareDatetime | None, Field(title="Last Confirmed At")]
+    """
+    when it was last repeated or confirmed
+    """
+    mention_count: Annotated[int, Field(title="Mention Count")]
+    superseded_at: Annotated[AwareDatetime | None, Field(title="Superseded At")]
+    """
+    validity end; null while the memory is active
+    """
+    superseded_by: Annotated[UUID | None, Field(title="Superseded By")]
+    """
+    the memory that replaced it (null once that one is deleted)
+    """
+    superseded_reason: Annotated[
+        Literal["changed", "duplicate", "reverted", "edited", "outdated"] | None,
+        Field(title="Superseded Reason"),
+    ]
+    """
+    changed: a newer fact replaced it; duplicate: merged into its twin; reverted: the user restored an older version; edited: the user edited it (its new version replaced it); outdated: an utterance that stated a fact which changed (superseded_by names that fact)
+    """
+    supersedes: Annotated[list[UUID], Field(title="Supersedes")]
+    """
+    ids of the memories this one replaced
+    """
+    score: Annotated[float, Field(title="Score")]
+    """
+    what ranks it: similarity + recency + importance + lexical - demotion
+    """
+    parts: ScoreParts
+
+
+class SearchResults(BaseModel):
+    results: Annotated[list[SearchResult], Field(title="Results")]
+    """
+    best first
+    """
+
+
+class SessionView(BaseModel):
+    id: Annotated[UUID, Field(title="Id")]
+    persona_id: Annotated[str, Field(title="Persona Id")]
+    created_at: Annotated[AwareDatetime, Field(title="Created At")]
+    last_active_at: Annotated[AwareDatetime, Field(title="Last Active At")]
+    extracted_at: Annotated[AwareDatetime | None, Field(title="Extracted At")]
+    dreaming: DreamingState
+
+
+class UsageTotals(BaseModel):
+    tokens: Annotated[int, Field(title="Tokens")]
+    calls: Annotated[int, Field(title="Calls")]
+    input_tokens: Annotated[int, Field(title="Input Tokens")]
+    output_tokens: Annotated[int, Field(title="Output Tokens")]
+    estimated_cost: Annotated[float, Field(title="Estimated Cost")]
+
+
+class Appended(BaseModel):
+    """
+    What ``POST /v1/sessions/{id}/messages`` answers.
+    """
+
+    messages: Annotated[list[AppendedMessage], Field(title="Messages")]
+    """
+    each message of the request, in its order
+    """
+    utterances: Annotated[int, Field(title="Utterances")]
+    """
+    user messages this request added to the relationship layer
+    """
+
+
+class Memory(BaseModel):
+    """
+    A memory as its owner sees it (never its embedding).
+    """
+
+    id: Annotated[UUID, Field(title="Id")]
+    layer: Annotated[Literal["profile", "relationship"], Field(title="MemoryLayer")]
+    """
+    Which of the two memory layers a memory is in (not to be confused with the Lambda layer).
+    """
+    category: Annotated[
+        Literal["fact", "preference", "event", "emotion", "relation"] | None,
+        Field(title="Category"),
+    ]
+    content: Annotated[str, Field(title="Content")]
+    importance: Annotated[float | None, Field(title="Importance")]
+    persona_id: Annotated[str | None, Field(title="Persona Id")]
+    """
+    the persona of a relationship memory; null in the profile layer
+    """
+    created_at: Annotated[AwareDatetime, Field(title="Created At")]
+    occurred_at: Annotated[str | None, Field(title="Occurred At")]
+    """
+    its event time, when a session (or the user) said when what it is about happened or will happen: a day YYYY-MM-DD, an ISO week YYYY-Www, a month YYYY-MM or a year YYYY; null: none was said
+    """
+    occurred_precision: Annotated[
+        Literal["day", "week", "month", "year"] | None,
+        Field(title="Occurred Precision"),
+    ]
+    """
+    the size of that period; null with occurred_at
+    """
+    source: Annotated[
+        Literal["utterance", "dreaming", "deep_pass", "user", "episode"],
+        Field(title="Source"),
+    ]
+    """
+    what wrote it: a chat utterance, session-end dreaming, the per-user deep pass, the user, or 'episode': a session's account of what happened between the user and the persona (relationship layer, one per session, rewritten when the session resumes)
+    """
+    session_id: Annotated[UUID | None, Field(title="Session Id")]
+    """
+    the session it came from
+    """
+    from_message_id: Annotated[int | None, Field(title="From Message Id")]
+    """
+    first message of the range it was distilled from
+    """
+    through_message_id: Annotated[int | None, Field(title="Through Message Id")]
+    """
+    last message of that range
+    """
+    model: Annotated[str | None, Field(title="Model")]
+    """
+    the model that wrote it, if one did
+    """
+    last_confirmed_at: Annotated[AwareDatetime | None, Field(title="Last Confirmed At")]
+    """
+    when it was last repeated or confirmed
+    """
+    mention_count: Annotated[int, Field(title="Mention Count")]
+    superseded_at: Annotated[AwareDatetime | None, Field(title="Superseded At")]
+    """
+    validity end; null while the memory is active
+    """
+    superseded_by: Annotated[UUID | None, Field(title="Superseded By")]
+    """
+    the memory that replaced it (null once that one is deleted)
+    """
+    superseded_reason: Annotated[
+        Literal["changed", "duplicate", "reverted", "edited", "outdated"] | None,
+        Field(title="Superseded Reason"),
+    ]
+    """
+    changed: a newer fact replaced it; duplicate: merged into its twin; reverted: the user restored an older version; edited: the user edited it (its new version replaced it); outdated: an utterance that stated a fact which changed (superseded_by names that fact)
+    """
+    supersedes: Annotated[list[UUID], Field(title="Supersedes")]
+    """
+    ids of the memories this one replaced
+    """
+
+
+class MemoryPage(BaseModel):
+    memories: Annotated[list[Memory], Field(title="Memories")]
+    next_before: Annotated[str | None, Field(title="Next Before")]
+    """
+    an opaque cursor: pass it as `before` for the next page (it stays valid when the memory it was taken from is deleted); null on the last page
+    """
+
+
+class MemoryWithHistory(BaseModel):
+    id: Annotated[UUID, Field(title="Id")]
+    layer: Annotated[Literal["profile", "relationship"], Field(title="MemoryLayer")]
+    """
+    Which of the two memory layers a memory is in (not to be confused with the Lambda layer).
+    """
+    category: Annotated[
+        Literal["fact", "preference", "event", "emotion", "relation"] | None,
+        Field(title="Category"),
+    ]
+    content: Annotated[str, Field(title="Content")]
+    importance: Annotated[float | None, Field(title="Importance")]
+    persona_id: Annotated[str | None, Field(title="Persona Id")]
+    """
+    the persona of a relationship memory; null in the profile layer
+    """
+    created_at: Annotated[AwareDatetime, Field(title="Created At")]
+    occurred_at: Annotated[str | None, Field(title="Occurred At")]
+    """
+    its event time, when a session (or the user) said when what it is about happened or will happen: a day YYYY-MM-DD, an ISO week YYYY-Www, a month YYYY-MM or a year YYYY; null: none was said
+    """
+    occurred_precision: Annotated[
+        Literal["day", "week", "month", "year"] | None,
+        Field(title="Occurred Precision"),
+    ]
+    """
+    the size of that period; null with occurred_at
+    """
+    source: Annotated[
+        Literal["utterance", "dreaming", "deep_pass", "user", "episode"],
+        Field(title="Source"),
+    ]
+    """
+    what wrote it: a chat utterance, session-end dreaming, the per-user deep pass, the user, or 'episode': a session's account of what happened between the user and the persona (relationship layer, one per session, rewritten when the session resumes)
+    """
+    session_id: Annotated[UUID | None, Field(title="Session Id")]
+    """
+    the session it came from
+    """
+    from_message_id: Annotated[int | None, Field(title="From Message Id")]
+    """
+    first message of the range it was distilled from
+    """
+    through_message_id: Annotated[int | None, Field(title="Through Message Id")]
+    """
+    last message of that range
+    """
+    model: Annotated[str | None, Field(title="Model")]
+    """
+    the model that wrote it, if one did
+    """
+    last_confirmed_at: Annotated[AwareDatetime | None, Field(title="Last Confirmed At")]
+    """
+    when it was last repeated or confirmed
+    """
+    mention_count: Annotated[int, Field(title="Mention Count")]
+    superseded_at: Annotated[AwareDatetime | None, Field(title="Superseded At")]
+    """
+    validity end; null while the memory is active
+    """
+    superseded_by: Annotated[UUID | None, Field(title="Superseded By")]
+    """
+    the memory that replaced it (null once that one is deleted)
+    """
+    superseded_reason: Annotated[
+        Literal["changed", "duplicate", "reverted", "edited", "outdated"] | None,
+        Field(title="Superseded Reason"),
+    ]
+    """
+    changed: a newer fact replaced it; duplicate: merged into its twin; reverted: the user restored an older version; edited: the user edited it (its new version replaced it); outdated: an utterance that stated a fact which changed (superseded_by names that fact)
+    """
+    supersedes: Annotated[list[UUID], Field(title="Supersedes")]
+    """
+    ids of the memories this one replaced
+    """
+    history: Annotated[list[Memory], Field(title="History")]
+    """
+    every version of this memory (itself included), oldest first: what it replaced and what replaced it, recursively
+    """
+
+
+class PersonaList(BaseModel):
+    personas: Annotated[list[PersonaView], Field(title="Personas")]
+
+
+class RecalledMemory(BaseModel):
+    """
+    A memory the prompt carried, with the score that put it there. Its text is in the answer only: a stored
+    turn keeps ids and numbers, so a memory the user deletes leaves no copy.
+    """
+
+    id: Annotated[UUID, Field(title="Id")]
+    layer: Annotated[Literal["profile", "relationship"], Field(title="MemoryLayer")]
+    """
+    Which of the two memory layers a memory is in (not to be confused with the Lambda layer).
+    """
+    category: Annotated[str | None, Field(title="Category")]
+    """
+    the profile category; null for a relationship utterance
+    """
+    content: Annotated[str | None, Field(title="Content")] = None
+    """
+    the memory's text (null when the turn is replayed)
+    """
+    occurred_at: Annotated[str | None, Field(title="Occurred At")] = None
+    """
+    its event time, as the prompt showed it: a day YYYY-MM-DD, an ISO week YYYY-Www, a month YYYY-MM or a year YYYY (null when it has none, and when the turn is replayed)
+    """
+    occurred_precision: Annotated[
+        Literal["day", "week", "month", "year"] | None,
+        Field(title="Occurred Precision"),
+    ] = None
+    score: Annotated[float | None, Field(title="Score")] = None
+    """
+    what ranked it: similarity + recency + importance + lexical - demotion
+    """
+    parts: ScoreParts | None = None
+
+
+class SessionList(BaseModel):
+    sessions: Annotated[list[SessionView], Field(title="Sessions")]
+    """
+    newest first
+    """
+
+
+class TurnResult(BaseModel):
+    """
+    What a chat turn answers (the route's response model).
+    """
+
+    reply: Annotated[str, Field(title="Reply")]
+    client_turn_id: Annotated[str, Field(title="Client Turn Id")]
+    """
+    the turn's id: the client's, or one made for it
+    """
+    user_message_id: Annotated[int, Field(title="User Message Id")]
+    assistant_message_id: Annotated[int, Field(title="Assistant Message Id")]
+    recalled: Annotated[list[RecalledMemory], Field(title="Recalled")]
+    """
+    what the prompt carried, profile first, best first
+    """
+    model: Annotated[str, Field(title="Model")]
+    """
+    the model that answered
+    """
+    replayed: Annotated[bool | None, Field(title="Replayed")] = False
+    """
+    true when this is the stored reply of an earlier attempt
+    """
+
+
+class UsageReport(BaseModel):
+    from_: Annotated[date, Field(alias="from", title="From")]
+    to: Annotated[date, Field(title="To")]
+    currency: Annotated[str, Field(title="Currency")]
+    daily_token_budget: Annotated[int | None, Field(title="Daily Token Budget")]
+    """
+    tokens a day the caller may spend (null: no budget)
+    """
+    days: Annotated[list[DayUsage], Field(title="Days")]
+    """
+    days with any usage, oldest first
+    """
+    purposes: Annotated[list[PurposeUsage], Field(title="Purposes")]
+    """
+    the range per purpose
+    """
+    totals: UsageTotals
+    unpriced_models: Annotated[list[str], Field(title="Unpriced Models")]
+    """
+    models with no configured price: their cost is not in a total
+    """
+
+
+class ContextResult(BaseModel):
+    """
+    What ``POST /v1/sessions/{id}/context`` answers.
+    """
+
+    memories: Annotated[list[RecalledMemory], Field(title="Memories")]
+    """
+    what a chat turn's prompt would carry for this message, profile first, best first, each with its score and parts
+    """
+    prompt: Annotated[str, Field(title="Prompt")]
+    """
+    the same memories as the chat turn renders them for its model: the system prompt's memory section, ready to follow your persona's own system prompt (tagged blocks, each memory on one line, with the rule that they are data); empty when nothing was recalled
+    """
+    message: AppendedMessage | None
+    """
+    with `store: true`, the user's message as stored (`stored: false` when an earlier request with its client_message_id stored it); null otherwise
+    """
+
+
+class MessageView(BaseModel):
+    id: Annotated[int, Field(title="Id")]
+    role: Annotated[Literal["user", "assistant"], Field(title="Role")]
+    content: Annotated[str, Field(title="Content")]
+    client_turn_id: Annotated[str | None, Field(title="Client Turn Id")]
+    sent_at: Annotated[AwareDatetime, Field(title="Sent At")]
+    recalled: Annotated[list[RecalledMemory] | None, Field(title="Recalled")]
+    """
+    a reply's: the memories its prompt carried, with their scores (their text is the memories' own: look them up by id); null for the user's messages
+    """
+
+
+class MessagePage(BaseModel):
+    messages: Annotated[list[MessageView], Field(title="Messages")]
+    """
+    newest first
+    """
+    next_before: Annotated[int | None, Field(title="Next Before")]
+    """
+    the last message's id: pass it as `before` for the next (older) page; null on the last
+    """
