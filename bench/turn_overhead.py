@@ -119,6 +119,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--long-profile", type=int, default=2_000, help="active profile memories of each long user")
     p.add_argument("--unbounded-turns", type=int, default=0,
                    help="long history: also this many turns per user with RECALL_UTTERANCE_WINDOW=0 (the exact scan)")
+    p.add_argument("--context", action="store_true",
+                   help="instead of the headline run: an app's turn behind its own chat (POST .../context with "
+                        "store, then its reply appended) and the context alone, alternated with take_turn")
     p.add_argument("--output", type=Path, default=RESULTS, help="markdown results file ('-' for none)")
     args = p.parse_args(argv)
     if min(args.users, args.memories_per_user, args.turns) < 1 or min(args.relationship_per_user,
@@ -480,6 +483,82 @@ def long_history(url: str, args: argparse.Namespace, command: str) -> int:
     return 0
 
 
+CONTEXT_RESULTS = RESULTS.with_name("context_overhead.md")
+CONTEXT_KINDS = (("turn", "a chat turn (`take_turn`, the engine's own model call)"),
+                 ("context", "the context alone (`context_for`, nothing stored)"),
+                 ("context+store", "the context with the message stored (`store: true`)"),
+                 ("app turn", "an app's whole turn: the context with the message stored, then its reply "
+                              "appended (`append`): two requests"))
+
+
+def context_turns(url: str, args: argparse.Namespace, command: str) -> int:
+    """An app's turn behind its own chat pipeline against the engine's own turn, on the headline data set:
+    random users, the kinds alternated turn by turn so that each sees the same load on these shared cores."""
+    import eros.chat
+    import eros.context
+    import eros.ingest
+    from eros import db
+    from eros.config import EMBED_DIM
+    from eros.observability import metrics
+
+    use_database(url)
+    rng = random.Random(args.seed)
+    with db.connect(url) as conn:
+        sessions = [(r["user_id"], r["id"]) for r in conn.execute(
+            "SELECT user_id, id FROM engine.chat_sessions WHERE user_id LIKE 'bench-u%' ORDER BY user_id")]
+    embedder = FakeEmbedder(random_unit_vectors(rng, 2_000, EMBED_DIM))
+    run_tag = uuid.uuid4().hex[:8]
+    timings: dict[str, list[float]] = {kind: [] for kind, _ in CONTEXT_KINDS}
+    load_before = machine()["loadavg"]
+
+    def app_turn(user: str, session_id: Any, content: str, turn_id: str, store: bool, reply: bool) -> None:
+        eros.context.context_for(user, session_id, content, store=store, client_message_id=turn_id if store else None)
+        if reply:
+            eros.ingest.append(user, session_id, [eros.ingest.Incoming("assistant", REPLY, turn_id)])
+
+    with fakes_installed(embedder, FakeChat()), logging_to_nowhere():
+        connect_to(url)
+        try:
+            for i in range(args.warmup + args.turns):
+                for kind, _ in CONTEXT_KINDS:
+                    (user, session_id), content = rng.choice(sessions), rng.choice(UTTERANCES)
+                    turn_id = f"{TURN_PREFIX}{run_tag}-{kind.replace(' ', '-').replace('+', '-')}-{i}"
+                    t0 = time.perf_counter()
+                    if kind == "turn":
+                        eros.chat.take_turn(user, session_id, content, turn_id)
+                    else:
+                        app_turn(user, session_id, content, turn_id, kind != "context", kind == "app turn")
+                    elapsed = time.perf_counter() - t0
+                    metrics.clear_metrics()
+                    if i >= args.warmup:
+                        timings[kind].append(elapsed)
+        finally:
+            db.reset()
+    forget_earlier_runs(url)
+    report = render_context(args, command, timings, load_before, machine()["loadavg"])
+    print(report)
+    write_results(CONTEXT_RESULTS if args.output == RESULTS else args.output, report)
+    return 0
+
+
+def render_context(args, command: str, timings: dict[str, list[float]], load_before: str, load_after: str) -> str:
+    turn = summary(timings["turn"])
+    lines = [f"`{command}`", "",
+             f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, commit {git_commit()}, {os.cpu_count()} cores shared; "
+             f"load average (1 / 5 / 15 min): before {load_before}, after {load_after}", "",
+             f"The memory part (instant fake providers) of each kind of request, on the headline data set "
+             f"({args.users:,} users x {args.memories_per_user} profile memories), random users, the kinds "
+             f"alternated turn by turn; ratios to the chat turn of the same run. Goal: the context within the "
+             f"turn's memory budget (p95 <= {GOAL_P95_MS:g} ms).", "",
+             "| request | timed | p50 ms | p95 ms | p99 ms | p50 / turn's | p95 / turn's |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for kind, label in CONTEXT_KINDS:
+        s = summary(timings[kind])
+        lines.append(f"| {label} | {len(timings[kind])} | {s['p50']:.2f} | {s['p95']:.2f} | {s['p99']:.2f} | "
+                     f"x{s['p50'] / turn['p50']:.2f} | x{s['p95'] / turn['p95']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def render_long(args, command: str, sizes: list[int], table_rows: int, timings: dict, loads: list[str],
                 stages: dict[int, Stages]) -> str:
     knobs = __import__("eros.config", fromlist=["settings"]).settings().recall
@@ -571,12 +650,15 @@ def random_unit_vectors(rng: random.Random, count: int, dim: int) -> list[list[f
 
 
 def fakes_installed(embedder: FakeEmbedder, chat: FakeChat):
-    """Replace the provider factories wherever take_turn can reach them (by name, in eros.chat and
-    eros.providers), for the block."""
+    """Replace the provider factories wherever take_turn, the context and the append can reach them (by name, in
+    eros.chat, eros.context, eros.ingest and eros.providers), for the block."""
     import eros.chat
+    import eros.context
+    import eros.ingest
     import eros.providers
 
-    changes = [(module, name, lambda fake=fake: fake) for module in (eros.chat, eros.providers)
+    changes = [(module, name, lambda fake=fake: fake)
+               for module in (eros.chat, eros.context, eros.ingest, eros.providers)
                for name, fake in (("chat_client", chat), ("embedder", embedder)) if hasattr(module, name)]
     found = {f"{module.__name__}.{name}" for module, name, _ in changes}
     if not {"eros.chat.chat_client", "eros.chat.embedder"} <= found:
@@ -940,6 +1022,8 @@ def _main(args: argparse.Namespace, command: str) -> int:
 
     if args.long_history:
         return long_history(url, args, command)
+    if args.context:
+        return context_turns(url, args, command)
     load_before = machine()["loadavg"]
     turn_url = url if args.synchronous_commit == "on" else make_conninfo(url, options="-c synchronous_commit=off")
     res = run_turns(turn_url, args)

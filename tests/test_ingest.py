@@ -377,3 +377,30 @@ def test_a_context_embedder_failure_is_a_stable_error(api, db, online):
     status, body = api.call("POST", f"/v1/sessions/{sid}/context", {"content": "hi", "store": True})
     assert status == 503 and body["code"] == "model_unavailable" and body["retryable"] is True
     assert transcript(db, sid) == []
+
+
+def test_what_a_concurrent_request_changed_after_the_check_is_refused_whole(api, db, online):
+    """The database re-checks in its one call (engine.append_messages): a client id taken meanwhile with another
+    text, or a newer message stored meanwhile, refuses the whole request and writes none of it."""
+    from eros import ingest
+    from eros.errors import ClientError
+
+    sid = api.session()
+    user = "alice"
+    planned = ingest.plan(user, sid, [ingest.Incoming("user", "fresh", "f1"),
+                                      ingest.Incoming("assistant", "mine", "taken")])
+    assert append(api, sid, {"role": "assistant", "content": "theirs", "client_message_id": "taken"})[0] == 200
+    with pytest.raises(ClientError) as conflict:
+        ingest.record(user, sid, planned, [[0.1] * 512], "m")
+    assert conflict.value.code == "message_conflict" and conflict.value.extra["place"] == 1
+    assert [r["content"] for r in transcript(db, sid)] == ["theirs"]
+
+    sid = api.session()
+    planned = ingest.plan(user, sid, [ingest.Incoming("user", "a minute ago", "late",
+                                                      datetime.now(UTC) - timedelta(minutes=1))])
+    assert append(api, sid, {"role": "user", "content": "now"})[0] == 200
+    with pytest.raises(ClientError) as late:
+        ingest.record(user, sid, planned, [[0.1] * 512], "m")
+    assert late.value.code == "out_of_order"
+    assert [r["content"] for r in transcript(db, sid)] == ["now"]
+    assert [u["content"] for u in utterances(db, sid)] == ["now"]

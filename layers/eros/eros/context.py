@@ -86,10 +86,15 @@ def context_for(user_id: str, session_id: UUID, content: str, *, store: bool = F
     (admitted by the spend limits as a turn is); with ``store``, the message is recorded too, as an appended user
     message (idempotent on ``client_message_id``: a retry recalls again and stores nothing twice)."""
     cfg = settings()
-    session = chat_store.get_session(user_id, session_id, history=cfg.history_messages)
-    if session is None:
-        raise NotFound("session not found")
-    plan = ingest.plan(user_id, session_id, [ingest.Incoming("user", content, client_message_id)]) if store else None
+    if store:  # the session, its history and the message's id checked in one statement
+        plan = ingest.plan(user_id, session_id, [ingest.Incoming("user", content, client_message_id)],
+                           history=cfg.history_messages)
+        instance_id, history = plan.instance_id, plan.history
+    else:
+        plan, session = None, chat_store.get_session(user_id, session_id, history=cfg.history_messages)
+        if session is None:
+            raise NotFound("session not found")
+        instance_id, history = session["instance_id"], session.get("history", [])
     with usage.admitted(user_id, usage_store.embedding_reserve(content)) as paid:
         try:
             query = embedder().embed([content], "query", deadline=Deadline.after(cfg.turn_budget_secs))
@@ -99,8 +104,7 @@ def context_for(user_id: str, session_id: UUID, content: str, *, store: bool = F
                                                                    "code": failed.code})
             raise failed from None
         paid.append(usage_store.Call.of("chat", query))
-    remembered = remember(user_id, session["instance_id"], query.vectors[0], history=session["history"],
-                          message=content)
+    remembered = remember(user_id, instance_id, query.vectors[0], history=history, message=content)
     stored = None
     if plan:  # the message as an appended one, its utterance with the embedding paid for above (unless a retry)
         stored = ingest.record(user_id, session_id, plan, query.vectors if plan.to_embed() else [], query.model)[0]

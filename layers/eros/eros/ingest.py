@@ -32,7 +32,7 @@ from .observability import logger, metrics, tracer
 from .providers import Deadline, ProviderError, embedder
 from .store import chat as chat_store
 from .store import usage as usage_store
-from .store.rows import StoredMessage
+from .store.rows import Message
 
 MAX_MESSAGES = 100  # a request's messages at most: one embedding batch, one transaction of a few ms
 # How far ahead of the server's clock a created_at may be: clients' clocks drift, and a message from the future
@@ -93,7 +93,8 @@ class Plan:
     the session's persona instance."""
     instance_id: UUID
     messages: list[Incoming]
-    stored: dict[tuple[str, str], StoredMessage] = field(default_factory=dict)  # (client id, role): as stored
+    stored: dict[tuple[str, str], Message] = field(default_factory=dict)  # (client id, role): as stored
+    history: list[Message] = field(default_factory=list)  # the session's last messages, when asked for
 
     def new(self) -> list[Incoming]:
         return [m for m in self.messages if (m.client_message_id or "", m.role) not in self.stored]
@@ -128,23 +129,25 @@ def _checked_batch(messages: Sequence[Incoming], now: datetime) -> list[Incoming
     return out
 
 
-def plan(user_id: str, session_id: UUID, messages: Sequence[Incoming]) -> Plan:
+def plan(user_id: str, session_id: UUID, messages: Sequence[Incoming], *, history: int = 0) -> Plan:
     """Check a request before anything is paid for or stored: the batch (``_checked_batch``: 422), the session
     (404: not this user's), messages already stored under their ids (the same text: a retry, not stored again;
     another: 409 ``message_conflict``) and the order in time of the new ones after the session's newest (409
-    ``out_of_order``)."""
+    ``out_of_order``). With ``history``, the plan also carries the session's last ``history`` messages (what a
+    context's prompt history is), read in the same statement."""
     batch = _checked_batch(messages, clock.now())
-    state = chat_store.transcript(user_id, session_id, sorted({m.client_message_id or "" for m in batch}))
+    state = chat_store.transcript(user_id, session_id, sorted({m.client_message_id or "" for m in batch}),
+                                  history=history)
     if state is None:
         raise NotFound("session not found")
-    stored = {(m["client_turn_id"], m["role"]): m for m in state["stored"]}
+    stored = {(m.get("client_turn_id", ""), m["role"]): m for m in state["stored"]}
     for place, message in enumerate(batch):
         earlier = stored.get((message.client_message_id or "", message.role))
         if earlier is not None and earlier["content"] != message.content:
             raise MessageConflict(f"messages.{place}: client_message_id {message.client_message_id!r} was already "
                                   f"used in this session for a {message.role} message with another text",
                                   place=place)
-    result = Plan(state["instance_id"], batch, stored)
+    result = Plan(state["instance_id"], batch, stored, state["history"])
     _check_order(result, state["newest"])
     return result
 
@@ -160,24 +163,29 @@ def _check_order(planned: Plan, newest: datetime | None) -> None:
 
 def record(user_id: str, session_id: UUID, planned: Plan, vectors: Sequence[list[float]],
            embed_model: str) -> list[AppendedMessage]:
-    """Write a planned request in one transaction (eros.store.chat.append_messages): its new messages, each new
-    user message's utterance with its vector (``vectors``: in the order of ``planned.to_embed()``), the session's
-    activity. Returns every message of the request as stored, in order."""
+    """Write a planned request in one call (eros.store.chat.append_messages): its new messages, each new user
+    message's utterance with its vector (``vectors``: in the order of ``planned.to_embed()``), the session's
+    activity. Returns every message of the request as stored, in order. What a concurrent request changed
+    meanwhile is refused as ``plan`` refuses it, and nothing is written."""
     embedded = [m.client_message_id or "" for m in planned.new() if m.role == "user"]
-    rows = chat_store.append_messages(
-        user_id, session_id, [(m.role, m.content, m.client_message_id or "", m.created_at) for m in planned.messages],
-        list(zip(embedded, vectors, strict=True)), embed_model, check=lambda newest: _check_order(planned, newest))
+    try:
+        rows = chat_store.append_messages(
+            user_id, session_id,
+            [(m.role, m.content, m.client_message_id or "", m.created_at) for m in planned.messages],
+            list(zip(embedded, vectors, strict=True)), embed_model)
+    except chat_store.AppendRefused as refused:
+        message = planned.messages[refused.place]
+        if refused.kind == "message_conflict":
+            raise MessageConflict(f"messages.{refused.place}: client_message_id {message.client_message_id!r} was "
+                                  f"stored meanwhile by another request with another text",
+                                  place=refused.place) from None
+        _check_order(planned, refused.newest)
+        raise  # the order held after all: not a refusal this module knows
     if rows is None:
         raise chat_store.SessionGone()
-    out = []
-    for place, message in enumerate(planned.messages):
-        row = rows[(message.client_message_id or "", message.role)]
-        if row["content"] != message.content:  # a concurrent request stored other text under this id first
-            raise MessageConflict(f"messages.{place}: client_message_id {message.client_message_id!r} was stored "
-                                  f"meanwhile by another request with another text", place=place)
-        out.append(AppendedMessage(id=row["id"], role=message.role, client_message_id=message.client_message_id or "",
-                                   created_at=row["sent_at"], stored=row["inserted"]))
-    return out
+    return [AppendedMessage(id=row["id"], role=message.role, client_message_id=message.client_message_id or "",
+                            created_at=row["sent_at"], stored=row.get("inserted", False))
+            for message, row in zip(planned.messages, rows, strict=True)]
 
 
 @tracer.capture_method(capture_response=False, capture_error=False)  # messages are content

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from uuid import UUID
 
@@ -214,90 +214,67 @@ def record_turn(session: SessionWithPersona, user_id: str, user_message_id: int,
     return {"replayed": False, "user_message_id": user_message_id, "assistant_message_id": assistant["id"]}
 
 
-_STORED = "SELECT m.id, m.role, m.client_turn_id, m.content, m.sent_at FROM engine.chat_messages m"
+def transcript(user_id: str, session_id: UUID, client_ids: Sequence[str], *, history: int = 0) -> Transcript | None:
+    """What an append checks before it pays for anything (eros.ingest.plan), in one statement: the session's
+    persona instance (None: not this user's session), its newest message's time, its messages stored under
+    ``client_ids``, and with ``history`` its last ``history`` messages, oldest first (a context's prompt history,
+    as get_session reads it)."""
+    return connection().execute(
+        "SELECT s.instance_id,"
+        " (SELECT m.sent_at FROM engine.chat_messages m"
+        "  WHERE m.user_id = s.user_id AND m.session_id = s.id ORDER BY m.id DESC LIMIT 1) AS newest,"
+        " (SELECT coalesce(jsonb_agg(jsonb_build_object('id', m.id, 'role', m.role, 'client_turn_id',"
+        "                                               m.client_turn_id, 'content', m.content)), '[]')"
+        "  FROM engine.chat_messages m"
+        "  WHERE m.user_id = s.user_id AND m.session_id = s.id AND m.client_turn_id = ANY(%(ids)s)) AS stored,"
+        " (SELECT coalesce(jsonb_agg(h ORDER BY h.id), '[]') FROM ("
+        "   SELECT m.id, m.role, m.content FROM engine.chat_messages m"
+        "   WHERE m.user_id = s.user_id AND m.session_id = s.id ORDER BY m.id DESC LIMIT %(history)s) h) AS history"
+        " FROM engine.chat_sessions s WHERE s.id = %(session)s AND s.user_id = %(user)s",
+        {"session": session_id, "user": user_id, "ids": list(client_ids), "history": history}).fetchone()
 
 
-def transcript(user_id: str, session_id: UUID, client_ids: Sequence[str]) -> Transcript | None:
-    """What an append checks before it pays for anything (eros.ingest.plan): the session's persona instance (None:
-    not this user's session), its newest message's time, and its messages stored under ``client_ids``."""
-    conn = connection()
-    session = conn.execute(
-        "SELECT s.instance_id, (SELECT m.sent_at FROM engine.chat_messages m"
-        "                       WHERE m.user_id = s.user_id AND m.session_id = s.id ORDER BY m.id DESC LIMIT 1)"
-        "   AS newest"
-        " FROM engine.chat_sessions s WHERE s.id = %s AND s.user_id = %s", (session_id, user_id)).fetchone()
-    if session is None:
-        return None
-    stored = conn.execute(f"{_STORED} WHERE m.user_id = %s AND m.session_id = %s AND m.client_turn_id = ANY(%s)",
-                          (user_id, session_id, list(client_ids))).fetchall()
-    return {"instance_id": session["instance_id"], "newest": session["newest"], "stored": stored}
+# What engine.append_messages (turn.sql) raises: a client id and role already holding another text, a new message
+# older than the session's newest; its DETAIL names the message's place (and the newest message's time).
+MESSAGE_CONFLICT, OUT_OF_ORDER = "EG412", "EG413"
+_APPEND = ("SELECT * FROM engine.append_messages(%(user)s::text, %(session)s::uuid, %(roles)s::text[],"
+           " %(contents)s::text[], %(ids)s::text[], %(times)s::timestamptz[], %(embedded)s::text[],"
+           " %(vectors)s::vector[], %(model)s::text)")
 
 
-# An append's messages in one statement: the transcript's rows (in the request's order, so their ids follow it;
-# ON CONFLICT: a message already stored under its client id and role is kept as it is), and for each new user
-# message its utterance in the relationship layer, at the message's time, with the embedding the request paid
-# for (as engine.record_turn stores a turn's). A message without a time is stamped when it is stored
-# (clock_timestamp(): rows of one statement keep their order).
-_APPEND = """
-WITH incoming AS (
-    SELECT * FROM unnest(%(roles)s::text[], %(contents)s::text[], %(ids)s::text[], %(times)s::timestamptz[])
-        WITH ORDINALITY AS i(role, content, client_id, at, place)
-), embedded AS (
-    SELECT * FROM unnest(%(embedded)s::text[], %(vectors)s::vector[]) AS e(client_id, embedding)
-), inserted AS (
-    INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id, sent_at)
-    SELECT %(session)s, %(user)s, i.role, i.content, i.client_id, coalesce(i.at, clock_timestamp())
-    FROM incoming i ORDER BY i.place
-    ON CONFLICT (session_id, client_turn_id, role, user_id) DO NOTHING
-    RETURNING id, role, client_turn_id, content, sent_at
-), utterances AS (
-    INSERT INTO engine.companion_memories (session_id, user_id, instance_id, content, embedding, source,
-                                           from_message_id, through_message_id, metadata, created_at)
-    SELECT %(session)s, %(user)s, %(instance)s, n.content, e.embedding, 'utterance', n.id, n.id,
-           jsonb_build_object('message_id', n.id, 'embed_model', %(model)s::text), n.sent_at
-    FROM inserted n JOIN embedded e ON e.client_id = n.client_turn_id
-    WHERE n.role = 'user'
-)
-SELECT n.id, n.role, n.client_turn_id, n.content, n.sent_at FROM inserted n
-"""
+class AppendRefused(Exception):
+    """engine.append_messages refused an append (nothing of it was written): ``kind`` is "message_conflict" or
+    "out_of_order", ``place`` the message's (0-based), ``newest`` the session's newest message's time."""
+
+    def __init__(self, kind: str, place: int, newest: datetime | None):
+        super().__init__(f"{kind} at message {place}")
+        self.kind, self.place, self.newest = kind, place, newest
 
 
 def append_messages(user_id: str, session_id: UUID, messages: Sequence[tuple[str, str, str, datetime | None]],
-                    vectors: Sequence[tuple[str, list[float]]], embed_model: str,
-                    check: Callable[[datetime | None], None]) -> dict[tuple[str, str], StoredMessage] | None:
-    """Append ``messages`` (role, content, client id, time or None) to the session in one transaction: the
-    session's row is locked (appends to one session go one at a time; a turn's KEY SHARE lock does not wait),
-    ``check`` is given its newest message's time and may raise (nothing is written then), then the messages and
-    the utterances of the new user messages (``vectors``: each one's client id and vector) are written
-    (``_APPEND``) and the session is made active again. Returns every message of the request by (client id,
-    role), as stored, each with ``inserted``; None: no such session of this user (an erasure deleted it meanwhile)."""
-    ids = [m[2] for m in messages]
-    with transaction() as conn:
-        session = conn.execute(
-            "SELECT s.instance_id, (SELECT m.sent_at FROM engine.chat_messages m"
-            "                       WHERE m.user_id = s.user_id AND m.session_id = s.id ORDER BY m.id DESC LIMIT 1)"
-            "   AS newest"
-            " FROM engine.chat_sessions s WHERE s.id = %s AND s.user_id = %s FOR NO KEY UPDATE OF s",
-            (session_id, user_id)).fetchone()
-        if session is None:
-            return None
-        check(session["newest"])
-        stored = {(r["client_turn_id"], r["role"]): r for r in conn.execute(
-            f"{_STORED} WHERE m.user_id = %s AND m.session_id = %s AND m.client_turn_id = ANY(%s)",
-            (user_id, session_id, ids)).fetchall()}
-        inserted = conn.execute(_APPEND, {
-            "roles": [m[0] for m in messages], "contents": [m[1] for m in messages], "ids": ids,
-            "times": [m[3] for m in messages],
-            "embedded": [i for i, _ in vectors], "vectors": [Vector(v) for _, v in vectors],
-            "session": session_id, "user": user_id, "instance": session["instance_id"], "model": embed_model,
-        }).fetchall()
-        if inserted:
-            _touch(conn, user_id, session_id)
-    out: dict[tuple[str, str], StoredMessage] = {}
-    for rows, fresh in ((stored.values(), False), (inserted, True)):
-        for row in rows:
-            out[(row["client_turn_id"], row["role"])] = {**row, "inserted": fresh}  # type: ignore[typeddict-item]
-    return out
+                    vectors: Sequence[tuple[str, list[float]]], embed_model: str) -> list[StoredMessage] | None:
+    """Append ``messages`` (role, content, client id, time or None) to the session in one call
+    (engine.append_messages, which says what it checks and writes): the new user messages' utterances with
+    ``vectors`` (each one's client id and vector). Returns every message of the request as stored, in order, each
+    with ``inserted``; None: no such session of this user (an erasure deleted it meanwhile). Raises
+    ``AppendRefused`` when a concurrent request made it a conflict or out of order: nothing was written."""
+    values = {"user": user_id, "session": session_id, "roles": [m[0] for m in messages],
+              "contents": [m[1] for m in messages], "ids": [m[2] for m in messages],
+              "times": [m[3] for m in messages], "embedded": [i for i, _ in vectors],
+              "vectors": [Vector(v) for _, v in vectors], "model": embed_model}
+    try:
+        rows = connection().execute(_APPEND, values).fetchall()
+    except psycopg.DatabaseError as exc:
+        if exc.sqlstate in (MESSAGE_CONFLICT, OUT_OF_ORDER):
+            place, _, newest = ((exc.diag.message_detail or "0") + " ").partition(" ")
+            raise AppendRefused("message_conflict" if exc.sqlstate == MESSAGE_CONFLICT else "out_of_order",
+                                int(place), datetime.fromisoformat(newest.strip()) if newest.strip() else None
+                                ) from None
+        raise
+    if not rows:
+        return None
+    return [{"id": r["id"], "role": r["role"], "client_turn_id": r["client_id"], "content": r["content"],
+             "sent_at": r["sent_at"], "inserted": r["inserted"]} for r in rows]
 
 
 def _insert_message(conn, user_id, session_id, role, content, client_turn_id, metadata) -> dict | None:

@@ -61,20 +61,21 @@ class Message(TypedDict):
 
 
 class StoredMessage(TypedDict):
-    """A message as an append finds or stores it (``store.chat.transcript``, ``append_messages``)."""
+    """A message as an append stores it (``store.chat.append_messages``)."""
     id: int
     role: str  # user | assistant
     client_turn_id: str  # the message's client_message_id
     content: str
     sent_at: datetime
-    inserted: NotRequired[bool]  # append_messages: stored by this request
+    inserted: bool  # stored by this request (false: by an earlier one, with the same text)
 
 
 class Transcript(TypedDict):
     """A session as an append checks it (``store.chat.transcript``)."""
     instance_id: UUID
     newest: datetime | None  # its newest message's time
-    stored: list[StoredMessage]  # its messages under the ids asked about
+    stored: list[Message]  # its messages under the ids asked about (id, role, client_turn_id, content)
+    history: list[Message]  # its last messages, oldest first (when asked for)
 
 
 # The messages already stored for one client_turn_id, by role ("user", and "assistant" once answered).

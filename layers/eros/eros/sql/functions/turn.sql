@@ -166,3 +166,98 @@ BEGIN
     RETURN reply_id;
 END
 $$;
+
+-- What engine.append_messages returns for each message of an append, in the request's order: the message as
+-- stored, and whether this call stored it (false: stored before under its client id and role, with the same text).
+DO $do$ BEGIN
+    CREATE TYPE engine.appended_message AS (
+        place int, id bigint, role text, client_id text, content text, sent_at timestamptz, inserted boolean
+    );
+EXCEPTION WHEN duplicate_object THEN NULL;  -- it exists: a type is never changed in place
+END $do$;
+
+-- Messages an app's own chat pipeline produced (eros.ingest: POST /v1/sessions/{id}/messages, and the message of
+-- POST .../context with store), written as a turn writes its own, in one call and one transaction:
+-- * the session, locked FOR NO KEY UPDATE: appends to one session go one at a time, so the order in time checked
+--   below holds when they commit; a turn's record_turn (KEY SHARE) does not wait for it, and erasure's DELETE
+--   waits. No row: the session is not this user's (or was erased meanwhile);
+-- * refused, writing nothing: a message whose client id and role hold another text (SQLSTATE EG412,
+--   message_conflict), and a new message older than the session's newest (EG413, out_of_order), each naming the
+--   message's place (0-based) in its DETAIL, as eros.store.chat reads it;
+-- * the new messages, in the request's order (their ids follow it), at their time (of_times; NULL: when stored,
+--   clock_timestamp(), so that the rows of one call keep their order), and for each new user message whose
+--   client id is in of_embedded its utterance in the relationship layer with that vector, at the message's time,
+--   as record_turn stores a turn's; the session made active again when anything was stored (touch_session).
+-- The caller (eros.ingest.plan) refused what it could before paying for the embeddings; what is checked here is
+-- what a concurrent request can change meanwhile.
+CREATE OR REPLACE FUNCTION engine.append_messages(
+    of_user text, of_session uuid, of_roles text[], of_contents text[], of_ids text[], of_times timestamptz[],
+    of_embedded text[], of_vectors vector[], of_model text)
+RETURNS SETOF engine.appended_message
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    of_instance uuid;
+    newest timestamptz;
+    refused int;
+BEGIN
+    SELECT s.instance_id INTO of_instance FROM engine.chat_sessions s
+    WHERE s.user_id = of_user AND s.id = of_session FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT i.place - 1 INTO refused
+    FROM unnest(of_roles, of_contents, of_ids) WITH ORDINALITY AS i(role, content, client_id, place)
+    JOIN engine.chat_messages m ON m.user_id = of_user AND m.session_id = of_session
+                                AND m.client_turn_id = i.client_id AND m.role = i.role
+    WHERE m.content <> i.content
+    ORDER BY i.place LIMIT 1;
+    IF refused IS NOT NULL THEN
+        RAISE EXCEPTION 'message % reuses a client id for another text', refused
+            USING ERRCODE = 'EG412', DETAIL = refused::text;
+    END IF;
+    SELECT m.sent_at INTO newest FROM engine.chat_messages m
+    WHERE m.user_id = of_user AND m.session_id = of_session ORDER BY m.id DESC LIMIT 1;
+    SELECT i.place - 1 INTO refused
+    FROM unnest(of_roles, of_ids, of_times) WITH ORDINALITY AS i(role, client_id, at, place)
+    WHERE i.at < newest
+      AND NOT EXISTS (SELECT FROM engine.chat_messages m
+                      WHERE m.user_id = of_user AND m.session_id = of_session
+                        AND m.client_turn_id = i.client_id AND m.role = i.role)
+    ORDER BY i.place LIMIT 1;
+    IF refused IS NOT NULL THEN
+        RAISE EXCEPTION 'message % is older than the session''s newest, at %', refused, newest
+            USING ERRCODE = 'EG413', DETAIL = refused::text || ' ' || newest::text;
+    END IF;
+    RETURN QUERY
+    WITH incoming AS (
+        SELECT * FROM unnest(of_roles, of_contents, of_ids, of_times) WITH ORDINALITY AS i(role, content, client_id,
+                                                                                           at, place)
+    ), inserted AS (
+        INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id, sent_at)
+        SELECT of_session, of_user, i.role, i.content, i.client_id, coalesce(i.at, clock_timestamp())
+        FROM incoming i ORDER BY i.place
+        ON CONFLICT (session_id, client_turn_id, role, user_id) DO NOTHING
+        RETURNING chat_messages.id, chat_messages.role, chat_messages.client_turn_id, chat_messages.content,
+                  chat_messages.sent_at
+    ), utterances AS (
+        INSERT INTO engine.companion_memories (session_id, user_id, instance_id, content, embedding, source,
+                                               from_message_id, through_message_id, metadata, created_at)
+        SELECT of_session, of_user, of_instance, n.content, e.embedding, 'utterance', n.id, n.id,
+               jsonb_build_object('message_id', n.id, 'embed_model', of_model), n.sent_at
+        FROM inserted n JOIN unnest(of_embedded, of_vectors) AS e(client_id, embedding) ON e.client_id = n.client_turn_id
+        WHERE n.role = 'user'
+    ), touched AS (
+        UPDATE engine.chat_sessions SET last_active_at = now(), extracted_at = NULL, extraction_attempts = 0
+        WHERE chat_sessions.user_id = of_user AND chat_sessions.id = of_session AND EXISTS (SELECT FROM inserted)
+    )
+    SELECT i.place::int, coalesce(n.id, m.id), i.role, i.client_id, coalesce(n.content, m.content),
+           coalesce(n.sent_at, m.sent_at), n.id IS NOT NULL
+    FROM incoming i
+    LEFT JOIN inserted n ON n.client_turn_id = i.client_id AND n.role = i.role
+    LEFT JOIN engine.chat_messages m ON m.user_id = of_user AND m.session_id = of_session
+                                     AND m.client_turn_id = i.client_id AND m.role = i.role
+    ORDER BY i.place;
+END
+$$;
