@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 
 class CliError(Exception):
@@ -244,6 +245,52 @@ def cmd_backfill_episodes(args) -> int:
     return 0
 
 
+def cmd_import(args) -> int:
+    """Import a JSONL file of conversations (eros.importing says the format and what is checked), streamed, with
+    a progress line; refused lines are listed with their numbers (exit 1 when any)."""
+    import json
+
+    from eros.importing import describe, import_conversations
+
+    _database()
+    try:
+        total = os.path.getsize(args.file)
+        stream = open(args.file, "rb")  # noqa: SIM115 (closed below; read a line at a time)
+    except OSError as exc:
+        raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
+    tty = sys.stderr.isatty() and not args.json
+    last = [0.0]
+
+    def progress(done) -> None:
+        now = time.monotonic()
+        if not tty or now - last[0] < 0.2:
+            return
+        last[0] = now
+        share = done.bytes_read / total if total else 1.0
+        bar = "#" * int(share * 30)
+        print(f"\r  [{bar:<30}] {share:4.0%}  {done.conversations:,} conversations, {done.stored:,} messages"
+              f" stored, {len(done.refused):,} refused", end="", file=sys.stderr, flush=True)
+
+    started = time.monotonic()
+    with stream:
+        done = import_conversations(stream, user=args.user, progress=progress)
+    if tty:
+        print(file=sys.stderr)
+    report = describe(done) | {"seconds": round(time.monotonic() - started, 1)}
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"imported {done.conversations:,} conversations ({done.sessions_created:,} new sessions):"
+              f" {done.stored:,} messages stored, {done.messages - done.stored:,} already there,"
+              f" {done.skipped:,} system or tool messages skipped, in {report['seconds']} s")
+        for number, problem in done.refused[:20]:
+            print(f"  line {number}: {problem}")
+        if len(done.refused) > 20:
+            print(f"  ... and {len(done.refused) - 20:,} more refused lines")
+        print("dreaming distils the sessions oldest first: `eros sweep --now`, or the schedule")
+    return 1 if done.refused else 0
+
+
 def cmd_usage(args) -> int:
     """An operator's usage report: every user's tokens, calls and estimated cost in a range of UTC days
     (costliest first), or one user's per day, purpose and model (what ``GET /v1/usage`` answers)."""
@@ -383,6 +430,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--user", help="one user's sessions; default: everyone's, oldest first")
     p.add_argument("--limit", type=int, default=100, help="sessions in this run (default 100)")
     p.set_defaults(func=cmd_backfill_episodes)
+
+    p = sub.add_parser("import", help="import a JSONL file of conversations (one a line: conversation_id, user_id,"
+                                      " persona_id, messages with role, content, created_at); safe to run again")
+    p.add_argument("file")
+    p.add_argument("--user", help="every conversation is this user's (lines may then leave user_id out)")
+    p.add_argument("--json", action="store_true", help="the report as JSON")
+    p.set_defaults(func=cmd_import)
 
     p = sub.add_parser("usage", help="tokens, provider calls and estimated cost per user (or one user's per day)")
     p.add_argument("--from", dest="first", type=_day, help="first UTC day (YYYY-MM-DD); default 30 days ago")

@@ -16,6 +16,7 @@ time: a new message older than the session's newest is a 409 ``out_of_order``.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from .config import settings
 from .errors import ClientError, ModelFailed, NotFound
 from .observability import logger, metrics, tracer
 from .providers import Deadline, ProviderError, embedder
+from .providers.embed import Embeddings
 from .store import chat as chat_store
 from .store import usage as usage_store
 from .store.rows import Message
@@ -189,23 +191,16 @@ def record(user_id: str, session_id: UUID, planned: Plan, vectors: Sequence[list
 
 
 @tracer.capture_method(capture_response=False, capture_error=False)  # messages are content
-def append(user_id: str, session_id: UUID, messages: Sequence[Incoming]) -> Appended:
-    """Append messages produced elsewhere to the user's session (the module's docstring says how)."""
+def append(user_id: str, session_id: UUID, messages: Sequence[Incoming], *, limited: bool = True) -> Appended:
+    """Append messages produced elsewhere to the user's session (the module's docstring says how). ``limited``:
+    admitted by the user's spend limits (a request); an operator's import (eros.importing) is counted, not
+    limited."""
     planned = plan(user_id, session_id, messages)
     texts = planned.to_embed()
     vectors: list[list[float]] = []
     model = ""
     if texts:  # nothing new from the user (a retry, a reply alone): nothing to pay, nothing to limit
-        reserve = sum(usage_store.embedding_reserve(t) for t in texts)
-        with usage.admitted(user_id, reserve) as paid:
-            try:
-                embedded = embedder().embed(texts, "query", deadline=Deadline.after(settings().turn_budget_secs))
-            except ProviderError as exc:
-                failed = ModelFailed(exc)
-                logger.warning("an append's embedding failed", extra={"error_type": type(exc).__name__,
-                                                                       "code": failed.code, "texts": len(texts)})
-                raise failed from None
-            paid.append(usage_store.Call.of("chat", embedded))
+        embedded = _embedded(user_id, texts, limited)
         vectors, model = embedded.vectors, embedded.model
     appended = record(user_id, session_id, planned, vectors, model)
     added = sum(1 for m in appended if m.stored and m.role == "user")
@@ -213,3 +208,23 @@ def append(user_id: str, session_id: UUID, messages: Sequence[Incoming]) -> Appe
     logger.info("messages appended", extra={"session_id": str(session_id), "messages": len(appended),
                                             "stored": sum(1 for m in appended if m.stored), "utterances": added})
     return Appended(messages=appended, utterances=added)
+
+
+def _embedded(user_id: str, texts: list[str], limited: bool) -> Embeddings:
+    """The user messages' embeddings, one batch, paid as a chat request's: admitted by the spend limits first
+    when ``limited``, counted either way."""
+    reserve = sum(usage_store.embedding_reserve(t) for t in texts)
+    admission: contextlib.AbstractContextManager[list[usage_store.Call]] = (
+        usage.admitted(user_id, reserve) if limited else contextlib.nullcontext([]))
+    with admission as paid:
+        try:
+            embedded = embedder().embed(texts, "query", deadline=Deadline.after(settings().turn_budget_secs))
+        except ProviderError as exc:
+            failed = ModelFailed(exc)
+            logger.warning("an append's embedding failed", extra={"error_type": type(exc).__name__,
+                                                                   "code": failed.code, "texts": len(texts)})
+            raise failed from None
+        paid.append(usage_store.Call.of("chat", embedded))
+    if not limited:
+        usage.spend(user_id, usage_store.Call.of("chat", embedded))
+    return embedded

@@ -50,6 +50,30 @@ def create_session(user_id: str, persona_id: str) -> Session | None:
         )) | {"persona_id": persona_id}
 
 
+def import_session(user_id: str, persona_id: str, external_id: str) -> dict | None:
+    """The session of an imported conversation (migration 0029): found by its id, else made, with the user's
+    instance of the persona. ``{"id", "created"}``; None: no such persona."""
+    with transaction() as conn:
+        instance = conn.execute(
+            "INSERT INTO engine.persona_instances (user_id, persona_id)"
+            " SELECT %(user)s, id FROM engine.personas WHERE id = %(persona)s"
+            " ON CONFLICT (user_id, persona_id) DO UPDATE SET user_id = EXCLUDED.user_id"
+            " RETURNING id",
+            {"user": user_id, "persona": persona_id},
+        ).fetchone()
+        if instance is None:
+            return None
+        made = conn.execute(
+            "INSERT INTO engine.chat_sessions (user_id, instance_id, external_id) VALUES (%s, %s, %s)"
+            " ON CONFLICT (user_id, external_id) WHERE external_id IS NOT NULL DO NOTHING RETURNING id",
+            (user_id, instance["id"], external_id)).fetchone()
+        if made is not None:
+            return {"id": made["id"], "created": True}
+        return {"id": one(conn.execute(
+            "SELECT id FROM engine.chat_sessions WHERE user_id = %s AND external_id = %s",
+            (user_id, external_id)))["id"], "created": False}
+
+
 _SESSION_COLUMNS = (
     "s.id, s.instance_id, i.persona_id, s.created_at, s.last_active_at, s.extracted_at"
 )

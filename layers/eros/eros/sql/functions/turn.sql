@@ -187,7 +187,9 @@ END $do$;
 -- * the new messages, in the request's order (their ids follow it), at their time (of_times; NULL: when stored,
 --   clock_timestamp(), so that the rows of one call keep their order), and for each new user message whose
 --   client id is in of_embedded its utterance in the relationship layer with that vector, at the message's time,
---   as record_turn stores a turn's; the session made active again when anything was stored (touch_session).
+--   as record_turn stores a turn's; when anything was stored, the session made eligible for dreaming again (as
+--   touch_session does) and active as of its newest message: an imported conversation is quiet as of its last
+--   message, so dreaming takes imported sessions oldest first (the sweep's claim orders by last_active_at).
 -- The caller (eros.ingest.plan) refused what it could before paying for the embeddings; what is checked here is
 -- what a concurrent request can change meanwhile.
 CREATE OR REPLACE FUNCTION engine.append_messages(
@@ -248,8 +250,9 @@ BEGIN
                jsonb_build_object('message_id', n.id, 'embed_model', of_model), n.sent_at
         FROM inserted n JOIN unnest(of_embedded, of_vectors) AS e(client_id, embedding) ON e.client_id = n.client_turn_id
         WHERE n.role = 'user'
-    ), touched AS (
-        UPDATE engine.chat_sessions SET last_active_at = now(), extracted_at = NULL, extraction_attempts = 0
+    ), touched AS (  -- quiet as of its newest message: an imported conversation is as old as its last message
+        UPDATE engine.chat_sessions SET last_active_at = (SELECT max(n.sent_at) FROM inserted n), extracted_at = NULL,
+                                        extraction_attempts = 0
         WHERE chat_sessions.user_id = of_user AND chat_sessions.id = of_session AND EXISTS (SELECT FROM inserted)
     )
     SELECT i.place::int, coalesce(n.id, m.id), i.role, i.client_id, coalesce(n.content, m.content),
