@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from apiclient import Api
 from fakes import Status
 
 from eros.errors import ModelFailed
@@ -151,12 +152,33 @@ def test_dreaming_takes_the_imported_sessions_oldest_first(online, db, tmp_path)
                  conversation("late", "alice", datetime(2025, 6, 2, tzinfo=UTC), "I moved to Lisbon"),
                  conversation("early", "alice", datetime(2024, 6, 2, tzinfo=UTC), "I live in Berlin"))
     import_conversations(path.open("rb"))
-    result = sweep_locally()  # quiet as of their last messages: idle at once, no go_idle needed
-    assert result["claimed"] == 2, result
+    # Quiet as of their last messages: idle at once. The sweep claims the older; its extraction goes on with the
+    # newer (one at a time, oldest first), in the same invocation.
+    result = sweep_locally()
+    assert (result["claimed"], [job["followed"] for job in result["jobs"]]) == (1, [1]), result
     transcripts = [r["json"]["messages"][-1]["content"] for r in fake_llm.requests
-                   if r["json"].get("response_format") and "memories" in r["json"]["messages"][0]["content"]]
+                   if r["json"].get("response_format")]
+    assert len(transcripts) == 2
     assert "2024-06-02" in transcripts[0] and "I live in Berlin" in transcripts[0]
-    assert "2025-06-02" in transcripts[1]
+    assert "2025-06-02" in transcripts[1] and "I moved to Lisbon" in transcripts[1]
+    assert db.execute("SELECT count(*) AS n FROM engine.chat_sessions WHERE extracted_at IS NULL").fetchone()["n"] == 0
+
+
+def test_a_users_imported_sessions_wait_for_the_older_ones_and_live_sessions_do_not(online, db, tmp_path, env):
+    from eros.store import dreaming as dreaming_store
+
+    path = write(tmp_path / "h.jsonl",
+                 *[conversation(f"c{i}", "alice", datetime(2024, 1, 1 + i, tzinfo=UTC), f"day {i}") for i in range(3)],
+                 conversation("b", "bob", datetime(2024, 5, 1, tzinfo=UTC), "bob's day"))
+    import_conversations(path.open("rb"))
+    live = Api()
+    sid = live.session()
+    assert live.call("POST", f"/v1/sessions/{sid}/turns", {"content": "hello today"})[0] == 200
+    now = datetime.now(UTC) + timedelta(seconds=1)
+    claimed = dreaming_store.claims.claim(dreaming_store.SESSIONS, 10, now, idle_before=now, stale_before=now)
+    rows = {r["id"]: r for r in db.execute("SELECT id, user_id, external_id FROM engine.chat_sessions")}
+    assert sorted((rows[c["id"]]["user_id"], rows[c["id"]]["external_id"] or "live") for c in claimed) == [
+        ("alice", "c0"), ("alice", "live"), ("bob", "b")]
 
 
 def test_the_command_reports_and_fails_on_refused_lines(online, db, tmp_path, capsys):

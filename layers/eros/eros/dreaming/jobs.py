@@ -76,6 +76,7 @@ class JobResult:
     memories: int = 0  # a session: new profile rows
     confirmed: int = 0  # a session: known rows it repeated (no new row)
     episode: str | None = None  # a session: its episode 'written', 'rewritten' or 'refused' (None: the answer had none)
+    followed: int = 0  # a session: the user's later imported sessions the same invocation extracted after it
     clusters: int = 0  # a deep pass: clusters shown to the model
     shown: int = 0  # a deep pass: rows shown
     merged: int = 0  # a deep pass: rows merged into a kept twin (reason 'duplicate')

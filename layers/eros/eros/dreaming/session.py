@@ -14,14 +14,15 @@ skipped (logged, ``EpisodesRefused``): the memories of the same answer are writt
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
+from .. import clock, usage
 from .. import extraction as extraction_prompt
-from .. import usage
 from ..config import Settings
 from ..extraction import Candidate, Episode, windows
 from ..memory import event_time
@@ -45,10 +46,33 @@ def event(claim: Mapping[str, Any]) -> dict:
             "claim_token": claim["claim_token"].isoformat()}
 
 
+# An invocation that extracted an imported session goes on with the user's next one while it has at least this
+# long left (an extraction is one LLM call per window of the transcript and one embedding batch).
+FOLLOW_SECS = 30.0
+WRITTEN = ("extracted", "consolidated", "nothing", "unparsable")
+
+
 def extract_session(cfg: Settings, user_id: str, session_id: UUID, claim_token: datetime,
                     time_budget_secs: float = 100.0, now: datetime | None = None) -> jobs.JobResult:
-    """Extract one claimed session and consolidate it with what the user's memory already holds."""
-    return jobs.run(SESSION, cfg, {"user_id": user_id, "id": session_id}, claim_token, time_budget_secs, now)
+    """Extract one claimed session and consolidate it with what the user's memory already holds. Then, while
+    ``time_budget_secs`` leaves FOLLOW_SECS, the user's next imported session (an imported history's sessions are
+    dreamt one at a time, oldest first: store.dreaming's claim), claimed as the sweep would claim it, so that an
+    imported history is distilled at the pace of its extractions rather than one session a sweep. The result is
+    the first session's, with ``followed``."""
+    started = time.monotonic()
+    result = jobs.run(SESSION, cfg, {"user_id": user_id, "id": session_id}, claim_token, time_budget_secs, now)
+    outcome = result.outcome
+    while outcome in WRITTEN:
+        left = time_budget_secs - (time.monotonic() - started)
+        moment = now or clock.now()
+        following = dreaming_store.claim_next_imported(user_id, moment, **_cutoffs(cfg, moment)) \
+            if left >= FOLLOW_SECS else None
+        if following is None:
+            break
+        outcome = jobs.run(SESSION, cfg, {"user_id": user_id, "id": following["id"]}, following["claim_token"],
+                           left, now).outcome
+        result.followed += 1
+    return result
 
 
 def _extract(cfg: Settings, job: jobs.Job, time_budget_secs: float) -> jobs.JobResult:

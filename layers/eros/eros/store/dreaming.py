@@ -36,16 +36,25 @@ from .rows import Claim, ClaimedSession, EpisodeContext, KnownMemory, Message
 # the rows this statement has already updated (SKIP LOCKED skips self-modified rows) and locks the next,
 # so one claim took every idle session whatever its limit: the batch size, the tick cap and the single
 # probe of a provider block were all ignored (tests/test_claims.py reproduces it).
-_CLAIM = """
+# An imported session (eros import, migration 0029) waits while an older imported session of its user is not
+# extracted (waiting, claimed, retrying or deferred over the user's budget): an import makes a user's sessions
+# quiet all at once, and each session's extraction consolidates against what the earlier ones wrote, so they are
+# dreamt one at a time, oldest first, and a fact of 2024 is superseded by the one of 2025, never the reverse. A
+# user chatting live has one quiet session at a time; those are claimed as before.
+_CLAIM_TEMPLATE = """
 WITH picked AS MATERIALIZED (
-    SELECT id FROM engine.chat_sessions
-    WHERE extracted_at IS NULL
-      AND last_active_at < %(idle_before)s
-      AND (extraction_claimed_at IS NULL
-           OR extraction_claimed_at < %(stale_before)s)
-      AND (extraction_next_attempt_at IS NULL
-           OR extraction_next_attempt_at <= %(now)s)
-    ORDER BY last_active_at
+    SELECT s.id FROM engine.chat_sessions s
+    WHERE s.extracted_at IS NULL
+      AND s.last_active_at < %(idle_before)s
+      AND (s.extraction_claimed_at IS NULL
+           OR s.extraction_claimed_at < %(stale_before)s)
+      AND (s.extraction_next_attempt_at IS NULL
+           OR s.extraction_next_attempt_at <= %(now)s)
+      AND (s.external_id IS NULL
+           OR NOT EXISTS (SELECT FROM engine.chat_sessions o
+                          WHERE o.user_id = s.user_id AND o.external_id IS NOT NULL AND o.extracted_at IS NULL
+                            AND o.last_active_at < s.last_active_at)){only}
+    ORDER BY s.last_active_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
@@ -63,10 +72,22 @@ FROM picked
 WHERE s.id = picked.id
 RETURNING s.id, s.user_id, s.instance_id, s.extraction_claimed_at AS claim_token
 """
+_CLAIM = _CLAIM_TEMPLATE.format(only="")
+# The user's next imported session, for the extraction that just finished one of theirs (eros.dreaming.session:
+# an invocation goes on through the user's imported history while it has time, instead of one session a sweep).
+_CLAIM_NEXT_IMPORTED = _CLAIM_TEMPLATE.format(only="""
+      AND s.user_id = %(user)s AND s.external_id IS NOT NULL""")
 # The claim's cut-offs: idle_before (quiet since), stale_before (a claim older is presumed dead).
 SESSIONS = claims.JobTable("chat_sessions", _CLAIM, key=("id",), prefix="extraction_", pending="extracted_at IS NULL",
                            reads=("instance_id", "extraction_watermark"),
                            given_up="extracted_at = now(), extraction_gave_up = %(why)s")
+
+
+def claim_next_imported(user_id: str, now: datetime, **cutoffs: datetime) -> dict | None:
+    """Claim the user's next imported session that is due (the claim's order: their oldest not extracted, one at a
+    time), as the sweep would; None: there is none."""
+    return connection().execute(_CLAIM_NEXT_IMPORTED, {**cutoffs, "user": user_id, "limit": 1, "now": now}).fetchone()
+
 
 
 def claim(idle_before: datetime, stale_before: datetime, limit: int, now: datetime | None = None) -> list[Claim]:
