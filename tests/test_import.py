@@ -192,3 +192,59 @@ def test_the_command_reports_and_fails_on_refused_lines(online, db, tmp_path, ca
     assert "imported 1 conversations" in out and "1 messages stored" in out
     assert eros(["import", str(tmp_path / "missing.jsonl")]) == 1
     assert "cannot read" in capsys.readouterr().err
+
+
+# --- through the API --------------------------------------------------------------------------------------
+
+def test_the_api_imports_conversations_and_reports_the_backfill(online, db):
+    api = Api()
+    conversations = [{k: v for k, v in conversation(f"c{i}", None, T0 + timedelta(days=30 * i), f"month {i}", "ok")
+                      .items()} for i in range(2)]
+    conversations.append(conversation("bad", None, T0, "hi", persona="nobody"))
+    assert api.call("GET", "/v1/imports")[1]["state"] == "none"
+    status, body = api.call("POST", "/v1/imports", {"conversations": conversations})
+    assert status == 200, body
+    assert [(c["conversation_id"], c["created"], c["stored"]) for c in body["imported"]] == [
+        ("c0", True, 2), ("c1", True, 2)]
+    assert body["refused"] == [{"index": 2, "conversation_id": "bad", "problem": "persona_id: no persona 'nobody'"}]
+    status, progress = api.call("GET", "/v1/imports")
+    assert (progress["state"], progress["sessions"], progress["waiting"]) == ("backfilling", 2, 2), progress
+    # Sent again: nothing stored twice.
+    status, again = api.call("POST", "/v1/imports", {"conversations": conversations[:2]})
+    assert [(c["created"], c["stored"]) for c in again["imported"]] == [(False, 0), (False, 0)]
+    sweep_locally()
+    status, progress = api.call("GET", "/v1/imports")
+    assert (progress["state"], progress["extracted"]) == ("done", 2), progress
+    assert progress["distilled_through"] == progress["newest"]
+    # Another user sees none of it.
+    assert api.call("GET", "/v1/imports", user="mallory")[1]["sessions"] == 0
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"conversations": []}, "body.conversations"),
+    ({"conversations": [conversation(f"c{i}", None, T0, "x") for i in range(51)]}, "body.conversations"),
+    ({"conversations": [conversation("c", "bob", T0, "x")]}, "body.conversations.0.user_id"),
+    ({"conversations": [{"conversation_id": "c", "persona_id": "luna", "messages": [
+        {"role": "user", "content": "x", "created_at": "2024-01-01T10:00:00"}]}]},
+     "body.conversations.0.messages.0.created_at"),
+    ({"conversations": [{"conversation_id": "c", "persona_id": "luna", "messages": [
+        {"role": "robot", "content": "x", "created_at": "2024-01-01T10:00:00Z"}]}]},
+     "body.conversations.0.messages.0.role"),
+    ({"conversations": [{"conversation_id": "", "persona_id": "luna", "messages": [
+        {"role": "user", "content": "x", "created_at": "2024-01-01T10:00:00Z"}]}]},
+     "body.conversations.0.conversation_id"),
+])
+def test_bad_imports_are_422_and_store_nothing(online, db, body, field):
+    status, answer = Api().call("POST", "/v1/imports", body)
+    assert status == 422, answer
+    assert field in [e["field"] for e in answer["errors"]], answer
+    assert sessions(db) == []
+
+
+def test_an_api_import_is_held_to_the_spend_limits(online, db, env):
+    env(TURNS_PER_MINUTE=1)
+    api = Api()
+    status, body = api.call("POST", "/v1/imports", {"conversations": [
+        conversation("a", None, T0, "first"), conversation("b", None, T0 + timedelta(days=1), "second")]})
+    assert status == 429 and body["code"] == "rate_limited", body
+    assert db.execute("SELECT count(*) AS n FROM engine.chat_messages").fetchone()["n"] == 1  # the first's

@@ -219,3 +219,19 @@ def test_the_readme_example_runs_behind_an_openai_compatible_model(online, db, l
     rows = db.execute("SELECT role, client_turn_id FROM engine.chat_messages ORDER BY id").fetchall()
     assert [r["role"] for r in rows] == ["user", "assistant"] and rows[0]["client_turn_id"] == rows[1]["client_turn_id"]
     namespace["eros"].close()
+
+
+def test_the_client_imports_a_history_and_follows_its_backfill(online, db, local_server):
+    from datetime import UTC, datetime, timedelta
+
+    start = datetime(2024, 5, 1, 9, tzinfo=UTC)
+    with Client(local_server.url, token("alice")) as eros:
+        result = eros.import_conversations([
+            {"conversation_id": "old-1", "persona_id": "luna", "messages": [
+                {"role": "user", "content": "I bake bread in Porto", "created_at": start},
+                {"role": "assistant", "content": "Lovely", "created_at": start + timedelta(minutes=1)}]}])
+        assert [(c.conversation_id, c.stored) for c in result.imported] == [("old-1", 2)] and not result.refused
+        assert eros.get_import_progress().state == "backfilling"
+        sweep_locally()
+        progress = eros.get_import_progress()
+        assert (progress.state, progress.extracted) == ("done", 1)

@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from eros import context, curation, ingest, recall
+from eros import context, curation, importing, ingest, recall
 from eros.config import settings
 from eros.memory import (
     EVENT_TIME_FORMS,
@@ -402,3 +402,56 @@ class UsageReport(ApiModel):
     purposes: list[PurposeUsage] = Field(description="the range per purpose")
     totals: UsageTotals
     unpriced_models: list[str] = Field(description="models with no configured price: their cost is not in a total")
+
+
+MAX_IMPORT_CONVERSATIONS = 50  # a request's: a bigger history goes in several (each conversation is stored once)
+
+
+class ImportConversation(Strict):
+    conversation_id: Annotated[str, StringConstraints(min_length=1, max_length=200), BeforeValidator(_storable)] = \
+        Field(description="your id for the conversation: importing it again finds its session (stores nothing twice)")
+    persona_id: Annotated[str, StringConstraints(min_length=1, max_length=64), BeforeValidator(_storable)]
+    messages: list[importing.ImportedMessage] = Field(
+        min_length=1, max_length=importing.MAX_MESSAGES,
+        description="in order, OpenAI-style (`role`, `content`, and `created_at` with its time zone); system and "
+                    "tool messages are skipped, other fields ignored")
+
+
+class NewImport(Strict):
+    conversations: list[ImportConversation] = Field(min_length=1, max_length=MAX_IMPORT_CONVERSATIONS,
+                                                    description=f"1 to {MAX_IMPORT_CONVERSATIONS}")
+
+
+class ImportedConversationView(ApiModel):
+    conversation_id: str
+    session_id: UUID
+    created: bool = Field(description="false: an earlier import made its session")
+    messages: int = Field(description="its user and assistant messages")
+    stored: int = Field(description="of those, stored by this request (the rest were there already)")
+    skipped: int = Field(description="system and tool messages")
+
+
+class ImportRefusal(ApiModel):
+    index: int = Field(description="the conversation's place in the request")
+    conversation_id: str
+    problem: str
+
+
+class ImportResult(ApiModel):
+    imported: list[ImportedConversationView]
+    refused: list[ImportRefusal] = Field(description="conversations not imported, each with why; the others were")
+
+
+class ImportProgress(ApiModel):
+    state: Literal["none", "backfilling", "done"] = Field(
+        description="none: nothing imported; backfilling: dreaming is distilling the imported sessions, oldest "
+                    "first; done: every one is extracted (or given up on)")
+    sessions: int
+    waiting: int
+    in_progress: int
+    extracted: int
+    failed: int = Field(description="given up on: GET /v1/sessions says why")
+    oldest: datetime | None = Field(description="the oldest imported conversation's last message")
+    newest: datetime | None
+    distilled_through: datetime | None = Field(description="the newest imported conversation dreaming has "
+                                                           "extracted: it goes oldest first")

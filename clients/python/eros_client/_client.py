@@ -184,6 +184,14 @@ class Client(_Base):
                     client_message_id: str | None = None) -> models.ContextResult:
         return self._send(op.get_context(session_id, content, store, client_message_id))
 
+    def import_conversations(self, conversations: Sequence[Mapping[str, Any]]) -> models.ImportResult:
+        """Conversations your app already had (each: conversation_id, persona_id, messages with role, content and
+        created_at); send a long history in several calls of up to 50: each conversation is stored once."""
+        return self._send(op.import_conversations(conversations))
+
+    def get_import_progress(self) -> models.ImportProgress:
+        return self._send(op.get_import_progress())
+
     # --- memories
     def list_memories(self, *, layer: str | None = None, category: str | None = None, source: str | None = None,
                       limit: int | None = None, before: str | None = None,
@@ -297,6 +305,12 @@ class AsyncClient(_Base):
     async def get_context(self, session_id: UUID | str, content: str, *, store: bool = False,
                           client_message_id: str | None = None) -> models.ContextResult:
         return await self._send(op.get_context(session_id, content, store, client_message_id))
+
+    async def import_conversations(self, conversations: Sequence[Mapping[str, Any]]) -> models.ImportResult:
+        return await self._send(op.import_conversations(conversations))
+
+    async def get_import_progress(self) -> models.ImportProgress:
+        return await self._send(op.get_import_progress())
 
     # --- memories
     async def list_memories(self, *, layer: str | None = None, category: str | None = None,

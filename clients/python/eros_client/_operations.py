@@ -104,6 +104,26 @@ def get_context(session_id: UUID | str, content: str, store: bool,
     return Call("POST", f"/v1/sessions/{session_id}/context", models.ContextResult, body=body)
 
 
+def import_conversations(conversations: Sequence[Mapping[str, Any]]) -> Call[models.ImportResult]:
+    body = {"conversations": [{k: v for k, v in c.items() if k != "user_id"} for c in conversations]}
+    return Call("POST", "/v1/imports", models.ImportResult, body=_dated(body))
+
+
+def get_import_progress() -> Call[models.ImportProgress]:
+    return Call("GET", "/v1/imports", models.ImportProgress)
+
+
+def _dated(value: Any) -> Any:
+    """Times as ISO 8601 text, anywhere in a body."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Mapping):
+        return {k: _dated(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_dated(v) for v in value]
+    return value
+
+
 def list_memories(layer: str | None, category: str | None, source: str | None, limit: int | None,
                   before: str | None, include: str | None) -> Call[models.MemoryPage]:
     return Call("GET", "/v1/memories", models.MemoryPage,

@@ -199,6 +199,68 @@ class HealthReport(BaseModel):
     """
 
 
+class ImportProgress(BaseModel):
+    state: Annotated[Literal["none", "backfilling", "done"], Field(title="State")]
+    """
+    none: nothing imported; backfilling: dreaming is distilling the imported sessions, oldest first; done: every one is extracted (or given up on)
+    """
+    sessions: Annotated[int, Field(title="Sessions")]
+    waiting: Annotated[int, Field(title="Waiting")]
+    in_progress: Annotated[int, Field(title="In Progress")]
+    extracted: Annotated[int, Field(title="Extracted")]
+    failed: Annotated[int, Field(title="Failed")]
+    """
+    given up on: GET /v1/sessions says why
+    """
+    oldest: Annotated[AwareDatetime | None, Field(title="Oldest")]
+    """
+    the oldest imported conversation's last message
+    """
+    newest: Annotated[AwareDatetime | None, Field(title="Newest")]
+    distilled_through: Annotated[AwareDatetime | None, Field(title="Distilled Through")]
+    """
+    the newest imported conversation dreaming has extracted: it goes oldest first
+    """
+
+
+class ImportRefusal(BaseModel):
+    index: Annotated[int, Field(title="Index")]
+    """
+    the conversation's place in the request
+    """
+    conversation_id: Annotated[str, Field(title="Conversation Id")]
+    problem: Annotated[str, Field(title="Problem")]
+
+
+class ImportedConversationView(BaseModel):
+    conversation_id: Annotated[str, Field(title="Conversation Id")]
+    session_id: Annotated[UUID, Field(title="Session Id")]
+    created: Annotated[bool, Field(title="Created")]
+    """
+    false: an earlier import made its session
+    """
+    messages: Annotated[int, Field(title="Messages")]
+    """
+    its user and assistant messages
+    """
+    stored: Annotated[int, Field(title="Stored")]
+    """
+    of those, stored by this request (the rest were there already)
+    """
+    skipped: Annotated[int, Field(title="Skipped")]
+    """
+    system and tool messages
+    """
+
+
+class ImportedMessage(BaseModel):
+    role: Annotated[
+        Literal["system", "user", "assistant", "tool", "developer"], Field(title="Role")
+    ]
+    content: Annotated[str, Field(title="Content")]
+    created_at: Annotated[AwareDatetime, Field(title="Created At")]
+
+
 class Content(RootModel[str]):
     root: Annotated[str, Field(min_length=1, title="Content")]
     """
@@ -511,6 +573,33 @@ class Appended(BaseModel):
     """
 
 
+class ImportConversation(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    conversation_id: Annotated[
+        str, Field(max_length=200, min_length=1, title="Conversation Id")
+    ]
+    """
+    your id for the conversation: importing it again finds its session (stores nothing twice)
+    """
+    persona_id: Annotated[str, Field(max_length=64, min_length=1, title="Persona Id")]
+    messages: Annotated[
+        list[ImportedMessage], Field(max_length=20000, min_length=1, title="Messages")
+    ]
+    """
+    in order, OpenAI-style (`role`, `content`, and `created_at` with its time zone); system and tool messages are skipped, other fields ignored
+    """
+
+
+class ImportResult(BaseModel):
+    imported: Annotated[list[ImportedConversationView], Field(title="Imported")]
+    refused: Annotated[list[ImportRefusal], Field(title="Refused")]
+    """
+    conversations not imported, each with why; the others were
+    """
+
+
 class Memory(BaseModel):
     """
     A memory as its owner sees it (never its embedding).
@@ -678,6 +767,19 @@ class MemoryWithHistory(BaseModel):
     history: Annotated[list[Memory], Field(title="History")]
     """
     every version of this memory (itself included), oldest first: what it replaced and what replaced it, recursively
+    """
+
+
+class NewImport(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    conversations: Annotated[
+        list[ImportConversation],
+        Field(max_length=50, min_length=1, title="Conversations"),
+    ]
+    """
+    1 to 50
     """
 
 

@@ -22,6 +22,7 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
+from uuid import UUID
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
@@ -126,6 +127,32 @@ def import_conversations(lines: Iterable[bytes], *, user: str | None = None,
 
 def _import_line(text: str, user: str | None, limit: int, done: Imported) -> None:
     conversation, owner = _conversation(text, user)
+    made = import_conversation(owner, conversation, limit=limit, limited=False)
+    done.conversations += 1
+    done.sessions_created += int(made.created)
+    done.messages += made.messages
+    done.stored += made.stored
+    done.skipped += made.skipped
+
+
+@dataclass
+class ImportedConversation:
+    """One conversation imported: its session, whether it was made now, its messages (user and assistant),
+    those stored now (the rest were there already) and those skipped (system, tool)."""
+    conversation_id: str
+    session_id: UUID
+    created: bool
+    messages: int
+    stored: int
+    skipped: int
+
+
+def import_conversation(owner: str, conversation: Conversation, *, limit: int,
+                        limited: bool) -> ImportedConversation:
+    """One conversation into its session (made on its first import, found again after), its messages appended
+    in batches as an app's are (``limited``: admitted by the user's spend limits, as an API request is; an
+    operator's import is counted, not limited). Raises LineRefused for what cannot be imported, before the
+    session is made when it can tell; a provider's or the database's failure propagates."""
     said = [(place, m) for place, m in enumerate(conversation.messages) if m.role in ("user", "assistant")]
     too_long = next((place for place, m in said if len(m.content.strip()) > limit), None)
     if too_long is not None:
@@ -144,17 +171,30 @@ def _import_line(text: str, user: str | None, limit: int, done: Imported) -> Non
     try:
         for start in range(0, len(incoming), ingest.MAX_MESSAGES):
             appended = ingest.append(owner, session["id"], incoming[start:start + ingest.MAX_MESSAGES],
-                                     limited=False)
+                                     limited=limited)
             stored += sum(1 for m in appended.messages if m.stored)
     except ClientError as refused:
-        if refused.status >= 500:
-            raise  # a provider or the database: stop, a re-run resumes
+        if refused.status >= 500 or refused.status == 429:
+            raise  # a provider, the database or a spend limit: stop; a re-run resumes
         raise LineRefused(str(refused)) from None
-    done.conversations += 1
-    done.sessions_created += int(session["created"])
-    done.messages += len(incoming)
-    done.stored += stored
-    done.skipped += len(conversation.messages) - len(incoming)
+    return ImportedConversation(conversation.conversation_id, session["id"], session["created"], len(incoming),
+                                stored, len(conversation.messages) - len(incoming))
+
+
+def import_batch(user_id: str, conversations: list[Conversation]) -> tuple[list[ImportedConversation],
+                                                                          list[tuple[int, str, str]]]:
+    """``POST /v1/imports``: the user's conversations (the user is the token's), each imported as a line of
+    ``eros import`` is, but admitted by the user's spend limits as an API request is. Returns those imported and
+    those refused (their index, id and why); a provider failure or a spend limit stops the batch (a re-run
+    stores each conversation once)."""
+    limit = settings().max_content_chars
+    done, refused = [], []
+    for index, conversation in enumerate(conversations):
+        try:
+            done.append(import_conversation(user_id, conversation, limit=limit, limited=True))
+        except LineRefused as problem:
+            refused.append((index, conversation.conversation_id, str(problem)))
+    return done, refused
 
 
 def describe(done: Imported) -> dict[str, Any]:

@@ -74,6 +74,21 @@ def import_session(user_id: str, persona_id: str, external_id: str) -> dict | No
             (user_id, external_id)))["id"], "created": False}
 
 
+def import_progress(user_id: str) -> dict:
+    """Where dreaming is in the user's imported sessions (migration 0029): how many wait, are being extracted, are
+    extracted or were given up on, the span of their times, and how far (in the conversations' time) dreaming
+    has distilled them: a user's imported sessions are extracted oldest first (store.dreaming's claim)."""
+    return one(connection().execute(
+        "SELECT count(*) AS sessions,"
+        " count(*) FILTER (WHERE extracted_at IS NULL AND extraction_claimed_at IS NULL) AS waiting,"
+        " count(*) FILTER (WHERE extracted_at IS NULL AND extraction_claimed_at IS NOT NULL) AS in_progress,"
+        " count(*) FILTER (WHERE extracted_at IS NOT NULL AND extraction_gave_up IS NULL) AS extracted,"
+        " count(*) FILTER (WHERE extraction_gave_up IS NOT NULL) AS failed,"
+        " min(last_active_at) AS oldest, max(last_active_at) AS newest,"
+        " max(last_active_at) FILTER (WHERE extracted_at IS NOT NULL) AS distilled_through"
+        " FROM engine.chat_sessions WHERE user_id = %s AND external_id IS NOT NULL", (user_id,)))
+
+
 _SESSION_COLUMNS = (
     "s.id, s.instance_id, i.persona_id, s.created_at, s.last_active_at, s.extracted_at"
 )
