@@ -21,7 +21,8 @@ USER_TABLES = {"chat_sessions", "chat_messages", "companion_memories", "persona_
 SHARED_TABLES = {"personas", "provider_blocks", "schema_migrations", "schema_objects"}  # reference data: on every shard
 # Cross-user by design, each with why. On a sharded database these run on every shard (a fan-out) or per shard.
 CROSS_USER = {
-    "dreaming._CLAIM": "the sweeper claims idle sessions of everyone: run per shard",
+    "dreaming._CLAIM_TEMPLATE": "the sweeper claims idle sessions of everyone: run per shard (the follow-on claim "
+                                "of one user's next imported session adds the user to it)",
     "dreaming._EXPIRE": "retention deletes old extracted messages of everyone: run per shard",
     "dreaming.load": "the in-flight count and backlog age of the whole deployment: summed over shards",
     "dreaming.redrive": "an operator re-drives every given-up session (or one user's: then scoped)",

@@ -160,7 +160,10 @@ def swept(result: dict, idle_secs: int, now: bool) -> list[str]:
     lines = [f"claimed {result['claimed']} session(s) and {result['users_claimed']} user(s) for a deep pass"]
     for job in result["jobs"]:
         if job["kind"] == "session":
-            done = ", ".join(f"{job[k]} {k}" for k in ("memories", "superseded", "confirmed") if job.get(k))
+            done = ", ".join([f"{job[k]} {k}" for k in ("memories", "superseded", "confirmed") if job.get(k)]
+                             + ([f"episode {job['episode']}"] if job.get("episode") else [])
+                             + ([f"then {job['followed']} more imported session(s) of the user"]
+                                if job.get("followed") else []))
             what = f"session {job['session_id']} of {job['user_id']}"
         else:
             done = ", ".join(f"{job[k]} {k}" for k in ("merged", "superseded") if job.get(k))
