@@ -15,6 +15,7 @@ test with two tiers stops the run at collection."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import sys
 import tempfile
@@ -141,9 +142,21 @@ def reset_process_state() -> None:
 
 # Children before parents: a DELETE of a handful of rows is several times cheaper than a TRUNCATE (which
 # takes exclusive locks and rewrites files), and one statement batch is one round trip.
-CLEAN_SCHEMA = ";".join(f"DELETE FROM engine.{table}" for table in (
-    "companion_memories", "chat_messages", "chat_sessions", "user_deep_pass", "persona_instances",
-    "provider_blocks", "user_usage", "user_model_usage"))
+def clean_schema() -> str:
+    """What every test's ``db`` starts from: no user's rows, and the personas as seeded (users' characters and
+    operators' new personas and versions go: migration 0030)."""
+    from eros.migrate import personas
+
+    seeded = json.dumps([p["id"] for p in personas()])
+    return ";".join([*(f"DELETE FROM engine.{table}" for table in (
+        "companion_memories", "chat_messages", "chat_sessions", "user_deep_pass", "persona_instances",
+        "provider_blocks", "user_usage", "user_model_usage")),
+        "DELETE FROM engine.personas WHERE owner_id IS NOT NULL"
+        f" OR id NOT IN (SELECT jsonb_array_elements_text('{seeded}'::jsonb))",
+        "DELETE FROM engine.persona_versions WHERE version > 1",
+        "UPDATE engine.personas p SET name = v.name, description = v.description, system_prompt = v.system_prompt,"
+        " version = 1, retired_at = NULL FROM engine.persona_versions v WHERE v.persona_id = p.id AND v.version = 1"
+        " AND (p.version, p.retired_at) IS DISTINCT FROM (1, NULL)"])
 
 
 @pytest.fixture(scope="session")
@@ -166,11 +179,11 @@ def db(database_url, _shared_connection):
     if conn.closed or conn.broken:
         conn = _shared_connection["conn"] = connect(database_url)
     try:
-        conn.execute(CLEAN_SCHEMA)
+        conn.execute(clean_schema())
     except Exception:  # e.g. the server was restarted under an idle connection: start over once
         conn.close()
         conn = _shared_connection["conn"] = connect(database_url)
-        conn.execute(CLEAN_SCHEMA)
+        conn.execute(clean_schema())
     yield conn
     reset_process_state()
 

@@ -338,12 +338,12 @@ def test_database_down_is_503_not_500(api, env):
 
 
 def test_an_unexpected_error_is_a_json_500_without_internals(api, monkeypatch):
-    from eros.store import chat as chat_store
+    from eros.store import personas as persona_store
 
     def broken(*args, **kwargs):
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(chat_store, "list_personas", broken)
+    monkeypatch.setattr(persona_store, "usable", broken)
     status, body = api.call("GET", "/v1/personas")
     assert status == 500 and body["message"] == "internal error" and "secret" not in json.dumps(body)
 

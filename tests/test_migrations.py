@@ -154,7 +154,8 @@ READ_WRITE = {"SELECT", "INSERT", "UPDATE", "DELETE"}
 APP_TABLE_PRIVILEGES = {
     "schema_migrations": {"SELECT"},  # written by the migrations' own user
     "schema_objects": {"SELECT"},  # likewise
-    "personas": {"SELECT"},  # seeded by the migrations' own user: no runtime path changes a persona's prompt
+    "personas": {"SELECT"},  # seeded by the migrations' own user: no runtime path changes a persona's prompt;
+    "persona_versions": {"SELECT"},  # a user's own characters are written by sql/functions/personas.sql alone
     "chat_messages": {"SELECT", "INSERT", "DELETE"},  # a message is never changed; retention and erasure delete
     "relationship_terms": {"SELECT", "INSERT", "DELETE"},  # the trigger of migration 0027, as the memory's writer
     "persona_instances": {"SELECT", "INSERT", "DELETE"},  # and UPDATE of user_id alone (below)

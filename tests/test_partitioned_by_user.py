@@ -27,7 +27,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
-from conftest import CLEAN_SCHEMA
+from conftest import clean_schema
 from helpers import claim_concurrently, go_idle, utcnow
 from partitioning import PARTITIONS, TABLES, create_database, drop_database, explaining, partitions_in
 from pgvector import Vector
@@ -64,7 +64,7 @@ def partitioned_url(database_url):
 def partitioned(partitioned_url, db):
     """A connection to the partitioned database, its engine tables emptied (personas kept), as ``db`` does."""
     with eros_db.connect(partitioned_url) as conn:
-        conn.execute(CLEAN_SCHEMA)
+        conn.execute(clean_schema())
         yield conn
 
 

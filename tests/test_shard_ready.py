@@ -18,7 +18,9 @@ STORES = ROOT / "layers" / "eros" / "eros" / "store"
 FUNCTIONS = ROOT / "layers" / "eros" / "eros" / "sql" / "functions"
 USER_TABLES = {"chat_sessions", "chat_messages", "companion_memories", "persona_instances", "user_deep_pass",
                "user_usage", "user_model_usage", "relationship_terms"}
-SHARED_TABLES = {"personas", "provider_blocks", "schema_migrations", "schema_objects"}  # reference data: on every shard
+# Reference data: on every shard. A user's own characters (migration 0030) are persona rows too: few and small,
+# replicated with the app's, written through the database's functions only.
+SHARED_TABLES = {"personas", "persona_versions", "provider_blocks", "schema_migrations", "schema_objects"}
 # Cross-user by design, each with why. On a sharded database these run on every shard (a fan-out) or per shard.
 CROSS_USER = {
     "dreaming._CLAIM_TEMPLATE": "the sweeper claims idle sessions of everyone: run per shard (the follow-on claim "

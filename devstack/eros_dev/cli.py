@@ -294,6 +294,53 @@ def cmd_import(args) -> int:
     return 1 if done.refused else 0
 
 
+def cmd_personas(args) -> int:
+    """The app's personas, for operators (users make their own through the API): list them, set one (made, or a
+    new version when its text changed: sessions already started keep theirs), or retire one."""
+    from pathlib import Path
+
+    from eros import db
+    from eros.store import personas as persona_store
+
+    url, _, _ = _database()
+    with db.connect(url) as conn:
+        if args.action == "set":
+            if not args.id or not args.name or not args.prompt_file:
+                raise CliError("set needs ID, --name and --prompt-file")
+            try:
+                prompt = Path(args.prompt_file).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise CliError(f"cannot read {args.prompt_file}: {exc.strerror}") from None
+            problem = _persona_problem(args.id, args.name, prompt)
+            if problem:
+                raise CliError(problem)
+            version = persona_store.keep_app(conn, args.id, args.name, args.description or "", prompt)
+            print(f"{args.id}: " + (f"version {version}" if version else "unchanged (same text, or a user's id)"))
+        elif args.action == "retire":
+            if not args.id:
+                raise CliError("retire needs ID")
+            if not persona_store.retire_app(conn, args.id):
+                raise CliError(f"no active app persona {args.id!r}")
+            print(f"{args.id}: retired (listed no more; its sessions go on)")
+        for p in persona_store.app_personas(conn):
+            state = f"retired {p['retired_at']:%Y-%m-%d}" if p["retired_at"] else "active"
+            print(f"{p['id']:<16} v{p['version']:<3} {state:<18} {p['name']}: {p['description']}")
+    return 0
+
+
+def _persona_problem(persona_id: str, name: str, prompt: str) -> str | None:
+    import re
+
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", persona_id) or persona_id.startswith("u-"):
+        return (f"the id {persona_id!r} must be 1-64 of a-z 0-9 _ - (starting with a letter or digit), and not "
+                "start with u- (users' characters)")
+    if not 1 <= len(name.strip()) <= 64:
+        return "--name must be 1 to 64 characters"
+    if not 1 <= len(prompt) <= 8_000:
+        return f"the prompt must be 1 to 8,000 characters (it has {len(prompt):,})"
+    return None
+
+
 def cmd_usage(args) -> int:
     """An operator's usage report: every user's tokens, calls and estimated cost in a range of UTC days
     (costliest first), or one user's per day, purpose and model (what ``GET /v1/usage`` answers)."""
@@ -440,6 +487,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--user", help="every conversation is this user's (lines may then leave user_id out)")
     p.add_argument("--json", action="store_true", help="the report as JSON")
     p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser("personas", help="the app's personas: list, set (a new version) or retire one")
+    p.add_argument("action", nargs="?", choices=["list", "set", "retire"], default="list")
+    p.add_argument("id", nargs="?")
+    p.add_argument("--name")
+    p.add_argument("--description")
+    p.add_argument("--prompt-file", help="set: a text file with the persona's system prompt")
+    p.set_defaults(func=cmd_personas)
 
     p = sub.add_parser("usage", help="tokens, provider calls and estimated cost per user (or one user's per day)")
     p.add_argument("--from", dest="first", type=_day, help="first UTC day (YYYY-MM-DD); default 30 days ago")

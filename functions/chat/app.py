@@ -19,10 +19,10 @@ from eros import errors, json_body, snapstart, tracing
 from eros.config import settings
 from eros.observability import logger, metrics
 
-from routes import account, health, imports, memories, sessions
+from routes import account, health, imports, memories, personas, sessions
 
 app = APIGatewayHttpResolver(enable_validation=True)
-for area in (health, sessions, imports, memories, account):
+for area in (health, personas, sessions, imports, memories, account):
     app.include_router(area.router)
 snapstart.register()  # with SnapStart (template.yaml: ChatColdStart): warm before the snapshot, renew after
 

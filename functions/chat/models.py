@@ -230,6 +230,38 @@ class PersonaView(ApiModel):
     id: str
     name: str
     description: str
+    version: int = Field(description="its current version: a session keeps the one it started with")
+    own: bool = Field(description="a character you made (else one of the app's)")
+    system_prompt: str | None = Field(description="your own character's prompt (null for the app's)")
+
+
+MAX_PERSONA_PROMPT = 8_000
+PersonaName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=64),
+                        BeforeValidator(_storable)]
+PersonaDescription = Annotated[str, StringConstraints(strip_whitespace=True, max_length=500),
+                               BeforeValidator(_storable)]
+PersonaPrompt = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_PERSONA_PROMPT),
+                          BeforeValidator(_storable), Field(
+                              description=f"who the character is and how it talks: 1 to {MAX_PERSONA_PROMPT:,} "
+                                          f"characters; what a turn puts first in its system prompt")]
+
+
+class NewPersona(Strict):
+    name: PersonaName
+    description: PersonaDescription = ""
+    system_prompt: PersonaPrompt
+
+
+class PersonaEdit(Strict):
+    name: PersonaName | None = None
+    description: PersonaDescription | None = None
+    system_prompt: PersonaPrompt | None = None
+
+    @model_validator(mode="after")
+    def _changes_something(self):
+        if self.name is None and self.description is None and self.system_prompt is None:
+            raise ValueError("name at least one of name, description, system_prompt to change")
+        return self
 
 
 class PersonaList(ApiModel):
@@ -340,6 +372,7 @@ class Erased(ApiModel):
     sessions: int
     persona_instances: int
     deep_pass: int = Field(description="the user's deep-pass (per-user consolidation) record")
+    personas: int = Field(0, description="characters the user made, with every version")
     usage_days: int = Field(description="days of token usage and turn counts")
     usage_by_model: int = Field(description="rows of usage per day, purpose and model")
     exports: int = Field(description="export files not yet expired")

@@ -161,6 +161,18 @@ class Client(_Base):
     def list_personas(self) -> models.PersonaList:
         return self._send(op.list_personas())
 
+    def create_persona(self, name: str, system_prompt: str, *,
+                       description: str | None = None) -> models.PersonaView:
+        """A character of your own (visible to you alone); start sessions with it by its id."""
+        return self._send(op.create_persona(name, system_prompt, description))
+
+    def edit_persona(self, persona_id: str, *, name: str | None = None, description: str | None = None,
+                     system_prompt: str | None = None) -> models.PersonaView:
+        return self._send(op.edit_persona(persona_id, name, description, system_prompt))
+
+    def retire_persona(self, persona_id: str) -> None:
+        self._send(op.retire_persona(persona_id))
+
     def create_session(self, persona_id: str) -> models.CreatedSession:
         return self._send(op.create_session(persona_id))
 
@@ -282,6 +294,17 @@ class AsyncClient(_Base):
     # --- sessions
     async def list_personas(self) -> models.PersonaList:
         return await self._send(op.list_personas())
+
+    async def create_persona(self, name: str, system_prompt: str, *,
+                             description: str | None = None) -> models.PersonaView:
+        return await self._send(op.create_persona(name, system_prompt, description))
+
+    async def edit_persona(self, persona_id: str, *, name: str | None = None, description: str | None = None,
+                           system_prompt: str | None = None) -> models.PersonaView:
+        return await self._send(op.edit_persona(persona_id, name, description, system_prompt))
+
+    async def retire_persona(self, persona_id: str) -> None:
+        await self._send(op.retire_persona(persona_id))
 
     async def create_session(self, persona_id: str) -> models.CreatedSession:
         return await self._send(op.create_session(persona_id))

@@ -70,6 +70,21 @@ def list_personas() -> Call[models.PersonaList]:
     return Call("GET", "/v1/personas", models.PersonaList)
 
 
+def create_persona(name: str, system_prompt: str, description: str | None) -> Call[models.PersonaView]:
+    body = {"name": name, "system_prompt": system_prompt, **_query(description=description)}
+    return Call("POST", "/v1/personas", models.PersonaView, body=body, resend=False)
+
+
+def edit_persona(persona_id: str, name: str | None, description: str | None,
+                 system_prompt: str | None) -> Call[models.PersonaView]:
+    body = _query(name=name, description=description, system_prompt=system_prompt)
+    return Call("PATCH", f"/v1/personas/{persona_id}", models.PersonaView, body=body, resend=False)
+
+
+def retire_persona(persona_id: str) -> Call[None]:
+    return Call("DELETE", f"/v1/personas/{persona_id}", None)
+
+
 def create_session(persona_id: str) -> Call[models.CreatedSession]:
     return Call("POST", "/v1/sessions", models.CreatedSession, body={"persona_id": persona_id}, resend=False)
 

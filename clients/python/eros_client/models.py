@@ -156,6 +156,10 @@ class Erased(BaseModel):
     """
     the user's deep-pass (per-user consolidation) record
     """
+    personas: Annotated[int | None, Field(title="Personas")] = 0
+    """
+    characters the user made, with every version
+    """
     usage_days: Annotated[int, Field(title="Usage Days")]
     """
     days of token usage and turn counts
@@ -387,6 +391,20 @@ class NewMessages(BaseModel):
     """
 
 
+class NewPersona(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    name: Annotated[str, Field(max_length=64, min_length=1, title="Name")]
+    description: Annotated[str | None, Field(max_length=500, title="Description")] = ""
+    system_prompt: Annotated[
+        str, Field(max_length=8000, min_length=1, title="System Prompt")
+    ]
+    """
+    who the character is and how it talks: 1 to 8,000 characters; what a turn puts first in its system prompt
+    """
+
+
 class NewSession(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
@@ -411,10 +429,46 @@ class NewTurn(BaseModel):
     client_turn_id: Annotated[ClientTurnId | None, Field(title="Client Turn Id")] = None
 
 
+class Name(RootModel[str]):
+    root: Annotated[str, Field(max_length=64, min_length=1, title="Name")]
+
+
+class Description(RootModel[str]):
+    root: Annotated[str, Field(max_length=500, title="Description")]
+
+
+class SystemPrompt(RootModel[str]):
+    root: Annotated[str, Field(max_length=8000, min_length=1, title="System Prompt")]
+    """
+    who the character is and how it talks: 1 to 8,000 characters; what a turn puts first in its system prompt
+    """
+
+
+class PersonaEdit(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    name: Annotated[Name | None, Field(title="Name")] = None
+    description: Annotated[Description | None, Field(title="Description")] = None
+    system_prompt: Annotated[SystemPrompt | None, Field(title="System Prompt")] = None
+
+
 class PersonaView(BaseModel):
     id: Annotated[str, Field(title="Id")]
     name: Annotated[str, Field(title="Name")]
     description: Annotated[str, Field(title="Description")]
+    version: Annotated[int, Field(title="Version")]
+    """
+    its current version: a session keeps the one it started with
+    """
+    own: Annotated[bool, Field(title="Own")]
+    """
+    a character you made (else one of the app's)
+    """
+    system_prompt: Annotated[str | None, Field(title="System Prompt")]
+    """
+    your own character's prompt (null for the app's)
+    """
 
 
 class PurposeUsage(BaseModel):

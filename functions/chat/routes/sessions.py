@@ -21,7 +21,6 @@ from models import (
     NewMessages,
     NewSession,
     NewTurn,
-    PersonaList,
     SessionList,
 )
 from routes import current_user, documented
@@ -35,13 +34,6 @@ MAX_BIGINT = 2**63 - 1
 def _session_of(user: str, session_id: UUID) -> None:
     if chat_store.get_session(user, session_id) is None:
         raise errors.NotFound("session not found")
-
-
-@router.get("/v1/personas", operation_id="listPersonas", tags=["sessions"],
-            summary="the personas to chat with", responses=documented((200, "the personas")))
-def personas() -> PersonaList:
-    current_user(router)
-    return PersonaList.model_validate({"personas": chat_store.list_personas()})
 
 
 @router.post("/v1/sessions", operation_id="createSession", tags=["sessions"], summary="start a session with a persona",

@@ -162,14 +162,13 @@ def apply_function_files(conn: Connection) -> list[str]:
 
 
 def seed_personas(conn: Connection) -> None:
+    """The package's personas (eros/personas/*.json), made or, when their text changed, given a new version
+    (store.personas.keep_app: sessions already started keep theirs). A retired one stays retired."""
+    from .store.personas import keep_app
+
     with conn.transaction():
         for p in personas():
-            conn.execute(
-                "INSERT INTO engine.personas (id, name, description, system_prompt) VALUES (%s, %s, %s, %s)"
-                " ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name, description = EXCLUDED.description,"
-                " system_prompt = EXCLUDED.system_prompt",
-                (p["id"], p["name"], p.get("description", ""), p["system_prompt"]),
-            )
+            keep_app(conn, p["id"], p["name"], p.get("description", ""), p["system_prompt"])
 
 
 APP_ROLE = "eros_app"

@@ -39,6 +39,7 @@ _ROUTES = [(re.compile(pattern), template) for pattern, template in [
     (r"^/v1/sessions/([^/]+)/context$", "/v1/sessions/{session_id}/context"),
     (r"^/v1/memories/([^/]+)/restore$", "/v1/memories/{memory_id}/restore"),
     (r"^/v1/memories/([^/]+)$", "/v1/memories/{memory_id}"),
+    (r"^/v1/personas/([^/]+)$", "/v1/personas/{persona_id}"),
     (r"^/v1/(health|openapi\.json|docs|personas|sessions|memories|imports)$", None),
 ]]
 _LISTS = ("messages", "memories", "sessions", "personas")

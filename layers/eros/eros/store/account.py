@@ -47,6 +47,11 @@ _MESSAGES = ("SELECT id, role, content, client_turn_id, sent_at FROM engine.chat
 _MEMORIES = ("SELECT" + MEMORY_FIELDS + MEMORY_FROM +
              " WHERE m.user_id = %(user)s AND (m.created_at, m.id) > (%(at)s, %(id)s::uuid)"
              " ORDER BY m.created_at, m.id LIMIT %(page)s")
+_PERSONAS = ("SELECT p.id, p.version, p.created_at, p.retired_at,"
+             " (SELECT jsonb_agg(v ORDER BY v.version) FROM ("
+             "   SELECT version, name, description, system_prompt, created_at"
+             "   FROM engine.persona_versions WHERE persona_id = p.id) v) AS versions"
+             " FROM engine.personas p WHERE p.owner_id = %s ORDER BY p.created_at, p.id")
 _USAGE = ("SELECT day, tokens, chat_tokens, dream_tokens, turns FROM engine.user_usage WHERE user_id = %s"
           " ORDER BY day")
 _USAGE_BY_MODEL = ("SELECT day, purpose, model, calls, input_tokens, output_tokens FROM engine.user_model_usage"
@@ -60,6 +65,10 @@ _ERASE = (
     ("messages", "DELETE FROM engine.chat_messages WHERE user_id = %(user)s"),
     ("sessions", "DELETE FROM engine.chat_sessions WHERE user_id = %(user)s"),
     ("persona_instances", "DELETE FROM engine.persona_instances WHERE user_id = %(user)s"),
+    # The characters the user made, with their versions, after the instances that used them, through a function
+    # (the app role may not write the personas' tables: sql/functions/personas.sql); one row per character erased,
+    # so that its rowcount counts them as the DELETEs' do.
+    ("personas", "SELECT 1 FROM generate_series(1, engine.erase_user_personas(%(user)s))"),
     ("deep_pass", "DELETE FROM engine.user_deep_pass WHERE user_id = %(user)s"),
 )
 # Usage goes in a statement of its own, after the transaction: a chat turn locks its user's usage rows and
@@ -120,7 +129,8 @@ def _session(user_id: str, session: dict) -> Iterator[str]:
 def export_document(user_id: str, now: datetime) -> Iterator[str]:
     """The user's whole record as one JSON object, in pieces: ``user_id``, ``exported_at``, ``sessions``
     (oldest first, each with its ``messages``), ``memories`` (both layers, history included, oldest first,
-    never an embedding), ``usage`` (per UTC day) and ``usage_by_model`` (per day, purpose and model)."""
+    never an embedding), ``personas`` (the characters the user made, every version), ``usage`` (per UTC day)
+    and ``usage_by_model`` (per day, purpose and model)."""
     yield '{"user_id":' + _json(user_id) + ',"exported_at":' + _json(now.isoformat()) + ',"sessions":'
     yield "["
     for n, session in enumerate(_pages(_SESSIONS, {"user": user_id})):
@@ -128,6 +138,8 @@ def export_document(user_id: str, now: datetime) -> Iterator[str]:
         yield from _session(user_id, session)
     yield '],"memories":'
     yield from _array(_json(_exported(m)) for m in _pages(_MEMORIES, {"user": user_id}))
+    yield ',"personas":'
+    yield from _array(_json(p) for p in connection().execute(_PERSONAS, (user_id,)).fetchall())
     yield ',"usage":'
     yield from _array(_json(u) for u in connection().execute(_USAGE, (user_id,)).fetchall())
     yield ',"usage_by_model":'

@@ -12,11 +12,10 @@ from psycopg.types.json import Jsonb
 
 from ..db import connection, one, transaction
 from ..errors import ClientError
-from . import usage
+from . import personas, usage
 from .rows import (
     Message,
     OpenedTurn,
-    Persona,
     RecordedTurn,
     Session,
     SessionWithDreaming,
@@ -27,46 +26,46 @@ from .rows import (
 )
 
 
-def list_personas() -> list[Persona]:
-    return connection().execute("SELECT id, name, description FROM engine.personas ORDER BY id").fetchall()
+def _instance(conn, user_id: str, persona_id: str) -> dict | None:
+    """The user's instance of the persona (made on first use) and the persona's current version, which a new
+    session keeps; None: no persona of that id the user may use."""
+    return conn.execute(
+        "WITH persona AS (SELECT id, version FROM engine.personas WHERE id = %(persona)s AND " + personas.USABLE + "),"
+        " instance AS (INSERT INTO engine.persona_instances (user_id, persona_id)"
+        "              SELECT %(user)s, id FROM persona"
+        "              ON CONFLICT (user_id, persona_id) DO UPDATE SET user_id = EXCLUDED.user_id"
+        "              RETURNING id)"
+        " SELECT instance.id, persona.version FROM instance, persona",
+        {"user": user_id, "persona": persona_id},
+    ).fetchone()
 
 
 def create_session(user_id: str, persona_id: str) -> Session | None:
-    """A new session with the user's instance of the persona (created on first use). None: no such persona."""
+    """A new session with the user's instance of the persona (created on first use), on the persona's current
+    version. None: no such persona the user may use."""
     with transaction() as conn:
-        instance = conn.execute(
-            "INSERT INTO engine.persona_instances (user_id, persona_id)"
-            " SELECT %(user)s, id FROM engine.personas WHERE id = %(persona)s"
-            " ON CONFLICT (user_id, persona_id) DO UPDATE SET user_id = EXCLUDED.user_id"
-            " RETURNING id",
-            {"user": user_id, "persona": persona_id},
-        ).fetchone()
+        instance = _instance(conn, user_id, persona_id)
         if instance is None:
             return None
         return one(conn.execute(
-            "INSERT INTO engine.chat_sessions (user_id, instance_id) VALUES (%s, %s)"
+            "INSERT INTO engine.chat_sessions (user_id, instance_id, persona_version) VALUES (%s, %s, %s)"
             " RETURNING id, instance_id, created_at, last_active_at",
-            (user_id, instance["id"]),
+            (user_id, instance["id"], instance["version"]),
         )) | {"persona_id": persona_id}
 
 
 def import_session(user_id: str, persona_id: str, external_id: str) -> dict | None:
     """The session of an imported conversation (migration 0029): found by its id, else made, with the user's
-    instance of the persona. ``{"id", "created"}``; None: no such persona."""
+    instance of the persona. ``{"id", "created"}``; None: no such persona the user may use."""
     with transaction() as conn:
-        instance = conn.execute(
-            "INSERT INTO engine.persona_instances (user_id, persona_id)"
-            " SELECT %(user)s, id FROM engine.personas WHERE id = %(persona)s"
-            " ON CONFLICT (user_id, persona_id) DO UPDATE SET user_id = EXCLUDED.user_id"
-            " RETURNING id",
-            {"user": user_id, "persona": persona_id},
-        ).fetchone()
+        instance = _instance(conn, user_id, persona_id)
         if instance is None:
             return None
         made = conn.execute(
-            "INSERT INTO engine.chat_sessions (user_id, instance_id, external_id) VALUES (%s, %s, %s)"
+            "INSERT INTO engine.chat_sessions (user_id, instance_id, external_id, persona_version)"
+            " VALUES (%s, %s, %s, %s)"
             " ON CONFLICT (user_id, external_id) WHERE external_id IS NOT NULL DO NOTHING RETURNING id",
-            (user_id, instance["id"], external_id)).fetchone()
+            (user_id, instance["id"], external_id, instance["version"])).fetchone()
         if made is not None:
             return {"id": made["id"], "created": True}
         return {"id": one(conn.execute(
@@ -123,17 +122,18 @@ def list_sessions(user_id: str, idle_secs: int, limit: int = 100) -> list[Sessio
 
 
 def get_session(user_id: str, session_id: UUID, *, history: int = 0) -> SessionWithPersona | None:
-    """The session with its persona's prompt, only if it belongs to this user; with ``history``, also its last
+    """The session with its persona's prompt (the version the session started with), only if it belongs to this
+    user; with ``history``, also its last
     ``history`` messages, oldest first (what a prompt's history is, as engine.open_turn_v2 reads it for a turn)."""
     return connection().execute(
-        f"SELECT {_SESSION_COLUMNS}, p.name AS persona_name, p.system_prompt"
+        f"SELECT {_SESSION_COLUMNS}, v.name AS persona_name, v.system_prompt"
         + (", (SELECT coalesce(jsonb_agg(h ORDER BY h.id), '[]') FROM ("
            "   SELECT m.id, m.role, m.content FROM engine.chat_messages m"
            "   WHERE m.user_id = s.user_id AND m.session_id = s.id ORDER BY m.id DESC LIMIT %(history)s) h) AS history"
            if history else "")
         + " FROM engine.chat_sessions s"
         " JOIN engine.persona_instances i ON i.id = s.instance_id"
-        " JOIN engine.personas p ON p.id = i.persona_id"
+        " JOIN engine.persona_versions v ON v.persona_id = i.persona_id AND v.version = coalesce(s.persona_version, 1)"
         " WHERE s.id = %(session)s AND s.user_id = %(user)s",
         {"session": session_id, "user": user_id, "history": history},
     ).fetchone()

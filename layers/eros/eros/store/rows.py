@@ -16,9 +16,13 @@ if TYPE_CHECKING:
 
 
 class Persona(TypedDict):
+    """A persona as its user sees it (``store.personas``)."""
     id: str
     name: str
     description: str
+    version: int
+    own: bool  # a character the user made (else one of the app's)
+    system_prompt: str | None  # the user's own character's prompt (the app's are not shown)
 
 
 class Session(TypedDict):

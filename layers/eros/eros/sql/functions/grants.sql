@@ -2,8 +2,8 @@
 -- migration 0019, which says why each table gets what it gets: eros_app may do to each table what the runtime
 -- does to it, and nothing more (tests/test_migrations.py holds each table to it):
 --
---   schema_migrations, schema_objects,  SELECT: written by the migrations' own user only
---   personas
+--   schema_migrations, schema_objects,  SELECT: written by the migrations' own user only (a user's own characters
+--   personas, persona_versions          through the SECURITY DEFINER functions of personas.sql, as that user)
 --   chat_messages                       SELECT, INSERT, DELETE (retention, erasure): a message is never changed
 --   persona_instances                   SELECT, INSERT, DELETE, and UPDATE of user_id alone: create_session's
 --                                       INSERT .. ON CONFLICT DO UPDATE SET user_id = EXCLUDED.user_id returns
@@ -22,7 +22,8 @@ BEGIN
     GRANT USAGE ON SCHEMA engine TO eros_app;
     GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA engine TO eros_app;
     GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA engine TO eros_app;
-    REVOKE INSERT, UPDATE, DELETE ON engine.schema_migrations, engine.schema_objects, engine.personas FROM eros_app;
+    REVOKE INSERT, UPDATE, DELETE ON engine.schema_migrations, engine.schema_objects, engine.personas,
+        engine.persona_versions FROM eros_app;
     REVOKE UPDATE ON engine.chat_messages FROM eros_app;
     REVOKE UPDATE ON engine.persona_instances FROM eros_app;
     REVOKE UPDATE ON engine.relationship_terms FROM eros_app;

@@ -77,7 +77,8 @@ BEGIN
                p.name AS persona_name, p.system_prompt
         FROM engine.chat_sessions s
         JOIN engine.persona_instances i ON i.id = s.instance_id
-        JOIN engine.personas p ON p.id = i.persona_id
+        JOIN engine.persona_versions p  -- the persona as the session started with it (migration 0030)
+          ON p.persona_id = i.persona_id AND p.version = coalesce(s.persona_version, 1)
         WHERE s.id = of_session AND s.user_id = of_user
     ), stored AS (
         SELECT m.id, m.role, m.content, m.metadata FROM engine.chat_messages m

@@ -1,0 +1,86 @@
+"""Personas (migration 0030): the app's, which operators keep (``eros personas``) and the package seeds, and the
+characters users make, visible to their maker alone. Each edit is a new version; a session keeps the version it
+started with. The runtime writes a user's characters only through the database's functions
+(sql/functions/personas.sql): it may not write the tables, so it cannot change one of the app's."""
+
+from __future__ import annotations
+
+import uuid
+
+from ..db import Connection, connection, one
+from .rows import Persona
+
+MAX_OWN = 20  # characters a user may have (not retired)
+
+_COLUMNS = ("id, name, description, version, owner_id IS NOT NULL AS own,"
+            " CASE WHEN owner_id IS NOT NULL THEN system_prompt END AS system_prompt")
+# What a user may see and start sessions with: the app's personas and their own, not retired (store.chat too).
+USABLE = "retired_at IS NULL AND (owner_id IS NULL OR owner_id = %(user)s)"
+
+
+def usable(user_id: str) -> list[Persona]:
+    """The personas the user may chat with: the app's, then their own, each by id."""
+    return connection().execute(f"SELECT {_COLUMNS} FROM engine.personas WHERE {USABLE}"
+                                " ORDER BY owner_id NULLS FIRST, id", {"user": user_id}).fetchall()
+
+
+def own(user_id: str, persona_id: str) -> Persona | None:
+    """The user's own character (not retired), or None."""
+    return connection().execute(f"SELECT {_COLUMNS} FROM engine.personas"
+                                " WHERE id = %s AND owner_id = %s AND retired_at IS NULL",
+                                (persona_id, user_id)).fetchone()
+
+
+def count_own(user_id: str) -> int:
+    return one(connection().execute("SELECT count(*) AS n FROM engine.personas WHERE owner_id = %s"
+                                    " AND retired_at IS NULL", (user_id,)))["n"]
+
+
+def keep_own(user_id: str, persona_id: str | None, name: str, description: str, prompt: str) -> Persona | None:
+    """Make (``persona_id`` None: a new id) or edit the user's character: a new version (engine.keep_user_persona).
+    None: not the user's, or retired."""
+    persona_id = persona_id or f"u-{uuid.uuid4().hex[:16]}"
+    version = one(connection().execute("SELECT engine.keep_user_persona(%s, %s, %s, %s, %s) AS v",
+                                       (user_id, persona_id, name, description, prompt)))["v"]
+    return None if version is None else own(user_id, persona_id)
+
+
+def retire_own(user_id: str, persona_id: str) -> bool:
+    return one(connection().execute("SELECT engine.retire_user_persona(%s, %s) AS r", (user_id, persona_id)))["r"]
+
+
+# --- the app's personas: operators (eros personas) and the package's seed (eros.migrate), with the migrating user's
+# rights. A changed name, description or prompt is a new version; the same text again changes nothing.
+KEEP_APP = """
+WITH kept AS (
+    INSERT INTO engine.personas AS p (id, name, description, system_prompt) VALUES (%(id)s, %(name)s, %(description)s,
+                                                                                    %(prompt)s)
+    ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name, description = EXCLUDED.description,
+                                   system_prompt = EXCLUDED.system_prompt, version = p.version + 1
+    WHERE p.owner_id IS NULL
+      AND (p.name, p.description, p.system_prompt) IS DISTINCT FROM (EXCLUDED.name, EXCLUDED.description,
+                                                                      EXCLUDED.system_prompt)
+    RETURNING p.id, p.version, p.name, p.description, p.system_prompt
+), versioned AS (
+    INSERT INTO engine.persona_versions (persona_id, version, name, description, system_prompt)
+    SELECT * FROM kept ON CONFLICT DO NOTHING
+)
+SELECT (SELECT version FROM kept) AS version
+"""
+
+
+def keep_app(conn: Connection, persona_id: str, name: str, description: str, prompt: str) -> int | None:
+    """One of the app's personas, made or changed (a new version when its text changed). Returns the new version;
+    None: nothing changed (or the id is a user's character)."""
+    return one(conn.execute(KEEP_APP, {"id": persona_id, "name": name, "description": description,
+                                       "prompt": prompt}))["version"]
+
+
+def retire_app(conn: Connection, persona_id: str) -> bool:
+    return conn.execute("UPDATE engine.personas SET retired_at = now() WHERE id = %s AND owner_id IS NULL"
+                        " AND retired_at IS NULL", (persona_id,)).rowcount == 1
+
+
+def app_personas(conn: Connection) -> list[dict]:
+    return conn.execute("SELECT id, name, version, retired_at, description FROM engine.personas"
+                        " WHERE owner_id IS NULL ORDER BY id").fetchall()
