@@ -158,10 +158,15 @@ function signOut() {
   say("Signed out.");
 }
 
-async function start() {
+async function loadPersonas(selected) {
   const personas = await call("GET", "/v1/personas");
   state.personas = personas.personas;
-  $("persona").replaceChildren(...state.personas.map((p) => el("option", { value: p.id }, `${p.name} (${p.id})`)));
+  $("persona").replaceChildren(...state.personas.map((p) => el("option", { value: p.id, selected: p.id === selected },
+    p.own ? `${p.name} (yours)` : `${p.name} (${p.id})`)));
+}
+
+async function start() {
+  await loadPersonas();
   $("me").textContent = state.user;
   $("signin").hidden = true;
   $("whoami").hidden = false;
@@ -210,6 +215,23 @@ async function newSession(event) {
     $("message").focus();
   } catch (error) {
     if (previous && state.session === previous) composing(true);  // still on the session it was on
+    say(error.message, true);
+  }
+}
+
+// A character of the person's own (POST /v1/personas): visible to them alone; picked for the next session. What the
+// server refuses keeps the form as it was, with the reason said.
+async function newPersona(event) {
+  event.preventDefault();
+  const body = { name: $("persona-name").value.trim(), description: $("persona-description").value.trim(),
+                 system_prompt: $("persona-prompt").value.trim() };
+  try {
+    const made = await call("POST", "/v1/personas", body);
+    await loadPersonas(made.id);
+    for (const field of ["persona-name", "persona-description", "persona-prompt"]) $(field).value = "";
+    $("new-persona-box").open = false;
+    say(`Character ${made.name} made: start a session with it.`);
+  } catch (error) {
     say(error.message, true);
   }
 }
@@ -490,6 +512,7 @@ async function boot() {
   $("signin").addEventListener("submit", signIn);
   $("signout").addEventListener("click", signOut);
   $("new-session").addEventListener("submit", newSession);
+  $("new-persona").addEventListener("submit", newPersona);
   $("session").addEventListener("change", (event) => openSession(event.target.value).catch((e) => say(e.message, true)));
   $("send").addEventListener("submit", send);
   $("message").addEventListener("keydown", (event) => {

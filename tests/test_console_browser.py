@@ -342,3 +342,35 @@ def test_an_api_origin_the_deployer_allowed_gets_the_token(browser, foreign, dep
     visit.page.wait_for_function("() => document.querySelector('#status').textContent !== ''")  # boot is done
     assert ("GET", "/v1/personas", "Bearer secret-token") in foreign.seen, foreign.seen
     visit.close()
+
+
+def test_a_person_makes_a_character_and_chats_with_it(browser, stack, providers):
+    visit = Visit(browser, stack.url)
+    page = visit.page
+    visit.sign_in("alice")
+    page.locator("#new-persona-box summary").click()
+    page.get_by_label("Name").fill("Juniper")
+    page.get_by_label("Prompt").fill("x" * 10)
+    page.get_by_label("Prompt").fill("")  # the browser refuses an empty prompt: nothing is sent
+    page.get_by_role("button", name="Make character").click()
+    expect(page.locator("#new-persona-box")).to_have_attribute("open", "")
+    page.get_by_label("Description").fill("a grumpy lighthouse keeper")
+    page.get_by_label("Prompt").fill("You are Juniper, a grumpy lighthouse keeper.")
+    page.get_by_role("button", name="Make character").click()
+    expect(page.locator("#status")).to_have_text("Character Juniper made: start a session with it.")
+    expect(page.locator("#persona option:checked")).to_have_text("Juniper (yours)")
+    page.get_by_role("button", name="New session").click()
+    expect(page.get_by_label("Message", exact=True)).to_be_focused()  # the new session is open
+    page.get_by_label("Message", exact=True).fill("Is the lamp lit?")
+    page.get_by_label("Message", exact=True).press("Enter")
+    expect(page.locator("#messages")).to_contain_text("That sounds tiring.")
+    chats = [r["json"] for r in providers[0].requests if not r["json"].get("response_format")]
+    assert chats[-1]["messages"][0]["content"].startswith("You are Juniper, a grumpy lighthouse keeper.")
+    visit.shot("console-character")
+    visit.close()
+    # Another person never sees it.
+    other = Visit(browser, stack.url)
+    other.sign_in("bob")
+    expect(other.page.locator("#persona option", has_text="Juniper")).to_have_count(0)
+    assert not visit.errors and not other.errors, (visit.errors, other.errors)
+    other.close()
