@@ -235,3 +235,17 @@ def test_the_client_imports_a_history_and_follows_its_backfill(online, db, local
         sweep_locally()
         progress = eros.get_import_progress()
         assert (progress.state, progress.extracted) == ("done", 1)
+
+
+def test_the_example_app_runs_against_the_local_stack(online, db, local_server, monkeypatch, capsys):
+    """clients/python/examples/own_chat.py: appends, dreams, asks for context, appends its reply."""
+    import runpy
+
+    monkeypatch.setenv("EROS_URL", local_server.url)
+    monkeypatch.setenv("EROS_TOKEN", token("app-demo"))
+    module = runpy.run_path(str(ROOT / "clients" / "python" / "examples" / "own_chat.py"))
+    assert module["main"]() == 0
+    out = capsys.readouterr().out
+    assert "appended 4 messages (2 utterances)" in out and "local sweep: claimed 1 session(s): extracted" in out
+    assert "[profile/fact] Works as a baker in Porto" in out  # what the fake model extracted, recalled
+    assert db.execute("SELECT count(*) AS n FROM engine.chat_messages WHERE user_id = 'app-demo'").fetchone()["n"] == 6
