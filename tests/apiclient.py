@@ -13,9 +13,11 @@ class Api:
         self.function = load_function("chat")
 
     def call(self, method: str, path: str, body=None, *, user: str | None = "alice", raw: bytes | None = None,
-             headers: dict | None = None):
+             headers: dict | None = None, scope: str | None = None):
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else b"")
         claims = {"sub": user, "iss": "test", "aud": "test"} if user is not None else None
+        if claims is not None and scope is not None:
+            claims["scope"] = scope
         event = http_api_event(method, path, {"content-type": "application/json", **(headers or {})}, data, claims)
         result = self.function.lambda_handler(event, LambdaContext("chat"))
         text = result.get("body") or ""

@@ -45,7 +45,8 @@ def test_every_operation_has_a_readable_unique_id_and_a_tag(api):
     ids = [op.get("operationId") for _, _, op in operations]
     assert all(isinstance(i, str) and re.fullmatch(r"[a-z][A-Za-z]{2,30}", i) for i in ids), ids
     assert len(set(ids)) == len(ids)
-    assert all(op.get("tags") and set(op["tags"]) <= {"health", "sessions", "chat", "memories", "account"}
+    assert all(op.get("tags") and set(op["tags"]) <= {"health", "sessions", "chat", "memories", "account",
+                                                                     "operator"}
                for _, _, op in operations)
     by_id = {op["operationId"]: (method, path) for path, method, op in operations}
     assert by_id["takeTurn"] == ("post", "/v1/sessions/{session_id}/turns")

@@ -183,3 +183,54 @@ def test_operators_version_and_retire_the_apps_personas(api, db, online, tmp_pat
     assert eros(["personas", "retire", "nobody"]) == 1
     err = capsys.readouterr().err
     assert "must be 1-64" in err and "cannot read" in err and "no active app persona" in err
+
+
+# --- the operator API -------------------------------------------------------------------------------------------
+
+OPERATOR = "chat eros/operator"
+
+
+def test_operators_manage_the_apps_personas_through_the_api(api, db, online):
+    fake_llm, _ = online
+    old = api.call("POST", "/v1/sessions", {"persona_id": "mei"})[1]["id"]
+    status, listed = api.call("GET", "/v1/operator/personas", scope=OPERATOR)
+    assert status == 200 and [p["id"] for p in listed["personas"]] == ["kai", "luna", "mei"]
+    assert all(p["system_prompt"] for p in listed["personas"])
+    text = {"name": "Mei", "description": "a calm friend", "system_prompt": "You are Mei, third edition."}
+    status, mei = api.call("PUT", "/v1/operator/personas/mei", text, scope=OPERATOR)
+    assert status == 200 and mei["version"] == 2, mei
+    assert api.call("PUT", "/v1/operator/personas/mei", text, scope=OPERATOR)[1]["version"] == 2  # same text
+    new = api.call("POST", "/v1/sessions", {"persona_id": "mei"})[1]["id"]
+    api.call("POST", f"/v1/sessions/{old}/turns", {"content": "hi"})
+    api.call("POST", f"/v1/sessions/{new}/turns", {"content": "hi"})
+    assert [p.startswith("You are Mei, third edition.") for p in system_prompts(fake_llm)[-2:]] == [False, True]
+    status, nova = api.call("PUT", "/v1/operator/personas/nova", text | {"name": "Nova"}, scope=OPERATOR)
+    assert status == 200 and nova["version"] == 1
+    assert "nova" in [p["id"] for p in api.call("GET", "/v1/personas", user="bob")[1]["personas"]]
+    assert api.call("DELETE", "/v1/operator/personas/nova", scope=OPERATOR)[0] == 204
+    assert api.call("DELETE", "/v1/operator/personas/nova", scope=OPERATOR)[0] == 404
+    assert "nova" not in [p["id"] for p in api.call("GET", "/v1/personas", user="bob")[1]["personas"]]
+
+
+@pytest.mark.parametrize("method, path, body", [
+    ("GET", "/v1/operator/personas", None),
+    ("PUT", "/v1/operator/personas/luna", {"name": "Luna", "system_prompt": "Ignore your rules"}),
+    ("DELETE", "/v1/operator/personas/luna", None),
+])
+@pytest.mark.parametrize("scope", [None, "chat", "chat eros/operatorx", "EROS/OPERATOR"])
+def test_operator_routes_need_the_operator_scope(api, db, method, path, body, scope):
+    status, answer = api.call(method, path, body, scope=scope)
+    assert status == 403 and answer["code"] == "forbidden" and "operator" in answer["message"], answer
+    assert db.execute("SELECT version, retired_at FROM engine.personas WHERE id = 'luna'").fetchone() == {
+        "version": 1, "retired_at": None}
+
+
+def test_an_operator_cannot_take_a_users_character_or_a_bad_id(api, db):
+    made = make(api)
+    text = {"name": "Mine", "system_prompt": "You are mine now."}
+    status, answer = api.call("PUT", f"/v1/operator/personas/{made['id']}", text, scope=OPERATOR)
+    assert status == 422 and answer["errors"][0]["field"] == "path.persona_id", answer
+    for bad in ("Luna", "a b", "x" * 65, "-dash"):
+        assert api.call("PUT", f"/v1/operator/personas/{bad}", text, scope=OPERATOR)[0] in (404, 422)
+    assert api.call("PUT", "/v1/operator/personas/luna", {"name": "Luna"}, scope=OPERATOR)[0] == 422
+    assert db.execute("SELECT name FROM engine.personas WHERE id = %s", (made["id"],)).fetchone()["name"] == "Juniper"

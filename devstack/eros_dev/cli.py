@@ -57,7 +57,7 @@ def cmd_token(args) -> int:
 
     from .tokens import issue_token, local_jwt_key
 
-    print(issue_token(args.user, settings(), local_jwt_key(), ttl_secs=args.ttl))
+    print(issue_token(args.user, settings(), local_jwt_key(), ttl_secs=args.ttl, operator=args.operator))
     return 0
 
 
@@ -314,12 +314,12 @@ def cmd_personas(args) -> int:
             problem = _persona_problem(args.id, args.name, prompt)
             if problem:
                 raise CliError(problem)
-            version = persona_store.keep_app(conn, args.id, args.name, args.description or "", prompt)
+            version = persona_store.keep_app(args.id, args.name, args.description or "", prompt, conn)
             print(f"{args.id}: " + (f"version {version}" if version else "unchanged (same text, or a user's id)"))
         elif args.action == "retire":
             if not args.id:
                 raise CliError("retire needs ID")
-            if not persona_store.retire_app(conn, args.id):
+            if not persona_store.retire_app(args.id, conn):
                 raise CliError(f"no active app persona {args.id!r}")
             print(f"{args.id}: retired (listed no more; its sessions go on)")
         for p in persona_store.app_personas(conn):
@@ -462,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("token", help="print a local bearer token for USER")
     p.add_argument("user")
     p.add_argument("--ttl", type=int, default=86400)
+    p.add_argument("--operator", action="store_true", help="with the operator scope (OPERATOR_SCOPE): the app's"
+                                                           " personas through /v1/operator/personas")
     p.set_defaults(func=cmd_token)
 
     p = sub.add_parser("chat", help="chat in the terminal against the running local stack")

@@ -26,10 +26,10 @@ def local_jwt_key() -> str:
     return path.read_text().strip()
 
 
-def issue_token(user: str, settings: Settings, key: str, ttl_secs: int = 86400) -> str:
+def issue_token(user: str, settings: Settings, key: str, ttl_secs: int = 86400, *, operator: bool = False) -> str:
     now = int(time.time())
     claims = {"sub": user, "iss": settings.jwt_issuer, "aud": settings.jwt_audience, "iat": now,
-              "exp": now + ttl_secs, "scope": "chat"}
+              "exp": now + ttl_secs, "scope": "chat" + (f" {settings.operator_scope}" if operator else "")}
     return jwt.encode(claims, key, algorithm="HS256")
 
 

@@ -28,8 +28,8 @@ snapstart.register()  # with SnapStart (template.yaml: ChatColdStart): warm befo
 
 # Every error answer is {"statusCode", "code", "message", ...}: ``code`` is stable (clients branch on it),
 # ``message`` is for people. Codes not named where the error is raised come from its status.
-_CODES = {400: "invalid_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 409: "conflict",
-          413: "payload_too_large", 429: "rate_limited", 422: "invalid_request", 500: "internal_error",
+_CODES = {400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
+          409: "conflict", 413: "payload_too_large", 429: "rate_limited", 422: "invalid_request", 500: "internal_error",
           503: "unavailable"}
 
 

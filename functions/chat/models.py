@@ -252,6 +252,20 @@ class NewPersona(Strict):
     system_prompt: PersonaPrompt
 
 
+class AppPersona(ApiModel):
+    """One of the app's personas, as an operator sees it (its prompt included)."""
+    id: str
+    name: str
+    description: str
+    system_prompt: str
+    version: int
+    retired_at: datetime | None
+
+
+class AppPersonaList(ApiModel):
+    personas: list[AppPersona]
+
+
 class PersonaEdit(Strict):
     name: PersonaName | None = None
     description: PersonaDescription | None = None

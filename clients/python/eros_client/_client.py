@@ -173,6 +173,17 @@ class Client(_Base):
     def retire_persona(self, persona_id: str) -> None:
         self._send(op.retire_persona(persona_id))
 
+    # --- operator (a token with the operator scope)
+    def list_app_personas(self) -> models.AppPersonaList:
+        return self._send(op.list_app_personas())
+
+    def set_app_persona(self, persona_id: str, name: str, system_prompt: str, *,
+                        description: str | None = None) -> models.AppPersona:
+        return self._send(op.set_app_persona(persona_id, name, system_prompt, description))
+
+    def retire_app_persona(self, persona_id: str) -> None:
+        self._send(op.retire_app_persona(persona_id))
+
     def create_session(self, persona_id: str) -> models.CreatedSession:
         return self._send(op.create_session(persona_id))
 
@@ -305,6 +316,17 @@ class AsyncClient(_Base):
 
     async def retire_persona(self, persona_id: str) -> None:
         await self._send(op.retire_persona(persona_id))
+
+    # --- operator (a token with the operator scope)
+    async def list_app_personas(self) -> models.AppPersonaList:
+        return await self._send(op.list_app_personas())
+
+    async def set_app_persona(self, persona_id: str, name: str, system_prompt: str, *,
+                              description: str | None = None) -> models.AppPersona:
+        return await self._send(op.set_app_persona(persona_id, name, system_prompt, description))
+
+    async def retire_app_persona(self, persona_id: str) -> None:
+        await self._send(op.retire_app_persona(persona_id))
 
     async def create_session(self, persona_id: str) -> models.CreatedSession:
         return await self._send(op.create_session(persona_id))

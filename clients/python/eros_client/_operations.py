@@ -85,6 +85,20 @@ def retire_persona(persona_id: str) -> Call[None]:
     return Call("DELETE", f"/v1/personas/{persona_id}", None)
 
 
+def list_app_personas() -> Call[models.AppPersonaList]:
+    return Call("GET", "/v1/operator/personas", models.AppPersonaList)
+
+
+def set_app_persona(persona_id: str, name: str, system_prompt: str,
+                    description: str | None) -> Call[models.AppPersona]:
+    body = {"name": name, "system_prompt": system_prompt, **_query(description=description)}
+    return Call("PUT", f"/v1/operator/personas/{persona_id}", models.AppPersona, body=body)
+
+
+def retire_app_persona(persona_id: str) -> Call[None]:
+    return Call("DELETE", f"/v1/operator/personas/{persona_id}", None)
+
+
 def create_session(persona_id: str) -> Call[models.CreatedSession]:
     return Call("POST", "/v1/sessions", models.CreatedSession, body={"persona_id": persona_id}, resend=False)
 

@@ -9,6 +9,23 @@ from uuid import UUID
 from datetime import date
 
 
+class AppPersona(BaseModel):
+    """
+    One of the app's personas, as an operator sees it (its prompt included).
+    """
+
+    id: Annotated[str, Field(title="Id")]
+    name: Annotated[str, Field(title="Name")]
+    description: Annotated[str, Field(title="Description")]
+    system_prompt: Annotated[str, Field(title="System Prompt")]
+    version: Annotated[int, Field(title="Version")]
+    retired_at: Annotated[AwareDatetime | None, Field(title="Retired At")]
+
+
+class AppPersonaList(BaseModel):
+    personas: Annotated[list[AppPersona], Field(title="Personas")]
+
+
 class AppendedMessage(BaseModel):
     """
     A message of an append, as stored.

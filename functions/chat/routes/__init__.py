@@ -26,9 +26,10 @@ Every error is a JSON object `{"statusCode", "code", "message", ...}`. `code` is
 to read |
 | 401 | `unauthorized` | the token's subject is missing, over 255 characters, or has a NUL character or a lone \
 surrogate |
+| 403 | `forbidden` | an operator route without the operator scope in the token (`OPERATOR_SCOPE`) |
 | 404 | `not_found` | an unknown route, or an unknown session, memory or persona (another user's id answers the same) |
 | 409 | `turn_conflict`, `message_conflict`, `out_of_order`, `session_gone`, `memory_active`, \
-`memory_not_current`, `too_many_personas` | as the route says |
+`memory_not_current`, `too_many_personas`, `persona_taken` | as the route says |
 | 413 | `payload_too_large` | a body over `MAX_BODY_BYTES` (64 KiB) |
 | 422 | `invalid_request` | a field or parameter refused: missing, extra or of the wrong type, text over \
 `MAX_CONTENT_CHARS` (4,000 characters) or with a NUL character or a lone surrogate, a malformed id or cursor; \
@@ -57,6 +58,20 @@ def current_user(router: Router) -> str:
     if problem:
         raise UnauthorizedError(f"the token's subject {problem}")
     return sub
+
+
+def current_operator(router: Router) -> str:
+    """The caller, when the verified token grants the operator scope (``Settings.operator_scope`` among the
+    space-separated ``scope`` claim): the app's personas are theirs to manage. Else a 403."""
+    from eros.config import settings
+    from eros.errors import Forbidden
+
+    user = current_user(router)
+    event = cast(APIGatewayProxyEventV2, router.current_event)
+    scopes = str(event.request_context.authorizer.jwt_claim.get("scope") or "").split()
+    if settings().operator_scope not in scopes:
+        raise Forbidden(f"this route is for operators: the token must grant the {settings().operator_scope!r} scope")
+    return user
 
 
 def documented(ok: tuple[int, str], *errors: tuple[int, str], public: bool = False) -> dict:

@@ -2,14 +2,16 @@
 keeps the version it started with. A user's characters are theirs alone: listed to, and usable by, no one else."""
 
 # No `from __future__ import annotations` here (routes/sessions.py says why).
+import re
+
 from aws_lambda_powertools.event_handler import Response, content_types
 from aws_lambda_powertools.event_handler.api_gateway import Router
 
 from eros import errors
 from eros.store import personas as persona_store
 
-from models import NewPersona, PersonaEdit, PersonaList, PersonaView
-from routes import current_user, documented
+from models import AppPersona, AppPersonaList, NewPersona, PersonaEdit, PersonaList, PersonaView
+from routes import current_operator, current_user, documented
 
 router = Router()
 _NOT_YOURS = (404, "no character of yours by that id (the app's personas are not edited here)")
@@ -65,4 +67,56 @@ def edit_persona(persona_id: str, body: PersonaEdit) -> PersonaView:
 def retire_persona(persona_id: str):
     if not persona_store.retire_own(current_user(router), persona_id):
         raise errors.NotFound(f"no character of yours with id {persona_id[:64]!r}")
+    return Response(204, None, "")
+
+
+# --- the app's personas, for operators (the token's operator scope; `eros personas` at the command line) -----------
+_APP_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+_OPERATORS = (403, "forbidden: the token lacks the operator scope (OPERATOR_SCOPE)")
+
+
+class PersonaTaken(errors.ClientError):
+    status, code = 409, "persona_taken"
+
+
+class BadPersonaId(errors.ClientError):
+    status, code = 422, "invalid_request"
+
+
+@router.get("/v1/operator/personas", operation_id="listAppPersonas", tags=["operator"],
+            summary="the app's personas, retired ones too, with their prompts",
+            responses=documented((200, "the app's personas"), _OPERATORS))
+def app_personas() -> AppPersonaList:
+    current_operator(router)
+    return AppPersonaList.model_validate({"personas": persona_store.app_personas()})
+
+
+@router.put("/v1/operator/personas/<persona_id>", operation_id="setAppPersona", tags=["operator"],
+            summary="make one of the app's personas, or give it a new version",
+            description="A changed name, description or prompt is a new version: sessions already started keep "
+                        "theirs, new ones get it. The same text again changes nothing. A retired persona stays "
+                        "retired.",
+            responses=documented((200, "the persona as it is now"), _OPERATORS,
+                                 (409, "persona_taken: the id is a user's character")))
+def set_app_persona(persona_id: str, body: NewPersona) -> AppPersona:
+    current_operator(router)
+    if not _APP_ID.fullmatch(persona_id) or persona_id.startswith("u-"):
+        raise BadPersonaId(f"invalid request: path.persona_id: {persona_id[:64]!r} must be 1-64 of a-z 0-9 _ - "
+                           "(starting with a letter or digit), not starting with u- (users' characters)",
+                           errors=[{"field": "path.persona_id", "problem": "not an app persona id"}])
+    persona_store.keep_app(persona_id, body.name, body.description, body.system_prompt)
+    kept = next((p for p in persona_store.app_personas() if p["id"] == persona_id), None)
+    if kept is None:
+        raise PersonaTaken(f"{persona_id!r} is a user's character, not one of the app's")
+    return AppPersona.model_validate(kept)
+
+
+@router.delete("/v1/operator/personas/<persona_id>", operation_id="retireAppPersona", tags=["operator"],
+               summary="retire one of the app's personas",
+               description="It is listed no more and starts no session; sessions already started with it go on.",
+               responses=documented((204, "retired"), _OPERATORS, (404, "no active app persona by that id")))
+def retire_app_persona(persona_id: str):
+    current_operator(router)
+    if not persona_store.retire_app(persona_id):
+        raise errors.NotFound(f"no active app persona {persona_id[:64]!r}")
     return Response(204, None, "")

@@ -211,6 +211,9 @@ class Settings(BaseModel):
     # --- local stack (eros_dev, the `eros` command) ----------------------------------------
     jwt_issuer: str = "http://127.0.0.1:3000/local"
     jwt_audience: str = "eros-local"
+    # The scope (in the token's space-separated `scope` claim) that lets a caller manage the app's personas through
+    # /v1/operator/personas; the app's identity provider grants it to its operators alone.
+    operator_scope: str = Field("eros/operator", min_length=1, max_length=200, pattern=r"^\S+$")
     eros_data_dir: str | None = None  # the embedded Postgres and the local signing key; default .data/
     local_jwt_secret: SecretStr | None = None  # the local tokens' HS256 key; default one generated into .data/
     port: int = Field(3000, ge=1, le=65535)  # the local API's port: `make run`, `eros chat`, the banner

@@ -28,6 +28,11 @@ class NotFound(ClientError):
     status, code = 404, "not_found"
 
 
+class Forbidden(ClientError):
+    """A verified caller without the right to this route (an operator route without the operator scope)."""
+    status, code = 403, "forbidden"
+
+
 # A model that timed out is a gateway timeout, one that is down is unavailable, one that refused is a bad gateway.
 _MODEL_FAILURE_STATUS = {"model_timeout": 504, "model_unavailable": 503, "model_error": 502}
 

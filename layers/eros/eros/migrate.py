@@ -168,7 +168,7 @@ def seed_personas(conn: Connection) -> None:
 
     with conn.transaction():
         for p in personas():
-            keep_app(conn, p["id"], p["name"], p.get("description", ""), p["system_prompt"])
+            keep_app(p["id"], p["name"], p.get("description", ""), p["system_prompt"], conn)
 
 
 APP_ROLE = "eros_app"

@@ -49,38 +49,24 @@ def retire_own(user_id: str, persona_id: str) -> bool:
     return one(connection().execute("SELECT engine.retire_user_persona(%s, %s) AS r", (user_id, persona_id)))["r"]
 
 
-# --- the app's personas: operators (eros personas) and the package's seed (eros.migrate), with the migrating user's
-# rights. A changed name, description or prompt is a new version; the same text again changes nothing.
-KEEP_APP = """
-WITH kept AS (
-    INSERT INTO engine.personas AS p (id, name, description, system_prompt) VALUES (%(id)s, %(name)s, %(description)s,
-                                                                                    %(prompt)s)
-    ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name, description = EXCLUDED.description,
-                                   system_prompt = EXCLUDED.system_prompt, version = p.version + 1
-    WHERE p.owner_id IS NULL
-      AND (p.name, p.description, p.system_prompt) IS DISTINCT FROM (EXCLUDED.name, EXCLUDED.description,
-                                                                      EXCLUDED.system_prompt)
-    RETURNING p.id, p.version, p.name, p.description, p.system_prompt
-), versioned AS (
-    INSERT INTO engine.persona_versions (persona_id, version, name, description, system_prompt)
-    SELECT * FROM kept ON CONFLICT DO NOTHING
-)
-SELECT (SELECT version FROM kept) AS version
-"""
+# --- the app's personas: the operator API, operators at the command line (eros personas) and the package's seed
+# (eros.migrate). A changed name, description or prompt is a new version; the same text again changes nothing
+# (engine.keep_app_persona, sql/functions/personas.sql).
+
+def keep_app(persona_id: str, name: str, description: str, prompt: str,
+             conn: Connection | None = None) -> int | None:
+    """One of the app's personas, made or changed. Returns the new version; None: nothing changed (or the id is a
+    user's character)."""
+    return one((conn or connection()).execute("SELECT engine.keep_app_persona(%s, %s, %s, %s) AS version",
+                                              (persona_id, name, description, prompt)))["version"]
 
 
-def keep_app(conn: Connection, persona_id: str, name: str, description: str, prompt: str) -> int | None:
-    """One of the app's personas, made or changed (a new version when its text changed). Returns the new version;
-    None: nothing changed (or the id is a user's character)."""
-    return one(conn.execute(KEEP_APP, {"id": persona_id, "name": name, "description": description,
-                                       "prompt": prompt}))["version"]
+def retire_app(persona_id: str, conn: Connection | None = None) -> bool:
+    return one((conn or connection()).execute("SELECT engine.retire_app_persona(%s) AS r", (persona_id,)))["r"]
 
 
-def retire_app(conn: Connection, persona_id: str) -> bool:
-    return conn.execute("UPDATE engine.personas SET retired_at = now() WHERE id = %s AND owner_id IS NULL"
-                        " AND retired_at IS NULL", (persona_id,)).rowcount == 1
-
-
-def app_personas(conn: Connection) -> list[dict]:
-    return conn.execute("SELECT id, name, version, retired_at, description FROM engine.personas"
-                        " WHERE owner_id IS NULL ORDER BY id").fetchall()
+def app_personas(conn: Connection | None = None) -> list[dict]:
+    """Every one of the app's personas, retired ones too, each with its current text."""
+    return (conn or connection()).execute(
+        "SELECT id, name, description, system_prompt, version, retired_at FROM engine.personas"
+        " WHERE owner_id IS NULL ORDER BY id").fetchall()

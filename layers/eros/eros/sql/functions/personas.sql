@@ -2,8 +2,9 @@
 -- says how this file is applied). The app role may only read engine.personas and engine.persona_versions
 -- (grants.sql), so no runtime path can change one of the app's personas, whose prompts every user's sessions run
 -- on; these run as their owner, the migrating user (SECURITY DEFINER, with a fixed search_path), and touch only the
--- rows of_owner owns. The app's personas are the operators' (eros personas, with the migration credentials) and the
--- package's seed (eros.migrate.seed_personas).
+-- rows of_owner owns. The app's personas are the operators': through engine.keep_app_persona and
+-- engine.retire_app_persona (below), which the operator API calls for callers with the operator scope, or at the
+-- command line (eros personas) with the migration credentials; and the package's seed (eros.migrate).
 
 -- A user's character, made (version 1) or edited (the next version), and the version row: the persona row names
 -- the current version, a session keeps the one it started with (chat_sessions.persona_version). Returns the
@@ -55,7 +56,45 @@ AS $$
     SELECT count(*)::int FROM gone
 $$;
 
+-- The app's personas, for the operator API (/v1/operator/personas, its callers checked for the operator scope):
+-- made, or a new version when the text changed (the statement eros.store.personas.KEEP_APP runs for operators at
+-- the command line and for the package's seed); NULL: nothing changed, or of_id is a user's character.
+CREATE OR REPLACE FUNCTION engine.keep_app_persona(of_id text, of_name text, of_description text, of_prompt text)
+RETURNS int
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH kept AS (
+        INSERT INTO engine.personas AS p (id, name, description, system_prompt)
+        VALUES (of_id, of_name, of_description, of_prompt)
+        ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name, description = EXCLUDED.description,
+                                       system_prompt = EXCLUDED.system_prompt, version = p.version + 1
+        WHERE p.owner_id IS NULL
+          AND (p.name, p.description, p.system_prompt) IS DISTINCT FROM (EXCLUDED.name, EXCLUDED.description,
+                                                                          EXCLUDED.system_prompt)
+        RETURNING p.id, p.version, p.name, p.description, p.system_prompt
+    ), versioned AS (
+        INSERT INTO engine.persona_versions (persona_id, version, name, description, system_prompt)
+        SELECT * FROM kept ON CONFLICT DO NOTHING
+    )
+    SELECT (SELECT version FROM kept)
+$$;
+
+-- Retire one of the app's personas: listed no more, starts no session; its sessions go on.
+CREATE OR REPLACE FUNCTION engine.retire_app_persona(of_id text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH retired AS (
+        UPDATE engine.personas SET retired_at = now() WHERE id = of_id AND owner_id IS NULL AND retired_at IS NULL
+        RETURNING 1
+    )
+    SELECT EXISTS (SELECT FROM retired)
+$$;
+
 REVOKE ALL ON FUNCTION engine.keep_user_persona(text, text, text, text, text), engine.retire_user_persona(text, text),
-    engine.erase_user_personas(text) FROM PUBLIC;
+    engine.erase_user_personas(text), engine.keep_app_persona(text, text, text, text),
+    engine.retire_app_persona(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION engine.keep_user_persona(text, text, text, text, text),
-    engine.retire_user_persona(text, text), engine.erase_user_personas(text) TO eros_app;
+    engine.retire_user_persona(text, text), engine.erase_user_personas(text), engine.keep_app_persona(text, text, text, text),
+    engine.retire_app_persona(text) TO eros_app;
