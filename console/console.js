@@ -470,7 +470,21 @@ const STATES = {
   claimed: "being extracted", retrying: "failed, will retry", extracted: "extracted", failed: "given up",
 };
 
+// An imported history (eros import, POST /v1/imports) and how far dreaming has distilled it, oldest first.
+async function refreshImport() {
+  const progress = await call("GET", "/v1/imports");
+  const line = $("import-progress");
+  line.hidden = progress.state === "none";
+  if (line.hidden) return;
+  const through = progress.distilled_through ? ` · distilled through ${progress.distilled_through.slice(0, 10)}` : "";
+  line.textContent = `Imported history: ${progress.extracted} of ${progress.sessions} conversation(s) extracted`
+    + (progress.failed ? `, ${progress.failed} given up` : "")
+    + (progress.state === "done" ? " · done" : ` · ${progress.waiting + progress.in_progress} to go, oldest first`)
+    + through;
+}
+
 async function refreshSessions() {
+  refreshImport().catch(() => {});
   const body = await call("GET", "/v1/sessions");
   state.sessions = body.sessions;
   renderSessionPicker();

@@ -374,3 +374,22 @@ def test_a_person_makes_a_character_and_chats_with_it(browser, stack, providers)
     expect(other.page.locator("#persona option", has_text="Juniper")).to_have_count(0)
     assert not visit.errors and not other.errors, (visit.errors, other.errors)
     other.close()
+
+
+def test_an_imported_history_shows_how_far_dreaming_has_got(browser, stack):
+    from apiclient import Api
+
+    conversations = [{"conversation_id": f"c{i}", "persona_id": "luna", "messages": [
+        {"role": "user", "content": f"Back in 2024, month {i}", "created_at": f"2024-0{i + 1}-01T10:00:00Z"}]}
+        for i in range(3)]
+    assert Api().call("POST", "/v1/imports", {"conversations": conversations})[0] == 200
+    visit = Visit(browser, stack.url)
+    page = visit.page
+    visit.sign_in("alice")
+    progress = page.locator("#import-progress")
+    expect(progress).to_have_text("Imported history: 0 of 3 conversation(s) extracted · 3 to go, oldest first")
+    page.get_by_role("button", name="Sweep now").click()
+    expect(progress).to_have_text("Imported history: 3 of 3 conversation(s) extracted · done"
+                                  " · distilled through 2024-03-01")
+    assert not visit.errors, visit.errors
+    visit.close()
