@@ -254,8 +254,11 @@ def cmd_import(args) -> int:
     import json
 
     from eros.importing import describe, import_conversations
+    from eros.observability import logger
 
     _database()
+    if not _debugging():  # a log line per conversation would bury the progress line; the summary says what happened
+        logger.setLevel("WARNING")
     try:
         total = os.path.getsize(args.file)
         stream = open(args.file, "rb")  # noqa: SIM115 (closed below; read a line at a time)
