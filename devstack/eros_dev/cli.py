@@ -251,14 +251,22 @@ def cmd_backfill_episodes(args) -> int:
 def cmd_import(args) -> int:
     """Import a JSONL file of conversations (eros.importing says the format and what is checked), streamed, with
     a progress line; refused lines are listed with their numbers (exit 1 when any)."""
-    import json
-
     from eros.importing import describe, import_conversations
     from eros.observability import logger
 
     _database()
+    level = logger.log_level
     if not _debugging():  # a log line per conversation would bury the progress line; the summary says what happened
         logger.setLevel("WARNING")
+    try:
+        return _import(args, import_conversations, describe)
+    finally:
+        logger.setLevel(level)
+
+
+def _import(args, import_conversations, describe) -> int:
+    import json
+
     try:
         total = os.path.getsize(args.file)
         stream = open(args.file, "rb")  # noqa: SIM115 (closed below; read a line at a time)
