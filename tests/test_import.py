@@ -248,3 +248,32 @@ def test_an_api_import_is_held_to_the_spend_limits(online, db, env):
         conversation("a", None, T0, "first"), conversation("b", None, T0 + timedelta(days=1), "second")]})
     assert status == 429 and body["code"] == "rate_limited", body
     assert db.execute("SELECT count(*) AS n FROM engine.chat_messages").fetchone()["n"] == 1  # the first's
+
+
+def test_an_imported_2024_fact_is_superseded_by_the_2025_one_whatever_the_files_order(providers, db, tmp_path, env):
+    """The file lists the 2025 conversation first; dreaming still extracts the 2024 one first, so the 2025 move
+    supersedes the 2024 address, and not the reverse."""
+    from test_consolidation import active, known_in, memory
+
+    fake_llm, _ = providers
+    env(DREAMING_IDLE_SECS=1800)
+
+    def respond(body):
+        if not body.get("response_format"):
+            return "fake reply"
+        transcript, known = body["messages"][-1]["content"], known_in(body)
+        if "moved to Lisbon" in transcript:
+            return json.dumps({"memories": [memory("Lives in Lisbon", supersedes=[known[k] for k in known
+                                                                                   if "Berlin" in k])]})
+        return json.dumps({"memories": [memory("Lives in Berlin")]})
+
+    fake_llm.responder = respond
+    path = write(tmp_path / "h.jsonl",
+                 conversation("2025", "alice", datetime(2025, 4, 2, tzinfo=UTC), "I moved to Lisbon last month"),
+                 conversation("2024", "alice", datetime(2024, 4, 2, tzinfo=UTC), "I live in Berlin now"))
+    import_conversations(path.open("rb"))
+    sweep_locally()
+    assert active(db) == ["Lives in Lisbon"]
+    berlin = db.execute("SELECT superseded_reason FROM engine.companion_memories WHERE content = 'Lives in Berlin'"
+                        ).fetchone()
+    assert berlin["superseded_reason"] == "changed"
