@@ -478,3 +478,33 @@ def test_system_means_the_bundle_ssl_cert_file_names(secretsmanager, tls_server,
     dsn = database_dsn(settings_from(DATABASE_SECRET_ARN=arn, DATABASE_SSL_ROOT_CERT="system"))
     monkeypatch.setenv("SSL_CERT_FILE", str(tls_server.ca_file))
     assert "tls-ok" in _connect(dsn)
+
+
+def test_an_empty_provider_secret_is_a_clear_503_and_holds_dreaming(secretsmanager, env, db):
+    """The secret a fresh stack makes has empty keys: a turn is a 503 `provider_not_configured` naming no secret
+    (never a 500), the user's message is kept, /v1/health says which key is missing, and dreaming holds the session
+    without counting an attempt against it."""
+    from apiclient import Api
+    from helpers import go_idle
+
+    from eros_dev.dreaming import sweep_locally
+
+    arn = secretsmanager.create("eros/providers", {"OPENROUTER_API_KEY": "", "VOYAGE_API_KEY": ""})
+    env(PROVIDER_SECRET_ARN=arn)
+    api = Api()
+    sid = api.session()
+    status, body = api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "hello"})
+    assert status == 503 and body["code"] == "provider_not_configured" and body["retryable"] is False, body
+    assert "provider keys" in body["message"] and arn not in json.dumps(body)
+    assert db.execute("SELECT count(*) AS n FROM engine.chat_messages WHERE session_id = %s", (sid,)).fetchone()[
+        "n"] == 1
+    status, health = api.call("GET", "/v1/health", user=None)
+    assert status == 503 and "OPENROUTER_API_KEY" in health["providers"]["error"]
+    status, body = api.call("POST", f"/v1/sessions/{sid}/context", {"content": "hi"})
+    assert status == 503 and body["code"] == "provider_not_configured"
+    go_idle(db)
+    sweep_locally()
+    row = db.execute("SELECT extracted_at, extraction_attempts FROM engine.chat_sessions WHERE id = %s",
+                     (sid,)).fetchone()
+    assert row == {"extracted_at": None, "extraction_attempts": 0}
+    assert db.execute("SELECT count(*) AS n FROM engine.provider_blocks").fetchone()["n"] == 1

@@ -38,8 +38,10 @@ surrogate |
 header say until when; nothing was stored or paid for |
 | 502 | `model_error` | the model or the embedder refused the request (a 400/401/402/403, an unusable answer): \
 `retryable: false` |
-| 503 | `model_unavailable`, `database_unavailable`, `database_busy`, `exports_unavailable` | `retryable: true` \
-but for exports; `database_busy`: the change conflicted with another each of the three times it was tried, and \
+| 503 | `model_unavailable`, `database_unavailable`, `database_busy`, `exports_unavailable`, \
+`provider_not_configured` | `retryable: true` but for exports and `provider_not_configured` (a deployment whose \
+provider secret lacks a key: its operator must fill it in; `/v1/health` names the key); `database_busy`: the \
+change conflicted with another each of the three times it was tried, and \
 nothing of it was written |
 | 504 | `model_timeout` | `retryable: true` |
 | 500 | `internal_error` | a bug; `request_id` names the request in the logs |

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .providers.base import ProviderError, ProviderTimeout, ProviderUnavailable
+from .providers.base import ProviderError, ProviderNotConfigured, ProviderTimeout, ProviderUnavailable
 
 
 class ClientError(Exception):
@@ -34,7 +34,8 @@ class Forbidden(ClientError):
 
 
 # A model that timed out is a gateway timeout, one that is down is unavailable, one that refused is a bad gateway.
-_MODEL_FAILURE_STATUS = {"model_timeout": 504, "model_unavailable": 503, "model_error": 502}
+_MODEL_FAILURE_STATUS = {"model_timeout": 504, "model_unavailable": 503, "model_error": 502,
+                         "provider_not_configured": 503}
 
 
 class ModelFailed(ClientError):
@@ -48,7 +49,10 @@ class ModelFailed(ClientError):
     def __init__(self, cause: ProviderError, **extra: Any):
         status = provider_status(cause)
         refused = status is not None and 400 <= status < 500 and status not in (408, 429)
-        if isinstance(cause, ProviderTimeout) and not refused:
+        if isinstance(cause, ProviderNotConfigured):  # the deployment has no key for it
+            code, message, retryable = ("provider_not_configured", "the service has no model provider configured: "
+                                        "its operator must set the provider keys", False)
+        elif isinstance(cause, ProviderTimeout) and not refused:
             code, message, retryable = "model_timeout", "the model did not answer in time", True
         elif isinstance(cause, ProviderUnavailable) and not refused:
             code, message, retryable = "model_unavailable", "the model is unavailable", True

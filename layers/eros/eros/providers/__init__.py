@@ -13,12 +13,13 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from ..config import settings
-from ..credentials import ConfigurationError, with_provider_keys
+from ..credentials import with_provider_keys
 from ..observability import logger
 from .base import (
     Deadline,
     ProviderConfigurationError,
     ProviderError,
+    ProviderNotConfigured,
     ProviderResponseError,
     ProviderTimeout,
     ProviderUnavailable,
@@ -29,8 +30,8 @@ from .llm import ChatClient
 if TYPE_CHECKING:  # imported where chosen: a deployed container never runs the offline models
     from .offline import HashingEmbedder, OfflineChat
 
-__all__ = ["Deadline", "ProviderConfigurationError", "ProviderError", "ProviderResponseError", "ProviderTimeout",
-           "ProviderUnavailable", "chat_client", "embedder", "describe"]
+__all__ = ["Deadline", "ProviderConfigurationError", "ProviderError", "ProviderNotConfigured", "ProviderResponseError",
+           "ProviderTimeout", "ProviderUnavailable", "chat_client", "embedder", "describe"]
 
 
 @lru_cache(maxsize=1)
@@ -62,7 +63,8 @@ def embedder() -> VoyageEmbedder | HashingEmbedder:
 
 def _refuse_offline_in_deployment(s, key: str) -> None:
     if s.provider_secret_arn:
-        raise ConfigurationError(f"the provider secret has no {key}; offline providers are for local runs only")
+        raise ProviderNotConfigured(f"the provider secret has no {key}: put it in (docs/DEPLOY.md); offline "
+                                    "providers are for local runs only")
 
 
 def describe() -> dict[str, str]:

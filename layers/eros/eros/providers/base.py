@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from ..credentials import ConfigurationError
 from ..observability import logger
 
 # The clocks and the sleep of the retry loop, looked up at call time: tests replace them (a recording sleep
@@ -55,6 +56,13 @@ class ProviderResponseError(ProviderError):
 class ProviderConfigurationError(ProviderResponseError):
     """401, 402, 403: a bad or missing key, no credit, a forbidden model. Not the request's fault and not
     worth retrying until someone fixes the configuration (dreaming holds its work and says so in health)."""
+
+
+class ProviderNotConfigured(ProviderConfigurationError, ConfigurationError):
+    """A deployment's provider secret lacks a key: the offline stand-ins are for local runs only (they would write
+    echo replies and hashing vectors into real memories). A request is answered 503 ``provider_not_configured``
+    (eros.errors.ModelFailed) and dreaming holds its work (a configuration fault, counted against no session),
+    as for a key the provider refuses; ``/v1/health`` says which key is missing."""
 
 
 CONFIGURATION_STATUSES = (401, 402, 403)
