@@ -8,8 +8,3 @@ ALTER TABLE engine.chat_sessions ADD COLUMN IF NOT EXISTS external_id text
     CHECK (length(external_id) BETWEEN 1 AND 200);
 CREATE UNIQUE INDEX IF NOT EXISTS chat_sessions_external_idx
     ON engine.chat_sessions (user_id, external_id) WHERE external_id IS NOT NULL;
--- Dreaming takes a user's imported sessions one at a time, oldest first (eros.store.dreaming's claim): a session
--- waits while an older imported session of its user is not extracted yet. This index answers that question with
--- one probe, however many sessions the import made.
-CREATE INDEX IF NOT EXISTS chat_sessions_imported_pending_idx
-    ON engine.chat_sessions (user_id, last_active_at) WHERE external_id IS NOT NULL AND extracted_at IS NULL;

@@ -40,7 +40,7 @@ from .rows import Claim, ClaimedSession, EpisodeContext, KnownMemory, Message
 # extracted (waiting, claimed, retrying or deferred over the user's budget): an import makes a user's sessions
 # quiet all at once, and each session's extraction consolidates against what the earlier ones wrote, so they are
 # dreamt one at a time, oldest first, and a fact of 2024 is superseded by the one of 2025, never the reverse. A
-# user chatting live has one quiet session at a time; those are claimed as before.
+# user chatting live has one quiet session at a time; those are claimed as before. (One index probe: migration 0031.)
 _CLAIM_TEMPLATE = """
 WITH picked AS MATERIALIZED (
     SELECT s.id FROM engine.chat_sessions s
