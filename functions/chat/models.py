@@ -21,6 +21,7 @@ from pydantic import (
 
 from eros import context, curation, importing, ingest, recall
 from eros.config import settings
+from eros.json_body import storable, unstorable  # noqa: F401 (unstorable: routes/__init__.py)
 from eros.memory import (
     EVENT_TIME_FORMS,
     Category,
@@ -36,25 +37,6 @@ from eros.memory import (
 from eros.store import memories as memory_store
 
 
-def unstorable(text: str) -> str | None:
-    """Why Postgres cannot store this text (a NUL character, a lone surrogate), or None if it can."""
-    if "\x00" in text:
-        return "contains a NUL character (\\u0000)"
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return "contains a lone surrogate (\\ud800-\\udfff): not valid Unicode text"
-    return None
-
-
-def _storable(value):
-    """Refuses text Postgres cannot store, before pydantic's own string check (whose message names neither)."""
-    problem = unstorable(value) if isinstance(value, str) else None
-    if problem:
-        raise ValueError(f"must be text that can be stored: it {problem}")
-    return value
-
-
 def _within_limit(value: str) -> str:
     """MAX_CONTENT_CHARS, read per request (a setting, not a constant of the module)."""
     limit = settings().max_content_chars
@@ -63,7 +45,7 @@ def _within_limit(value: str) -> str:
     return value
 
 
-Content = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1), BeforeValidator(_storable),
+Content = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1), BeforeValidator(storable),
                     AfterValidator(_within_limit), Field(
                         description="text, trimmed: at most MAX_CONTENT_CHARS (4,000) characters, no NUL character or "
                                     "lone surrogate")]
@@ -107,7 +89,7 @@ class Strict(ApiModel):
 
 
 class NewSession(Strict):
-    persona_id: Annotated[str, StringConstraints(min_length=1, max_length=64), BeforeValidator(_storable)]
+    persona_id: Annotated[str, StringConstraints(min_length=1, max_length=64), BeforeValidator(storable)]
 
 
 ClientId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
@@ -237,11 +219,11 @@ class PersonaView(ApiModel):
 
 MAX_PERSONA_PROMPT = 8_000
 PersonaName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=64),
-                        BeforeValidator(_storable)]
+                        BeforeValidator(storable)]
 PersonaDescription = Annotated[str, StringConstraints(strip_whitespace=True, max_length=500),
-                               BeforeValidator(_storable)]
+                               BeforeValidator(storable)]
 PersonaPrompt = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_PERSONA_PROMPT),
-                          BeforeValidator(_storable), Field(
+                          BeforeValidator(storable), Field(
                               description=f"who the character is and how it talks: 1 to {MAX_PERSONA_PROMPT:,} "
                                           f"characters; what a turn puts first in its system prompt")]
 
@@ -330,7 +312,7 @@ class MemorySearch(Strict):
     query: Content
     layer: MemoryLayer | None = Field(None, description="default: both (the relationship layer needs persona_id)")
     category: Category | None = Field(None, description="profile memories of this category only")
-    persona_id: Annotated[str, StringConstraints(min_length=1, max_length=64), BeforeValidator(_storable)] | None = \
+    persona_id: Annotated[str, StringConstraints(min_length=1, max_length=64), BeforeValidator(storable)] | None = \
         Field(None, description="the persona whose relationship memories (what was said to it) are searched too: its "
                                 "episodes, its newest utterances and older ones that share a rare word with the query")
     k: Annotated[int, Field(ge=1, le=50, description="how many results at most")] = 10
@@ -455,9 +437,9 @@ MAX_IMPORT_CONVERSATIONS = 50  # a request's: a bigger history goes in several (
 
 
 class ImportConversation(Strict):
-    conversation_id: Annotated[str, StringConstraints(min_length=1, max_length=200), BeforeValidator(_storable)] = \
+    conversation_id: Annotated[str, StringConstraints(min_length=1, max_length=200), BeforeValidator(storable)] = \
         Field(description="your id for the conversation: importing it again finds its session (stores nothing twice)")
-    persona_id: Annotated[str, StringConstraints(min_length=1, max_length=64), BeforeValidator(_storable)]
+    persona_id: Annotated[str, StringConstraints(min_length=1, max_length=64), BeforeValidator(storable)]
     messages: list[importing.ImportedMessage] = Field(
         min_length=1, max_length=importing.MAX_MESSAGES,
         description="in order, OpenAI-style (`role`, `content`, and `created_at` with its time zone); system and "

@@ -15,15 +15,13 @@ from uuid import UUID
 
 from pydantic import BaseModel, Field
 
-from . import ingest, prompt, recall, usage
+from . import ingest, prompt, recall
 from .config import settings
-from .errors import ModelFailed, NotFound
+from .errors import NotFound
 from .memory import EVENT_TIME_FORMS, MemoryLayer, Precision, event_time_text
-from .observability import logger, metrics, tracer
-from .providers import Deadline, ProviderError, embedder
+from .observability import metrics, tracer
 from .recall import ScoreParts
 from .store import chat as chat_store
-from .store import usage as usage_store
 from .store.rows import Message
 
 
@@ -95,15 +93,7 @@ def context_for(user_id: str, session_id: UUID, content: str, *, store: bool = F
         if session is None:
             raise NotFound("session not found")
         instance_id, history = session["instance_id"], session.get("history", [])
-    with usage.admitted(user_id, usage_store.embedding_reserve(content)) as paid:
-        try:
-            query = embedder().embed([content], "query", deadline=Deadline.after(cfg.turn_budget_secs))
-        except ProviderError as exc:
-            failed = ModelFailed(exc)
-            logger.warning("a context's embedding failed", extra={"error_type": type(exc).__name__,
-                                                                   "code": failed.code})
-            raise failed from None
-        paid.append(usage_store.Call.of("chat", query))
+    query = ingest.embed(user_id, [content])
     remembered = remember(user_id, instance_id, query.vectors[0], history=history, message=content)
     stored = None
     if plan:  # the message as an appended one, its utterance with the embedding paid for above (unless a retry)

@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, ValidationError
 
 from . import ingest
 from .config import settings
 from .errors import ClientError
+from .json_body import storable
 from .observability import logger
 from .store import chat as chat_store
 
@@ -36,27 +37,17 @@ MAX_MESSAGES = 20_000  # of one conversation (a line): its appends go in batches
 Text = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 
 
-def _storable(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("contains a NUL character (\\u0000)")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("contains a lone surrogate: not valid Unicode text") from None
-    return value
-
-
 class ImportedMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")  # OpenAI's other fields (name, tool_calls, ...) are not memory
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: Annotated[str, AfterValidator(_storable)]
+    content: Annotated[str, BeforeValidator(storable)]
     created_at: AwareDatetime
 
 
 class Conversation(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    conversation_id: Annotated[Text, AfterValidator(_storable)]
-    user_id: Annotated[str, StringConstraints(min_length=1, max_length=255), AfterValidator(_storable)] | None = None
+    conversation_id: Annotated[Text, BeforeValidator(storable)]
+    user_id: Annotated[str, StringConstraints(min_length=1, max_length=255), BeforeValidator(storable)] | None = None
     persona_id: Annotated[str, StringConstraints(min_length=1, max_length=64)]
     messages: list[ImportedMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
 

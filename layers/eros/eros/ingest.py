@@ -72,6 +72,11 @@ class Incoming:
     client_message_id: str | None = None
     created_at: datetime | None = None
 
+    @property
+    def key(self) -> tuple[str, str]:
+        """What the transcript keys it by (its client id and role): every message of a plan has an id."""
+        return self.client_message_id or "", self.role
+
 
 class AppendedMessage(BaseModel):
     """A message of an append, as stored."""
@@ -99,7 +104,7 @@ class Plan:
     history: list[Message] = field(default_factory=list)  # the session's last messages, when asked for
 
     def new(self) -> list[Incoming]:
-        return [m for m in self.messages if (m.client_message_id or "", m.role) not in self.stored]
+        return [m for m in self.messages if m.key not in self.stored]
 
     def to_embed(self) -> list[str]:
         """The texts to embed, in order: the new user messages' (what becomes an utterance)."""
@@ -113,11 +118,10 @@ def _checked_batch(messages: Sequence[Incoming], now: datetime) -> list[Incoming
     out: list[Incoming] = []
     latest: datetime | None = None
     for place, message in enumerate(messages):
-        key = (message.client_message_id or "", message.role)
-        if message.client_message_id and key in seen:
+        if message.client_message_id and message.key in seen:
             raise BadBatch(place, "client_message_id", f"{message.client_message_id!r} is given twice for a "
                                                        f"{message.role} message in this request")
-        seen.add(key)
+        seen.add(message.key)
         at = message.created_at or now
         if message.created_at and message.created_at > now + CLOCK_SKEW:
             raise BadBatch(place, "created_at", f"{message.created_at.isoformat()} is in the future (the server's "
@@ -138,13 +142,13 @@ def plan(user_id: str, session_id: UUID, messages: Sequence[Incoming], *, histor
     ``out_of_order``). With ``history``, the plan also carries the session's last ``history`` messages (what a
     context's prompt history is), read in the same statement."""
     batch = _checked_batch(messages, clock.now())
-    state = chat_store.transcript(user_id, session_id, sorted({m.client_message_id or "" for m in batch}),
+    state = chat_store.transcript(user_id, session_id, sorted({m.key[0] for m in batch}),
                                   history=history)
     if state is None:
         raise NotFound("session not found")
     stored = {(m.get("client_turn_id", ""), m["role"]): m for m in state["stored"]}
     for place, message in enumerate(batch):
-        earlier = stored.get((message.client_message_id or "", message.role))
+        earlier = stored.get(message.key)
         if earlier is not None and earlier["content"] != message.content:
             raise MessageConflict(f"messages.{place}: client_message_id {message.client_message_id!r} was already "
                                   f"used in this session for a {message.role} message with another text",
@@ -156,9 +160,9 @@ def plan(user_id: str, session_id: UUID, messages: Sequence[Incoming], *, histor
 
 def _check_order(planned: Plan, newest: datetime | None) -> None:
     for place, message in enumerate(planned.messages):
-        new = (message.client_message_id or "", message.role) not in planned.stored
-        if new and newest is not None and message.created_at is not None and message.created_at < newest:
-            raise OutOfOrder(f"messages.{place}: created_at {message.created_at.isoformat()} is before the session's "
+        at = message.created_at
+        if newest is not None and at is not None and at < newest and message.key not in planned.stored:
+            raise OutOfOrder(f"messages.{place}: created_at {at.isoformat()} is before the session's "
                              f"newest message ({newest.isoformat()}); a session's messages keep their order in time",
                              place=place, newest=newest.isoformat())
 
@@ -169,11 +173,11 @@ def record(user_id: str, session_id: UUID, planned: Plan, vectors: Sequence[list
     message's utterance with its vector (``vectors``: in the order of ``planned.to_embed()``), the session's
     activity. Returns every message of the request as stored, in order. What a concurrent request changed
     meanwhile is refused as ``plan`` refuses it, and nothing is written."""
-    embedded = [m.client_message_id or "" for m in planned.new() if m.role == "user"]
+    embedded = [m.key[0] for m in planned.new() if m.role == "user"]
     try:
         rows = chat_store.append_messages(
             user_id, session_id,
-            [(m.role, m.content, m.client_message_id or "", m.created_at) for m in planned.messages],
+            [(m.role, m.content, m.key[0], m.created_at) for m in planned.messages],
             list(zip(embedded, vectors, strict=True)), embed_model)
     except chat_store.AppendRefused as refused:
         message = planned.messages[refused.place]
@@ -185,7 +189,7 @@ def record(user_id: str, session_id: UUID, planned: Plan, vectors: Sequence[list
         raise  # the order held after all: not a refusal this module knows
     if rows is None:
         raise chat_store.SessionGone()
-    return [AppendedMessage(id=row["id"], role=message.role, client_message_id=message.client_message_id or "",
+    return [AppendedMessage(id=row["id"], role=message.role, client_message_id=message.key[0],
                             created_at=row["sent_at"], stored=row.get("inserted", False))
             for message, row in zip(planned.messages, rows, strict=True)]
 
@@ -200,7 +204,7 @@ def append(user_id: str, session_id: UUID, messages: Sequence[Incoming], *, limi
     vectors: list[list[float]] = []
     model = ""
     if texts:  # nothing new from the user (a retry, a reply alone): nothing to pay, nothing to limit
-        embedded = _embedded(user_id, texts, limited)
+        embedded = embed(user_id, texts, limited=limited)
         vectors, model = embedded.vectors, embedded.model
     appended = record(user_id, session_id, planned, vectors, model)
     added = sum(1 for m in appended if m.stored and m.role == "user")
@@ -210,9 +214,10 @@ def append(user_id: str, session_id: UUID, messages: Sequence[Incoming], *, limi
     return Appended(messages=appended, utterances=added)
 
 
-def _embedded(user_id: str, texts: list[str], limited: bool) -> Embeddings:
-    """The user messages' embeddings, one batch, paid as a chat request's: admitted by the spend limits first
-    when ``limited``, counted either way."""
+def embed(user_id: str, texts: list[str], *, limited: bool = True) -> Embeddings:
+    """User messages' embeddings, one batch, as a turn embeds its message (a query), paid as a chat request's:
+    admitted by the spend limits first when ``limited``, counted either way (eros.context embeds its message with
+    it too). An embedder's failure is a ``ModelFailed``."""
     reserve = sum(usage_store.embedding_reserve(t) for t in texts)
     admission: contextlib.AbstractContextManager[list[usage_store.Call]] = (
         usage.admitted(user_id, reserve) if limited else contextlib.nullcontext([]))
@@ -221,7 +226,7 @@ def _embedded(user_id: str, texts: list[str], limited: bool) -> Embeddings:
             embedded = embedder().embed(texts, "query", deadline=Deadline.after(settings().turn_budget_secs))
         except ProviderError as exc:
             failed = ModelFailed(exc)
-            logger.warning("an append's embedding failed", extra={"error_type": type(exc).__name__,
+            logger.warning("a message's embedding failed", extra={"error_type": type(exc).__name__,
                                                                    "code": failed.code, "texts": len(texts)})
             raise failed from None
         paid.append(usage_store.Call.of("chat", embedded))

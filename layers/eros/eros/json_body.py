@@ -2,7 +2,8 @@
 stack's own routes (``/local/token``, ``/local/sweep``) refuse, with the same 400 message, what Python's
 parser cannot read without failing the request (nesting that exhausts its recursion, a number with more
 digits than it converts) and what is not JSON. Request bodies are flat objects; deeper JSON is refused before
-it is parsed (the parser recurses once per level)."""
+it is parsed (the parser recurses once per level). And whether a text read from one can be stored
+(``unstorable``, ``storable``): what every request model and the history import check their text with."""
 
 from __future__ import annotations
 
@@ -44,3 +45,23 @@ def unreadable(body: str | bytes) -> str | None:
     except (ValueError, RecursionError):
         return "the body is not JSON this API can read (a number with too many digits)"
     return None
+
+
+def unstorable(text: str) -> str | None:
+    """Why Postgres cannot store this text (a NUL character, a lone surrogate), or None if it can."""
+    if "\x00" in text:
+        return "contains a NUL character (\\u0000)"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone surrogate (\\ud800-\\udfff): not valid Unicode text"
+    return None
+
+
+def storable(value):
+    """A pydantic validator: refuses text Postgres cannot store, before pydantic's own string check (whose message
+    names neither); anything else passes to the type check."""
+    problem = unstorable(value) if isinstance(value, str) else None
+    if problem:
+        raise ValueError(f"must be text that can be stored: it {problem}")
+    return value
