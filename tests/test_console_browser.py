@@ -77,6 +77,9 @@ class Visit:
             self.errors.append(message.text)
 
     def sign_in(self, user: str) -> None:
+        # The page enables "Sign in" once it knows how to sign in (console.js boot()); Enter in the form before that
+        # submits nothing, and on a busy machine a fresh tab can be that slow.
+        expect(self.page.locator("#signin-button")).to_be_enabled()
         self.page.get_by_label("User").fill(user)
         self.page.get_by_label("User").press("Enter")  # the keyboard alone signs in
         expect(self.page.locator("#me")).to_have_text(user)
