@@ -346,8 +346,12 @@ class FakeOpenRouter(FakeServer):
     path = "/v1/chat/completions"
     supported = FakeServer.supported + (Reply,)
 
-    def __init__(self, responder: Callable[[dict], str] | None = None, *, api_key: str | None = None):
+    def __init__(self, responder: Callable[[dict], str] | None = None, *, api_key: str | None = None,
+                 served: set[str] | None = None):
         self.responder: Callable[[dict], str] = responder or _default_reply
+        # When set, the only models this server has; another is answered as Ollama (and vLLM, with its own words)
+        # answer a model they do not have: 404 with an OpenAI-style error.
+        self.served = served
         self._generation = 0
         super().__init__(api_key=api_key)
 
@@ -355,6 +359,9 @@ class FakeOpenRouter(FakeServer):
         model, messages = body.get("model"), body.get("messages")
         if not isinstance(model, str) or not model:
             return _bad_request("model is required")
+        if self.served is not None and model not in self.served:
+            return 404, {"error": {"message": f'model "{model}" not found, try pulling it first', "type": "api_error",
+                                   "param": None, "code": None}}
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in messages):
             return _bad_request("messages must be a non-empty list of {role, content}")
@@ -388,8 +395,10 @@ class FakeVoyage(FakeServer):
 
     path = "/v1/embeddings"
 
-    def __init__(self, embed_fn: Callable[[str], list[float]] | None = None, *, api_key: str | None = None):
+    def __init__(self, embed_fn: Callable[[str], list[float]] | None = None, *, api_key: str | None = None,
+                 served: set[str] | None = None):
         self.embed_fn: Callable[[str], list[float]] = embed_fn or hash_embed
+        self.served = served  # when set, the only models; another is a 400 naming it, as Voyage answers
         super().__init__(api_key=api_key)
 
     def _answer(self, body: dict, behaviour: Behaviour | None) -> tuple[int, Any]:
@@ -402,6 +411,9 @@ class FakeVoyage(FakeServer):
             return _bad_request(f"at most {VOYAGE_MAX_INPUTS} inputs per request")
         if not isinstance(body.get("model"), str) or not body["model"]:
             return _bad_request("model is required")
+        if self.served is not None and body["model"] not in self.served:
+            return 400, {"detail": f"Model {body['model']} is not supported. Supported models are"
+                                   f" {sorted(self.served)}."}
         if body.get("input_type") not in (None, "query", "document"):
             return _bad_request("input_type must be query, document or null")
         dimension = body.get("output_dimension") or VOYAGE_DEFAULT_DIMENSION

@@ -361,14 +361,15 @@ ECHO = "provider says: you sent 'my secret diary entry'"
 
 @pytest.mark.parametrize("provider,behaviour,status,code,retryable", [
     ("llm", Status(400, body={"error": {"message": ECHO, "code": 400}}), 502, "model_error", False),
-    ("llm", Status(401, body={"error": {"message": ECHO, "code": 401}}), 502, "model_error", False),
-    ("llm", Status(402, body={"error": {"message": ECHO, "code": 402}}), 502, "model_error", False),
+    ("llm", Status(401, body={"error": {"message": ECHO, "code": 401}}), 503, "provider_misconfigured", False),
+    ("llm", Status(402, body={"error": {"message": ECHO, "code": 402}}), 503, "provider_misconfigured", False),
+    ("llm", Status(404, body={"error": {"message": ECHO, "code": 404}}), 503, "provider_misconfigured", False),
     ("llm", Status(403, body={"error": {"message": ECHO, "code": 403}}), 502, "model_error", False),
     ("llm", Status(429, body={"error": {"message": ECHO, "code": 429}}), 503, "model_unavailable", True),
     ("llm", Status(500, body={"error": {"message": ECHO, "code": 500}}), 503, "model_unavailable", True),
     ("llm", Delay(2), 504, "model_timeout", True),
     ("embed", Status(400, body={"detail": ECHO}), 502, "model_error", False),
-    ("embed", Status(401, body={"detail": ECHO}), 502, "model_error", False),
+    ("embed", Status(401, body={"detail": ECHO}), 503, "provider_misconfigured", False),
     ("embed", Status(503, body={"detail": ECHO}), 503, "model_unavailable", True),
 ])
 def test_a_provider_failure_is_a_stable_error_without_the_providers_text(api, db, online, caplog, capfd, provider,
@@ -384,7 +385,7 @@ def test_a_provider_failure_is_a_stable_error_without_the_providers_text(api, db
     failures = [r for r in caplog.records if r.getMessage() == "chat turn failed at a provider"]
     assert len(failures) == 1 and failures[0].levelname == "WARNING"
     logged = failures[0].__dict__
-    assert logged["error_type"].startswith("Provider") and logged["code"] == code
+    assert logged["error_type"].startswith(("Provider", "ModelNotFound")) and logged["code"] == code
     assert logged["provider_status"] == (None if isinstance(behaviour, Delay) else behaviour.code)
     assert logged["stage"] == ("chat" if provider == "llm" else "embed")
     out, err = capfd.readouterr()

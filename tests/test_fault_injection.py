@@ -393,3 +393,30 @@ def test_a_bad_key_counts_nothing_holds_dreaming_says_so_in_health_and_resumes_w
         assert all(s["extracted_at"] is not None and s["attempts"] == 0 for s in state(db, ids))
         assert all(len(memories(db, sid)) == 3 for sid in ids)
         assert health.report()["dreaming"] == {"status": "ok"}
+
+
+def test_a_model_the_server_does_not_serve_holds_dreaming_names_the_setting_and_counts_nothing(db, env, stack, clock,
+                                                                                               fake_llm):
+    """Issue 29: `LLM_BASE_URL=... CHAT_MODEL=llama3.1 make run` left EXTRACT_MODEL at OpenRouter's Claude name; the
+    server answered every extraction 404, which counted against the session until it was given up on."""
+    fake_llm.served = {"llama3.1"}  # an Ollama with one model
+    env(CHAT_MODEL="llama3.1", EXTRACT_MODEL="anthropic/claude-haiku-4.5")
+    ids = sessions(db, 2)
+    _, outcomes = tick(clock)
+    assert [(o["outcome"], o["fault"]) for o in outcomes] == [("blocked", "configuration")] * 2
+    [blocked] = health.report()["dreaming"]["blocked"]
+    assert blocked["status"] == 404 and "ModelNotFound" in blocked["error"]
+    assert "'anthropic/claude-haiku-4.5' is not served there: set EXTRACT_MODEL" in blocked["error"]
+    for _ in range(8):  # held for 40 minutes: a probe per interval, nothing counted, nothing given up
+        clock.advance()
+        tick(clock)
+    assert all(s["attempts"] == 0 and s["retries"] == 0 and not s["gave_up"] and s["extracted_at"] is None
+               for s in state(db, ids))
+
+    env(EXTRACT_MODEL=None)  # the fix the start-up line suggests: unset, extraction follows the chat model
+    for _ in range(4):
+        clock.advance()
+        tick(clock)
+    assert all(s["extracted_at"] is not None and s["attempts"] == 0 for s in state(db, ids))
+    assert {r["json"]["model"] for r in fake_llm.requests if r["json"].get("response_format")} >= {"llama3.1"}
+    assert health.report()["dreaming"] == {"status": "ok"}

@@ -155,24 +155,44 @@ def test_doctor_checks_the_database_the_schema_and_each_provider(online, db, cap
     fake_llm, fake_voyage = online
     assert cli.main(["doctor"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert [line.split()[:2] for line in out] == [["ok", "database"], ["ok", "schema"], ["ok", "llm"],
-                                                   ["ok", "embedder"]]
+    assert [line.split()[:2] for line in out] == [["ok", "database"], ["ok", "schema"], ["ok", "chat"],
+                                                   ["ok", "extraction"], ["ok", "embedder"]]
     assert "pgvector" in out[0] and migration_files()[-1][0] in out[1]  # the newest migration
-    assert fake_llm.requests[-1]["json"]["max_tokens"] == 1 and fake_voyage.requests[-1]["json"]["input"] == ["ok"]
+    chat, extraction = fake_llm.requests[-2:]  # one model, called as a turn and as an extraction (JSON) call it
+    assert chat["json"]["max_tokens"] == 1 and extraction["json"]["response_format"] == {"type": "json_object"}
+    assert fake_voyage.requests[-1]["json"]["input"] == ["ok"]
 
     fake_llm.push(Status(401))
     assert cli.main(["doctor", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
-    assert report["status"] == "failed" and report["checks"]["llm"]["status"] == "failed"
-    assert "401" in report["checks"]["llm"]["detail"] and report["checks"]["embedder"]["status"] == "ok"
+    assert report["status"] == "failed" and report["checks"]["chat"]["status"] == "failed"
+    assert "401" in report["checks"]["chat"]["detail"] and report["checks"]["embedder"]["status"] == "ok"
+    assert report["checks"]["extraction"]["status"] == "failed"  # the same model: not called twice
+
+
+def test_doctor_checks_every_configured_model_by_its_setting(online, db, env, capsys):
+    """Issue 29: with only the chat model checked, `eros doctor` said ok while every extraction failed."""
+    fake_llm, fake_voyage = online
+    fake_llm.served, fake_voyage.served = {"llama3.1"}, {"voyage-3.5-lite"}
+    env(CHAT_MODEL="llama3.1")  # the README's recipe for an OpenAI-compatible server: extraction follows
+    assert cli.main(["doctor"]) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in out[2:]] == [["ok", "chat"], ["ok", "extraction"], ["ok", "embedder"]]
+    assert "EXTRACT_MODEL = CHAT_MODEL 'llama3.1'" in out[3]
+
+    env(EXTRACT_MODEL="anthropic/claude-haiku-4.5", EMBED_MODEL="voyage-9")
+    assert cli.main(["doctor"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in out[2:]] == [["ok", "chat"], ["BAD", "extraction"], ["BAD", "embedder"]]
+    assert "set EXTRACT_MODEL to a model it serves" in out[3] and "set EMBED_MODEL to a model it serves" in out[4]
 
 
 def test_the_deep_health_check_needs_a_token_and_names_a_schema_behind(online, db):
     api = Api()
     assert api.call("GET", "/v1/health/deep", user=None)[0] == 401
     status, report = api.call("GET", "/v1/health/deep")
-    assert status == 200 and report["status"] == "ok" and set(report["checks"]) == {"database", "schema", "llm",
-                                                                                    "embedder"}
+    assert status == 200 and report["status"] == "ok" and set(report["checks"]) == {"database", "schema", "chat",
+                                                                                    "extraction", "embedder"}
     db.execute("DELETE FROM engine.schema_migrations WHERE name = '0009_usage_by_model'")
     try:
         status, report = api.call("GET", "/v1/health/deep")
@@ -193,24 +213,24 @@ def test_a_token_holder_cannot_make_the_deep_health_check_pay_the_providers_at_w
     api = Api()
     for _ in range(5):
         status, report = api.call("GET", "/v1/health/deep", user="mallory")
-        assert status == 200 and report["checks"]["llm"]["status"] == "ok"
+        assert status == 200 and report["checks"]["chat"]["status"] == "ok"
         clock[0] += 10
-    assert (fake_llm.calls, fake_voyage.calls) == (1, 1)
-    assert report["checks"]["llm"]["age_s"] == report["checks"]["embedder"]["age_s"] == 40.0
+    assert (fake_llm.calls, fake_voyage.calls) == (2, 1)  # the chat model, and the same as extraction asks for JSON
+    assert report["checks"]["chat"]["age_s"] == report["checks"]["embedder"]["age_s"] == 40.0
     assert report["checks"]["schema"]["age_s"] == 0.0  # the free checks are not kept
     assert db.execute("SELECT count(*) AS n FROM engine.user_usage").fetchone()["n"] == 0  # nobody's usage
 
     assert cli.main(["doctor", "--json"]) == 0  # the operator's check calls, whatever a container kept
-    assert json.loads(capsys.readouterr().out)["checks"]["llm"]["age_s"] == 0.0
-    assert (fake_llm.calls, fake_voyage.calls) == (2, 2)
+    assert json.loads(capsys.readouterr().out)["checks"]["chat"]["age_s"] == 0.0
+    assert (fake_llm.calls, fake_voyage.calls) == (4, 2)
 
     clock[0] += 300  # DEEP_HEALTH_CACHE_SECS after the last calls: the next request calls again
     fake_llm.push(Status(401))
     status, report = api.call("GET", "/v1/health/deep")
-    assert status == 503 and "401" in report["checks"]["llm"]["detail"] and report["checks"]["llm"]["age_s"] == 0.0
-    assert (fake_llm.calls, fake_voyage.calls) == (3, 3)
+    assert status == 503 and "401" in report["checks"]["chat"]["detail"] and report["checks"]["chat"]["age_s"] == 0.0
+    assert (fake_llm.calls, fake_voyage.calls) == (5, 3)  # the extraction's check is the failed chat model's
     assert api.call("GET", "/v1/health/deep")[0] == 503  # a failure is kept as long: asking again costs nothing
-    assert (fake_llm.calls, fake_voyage.calls) == (3, 3)
+    assert (fake_llm.calls, fake_voyage.calls) == (5, 3)
 
 
 # --- stop and Ctrl-C -------------------------------------------------------------------------------------------------

@@ -315,12 +315,58 @@ def test_bad_key_no_credit_and_forbidden_are_configuration_errors_with_their_sta
     assert isinstance(caught.value, ProviderResponseError)
 
 
-@pytest.mark.parametrize("code", [400, 404, 413, 422])
+@pytest.mark.parametrize("code", [400, 413, 422])
 def test_other_client_errors_are_not_configuration_errors(fake_llm, code):
     fake_llm.push(Status(code))
     with pytest.raises(ProviderResponseError) as caught:
         chat(fake_llm).complete("m", MESSAGES)
     assert not isinstance(caught.value, providers.ProviderConfigurationError) and caught.value.status == code
+
+
+# Issue 29: how the servers people point the engine at answer a model they do not serve. Each is a configuration
+# fault naming the setting (dreaming holds instead of counting it against sessions), never the session's.
+UNKNOWN_MODEL_ANSWERS = {
+    "ollama": Status(404, body={"error": {"message": 'model "llama3.1" not found, try pulling it first',
+                                          "type": "api_error", "param": None, "code": None}}),
+    "vllm": Status(404, body={"object": "error", "message": "The model `llama3.1` does not exist.",
+                              "type": "NotFoundError", "param": None, "code": 404}),
+    "openai": Status(404, body={"error": {"message": "The model `llama3.1` does not exist or you do not have access"
+                                          " to it.", "type": "invalid_request_error", "code": "model_not_found"}}),
+    "openrouter": Status(400, body={"error": {"message": "llama3.1 is not a valid model ID", "code": 400}}),
+    "openrouter-no-endpoint": Raw({"error": {"message": "No endpoints found for llama3.1.", "code": 404}}),
+    "a base URL that is not the API": Raw("404 page not found", status=404),
+}
+
+
+@pytest.mark.parametrize("answer", UNKNOWN_MODEL_ANSWERS.values(), ids=UNKNOWN_MODEL_ANSWERS.keys())
+def test_a_model_the_server_does_not_serve_is_a_configuration_error_naming_the_setting(fake_llm, env, answer):
+    env(CHAT_MODEL="llama3.1")
+    fake_llm.push(answer)
+    with pytest.raises(providers.ModelNotFound) as caught:
+        chat(fake_llm, max_retries=3).complete("llama3.1", MESSAGES)
+    assert isinstance(caught.value, providers.ProviderConfigurationError) and fake_llm.calls == 1  # not retried
+    assert caught.value.model == "llama3.1" and caught.value.settings_named == ["CHAT_MODEL", "EXTRACT_MODEL"]
+    assert caught.value.hint() == ("model 'llama3.1' is not served there: set CHAT_MODEL / EXTRACT_MODEL to a model"
+                                   " it serves")
+
+
+def test_an_embedding_model_voyage_does_not_serve_names_embed_model(fake_voyage, env):
+    env(EMBED_MODEL="voyage-9")
+    fake_voyage.served = {"voyage-3.5-lite"}
+    with pytest.raises(providers.ModelNotFound) as caught:
+        VoyageEmbedder(fake_voyage.url, "k", model="voyage-9", timeout=2, max_retries=2).embed(["x"], "query")
+    assert caught.value.status == 400 and caught.value.settings_named == ["EMBED_MODEL"]
+
+
+@pytest.mark.parametrize("body", [
+    {"error": {"message": "messages: content not found in item 2", "code": 400}},  # about the request, not the model
+    {"error": {"message": "'llama3.1' prompt is too long: 300000 tokens > 128000", "code": 400}},
+])
+def test_a_400_about_the_request_stays_the_requests_fault(fake_llm, body):
+    fake_llm.push(Status(400, body=body))
+    with pytest.raises(ProviderResponseError) as caught:
+        chat(fake_llm).complete("llama3.1", MESSAGES)
+    assert not isinstance(caught.value, providers.ProviderConfigurationError)
 
 
 @pytest.mark.parametrize("code", [402, "401"])

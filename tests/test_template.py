@@ -394,7 +394,10 @@ def test_failed_extractions_land_in_the_encrypted_dead_letter_queue(template):
 def test_parameter_defaults_are_the_codes_defaults(template):
     params, defaults = template["Parameters"], Settings()
     assert params["ChatModel"]["Default"] == defaults.chat_model
-    assert params["ExtractModel"]["Default"] == defaults.extract_model == "anthropic/claude-haiku-4.5"
+    # Empty: EXTRACT_MODEL is then unset, and the code's default is the chat model (a ChatModel set alone moves both).
+    assert params["ExtractModel"]["Default"] == "" and defaults.extract_model == defaults.chat_model
+    unset = params["ExtractModel"]["Default"]
+    assert Settings.from_env({"CHAT_MODEL": "m", "EXTRACT_MODEL": unset}).extract_model == "m"
     assert params["EmbedModel"]["Default"] == defaults.embed_model
     assert params["DreamingIdleSecs"]["Default"] == defaults.dreaming_idle_secs == 1800
     assert params["DreamingBatchSize"]["Default"] == defaults.dreaming_batch_size

@@ -536,12 +536,17 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_doctor)
 
     args = parser.parse_args(argv)
+    from eros.config import SettingsError
+
     try:
         return args.func(args)
     except KeyboardInterrupt:
         return 130
     except CliError as exc:
         print(f"eros {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except SettingsError as exc:  # names each variable: nothing more to show
+        print(f"eros {args.command}: bad setting: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:
         if _debugging():
@@ -556,8 +561,8 @@ def _debugging() -> bool:
 
     try:
         return settings().eros_debug
-    except Exception:  # the settings themselves are what failed: say so in one line
-        return False
+    except Exception:  # the settings themselves are what failed: EROS_DEBUG as pydantic would read it
+        return os.environ.get("EROS_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 if __name__ == "__main__":

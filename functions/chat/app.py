@@ -16,7 +16,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 from aws_lambda_powertools.logging import correlation_paths
 
 from eros import errors, json_body, snapstart, tracing
-from eros.config import settings
+from eros.config import SettingsError, settings
 from eros.observability import logger, metrics
 
 from routes import account, health, imports, memories, personas, sessions
@@ -76,6 +76,18 @@ def service_error(error: ServiceError):
     return _error(error.status_code, str(error.msg))
 
 
+@app.exception_handler(SettingsError)
+def misconfigured(error: SettingsError):
+    return _error(503, *_misconfigured(error))
+
+
+def _misconfigured(error: SettingsError) -> tuple[str, str]:
+    """A setting of the deployment cannot be used (``DREAMING_IDLE_SECS=abc``): the operator's to fix, so a 503 that
+    says so, never a 500 as for a bug; the log names the variable, the answer does not (it is no client's business)."""
+    logger.error("a setting cannot be used: fix it in the function's environment", extra={"error": str(error)})
+    return "the service is misconfigured: its operator must fix a setting (the logs name it)", "service_misconfigured"
+
+
 @app.exception_handler(Exception)
 def unexpected(error: Exception):
     logger.exception("unhandled error")
@@ -89,10 +101,10 @@ def not_found_error(error: NotFoundError):
     return _error(404, str(error.msg) if getattr(error, "msg", "") else f"no route {event.http_method} {event.path}")
 
 
-def _refuse(status: int, message: str) -> dict:
+def _refuse(status: int, message: str, code: str | None = None) -> dict:
     """An error answered before routing (API Gateway-shaped result)."""
     return {"statusCode": status, "headers": {"Content-Type": content_types.APPLICATION_JSON},
-            "body": _error_body(status, message)}
+            "body": _error_body(status, message, code)}
 
 
 def _as_json_request(event: dict) -> dict | None:
@@ -122,4 +134,8 @@ def _as_json_request(event: dict) -> dict | None:
 @tracing.lambda_handler(tracing.chat_annotations)  # no reply, page or listing in traces
 @metrics.log_metrics
 def lambda_handler(event: dict, context) -> dict:
-    return _as_json_request(event) or app.resolve(event, context)
+    try:
+        refused = _as_json_request(event)  # the first to read the settings
+    except SettingsError as error:
+        return _refuse(503, *_misconfigured(error))
+    return refused or app.resolve(event, context)

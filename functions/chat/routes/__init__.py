@@ -36,13 +36,17 @@ surrogate |
 `errors` lists each `{field, problem, detail?}` |
 | 429 | `rate_limited`, `budget_exhausted` | over a per-user limit; `limit`, `retry_after` and the `Retry-After` \
 header say until when; nothing was stored or paid for |
-| 502 | `model_error` | the model or the embedder refused the request (a 400/401/402/403, an unusable answer): \
+| 502 | `model_error` | the model or the embedder refused the request (a 400 or 403, an unusable answer): \
 `retryable: false` |
 | 503 | `model_unavailable`, `database_unavailable`, `database_busy`, `exports_unavailable`, \
-`provider_not_configured` | `retryable: true` but for exports and `provider_not_configured` (a deployment whose \
-provider secret lacks a key: its operator must fill it in; `/v1/health` names the key); `database_busy`: the \
-change conflicted with another each of the three times it was tried, and \
-nothing of it was written |
+`provider_not_configured`, `provider_misconfigured`, `service_misconfigured` | `retryable: true` but for exports \
+and the three configuration codes, which wait for the operator: `service_misconfigured`, a setting of the \
+deployment that cannot be used (the function's log names the variable); `provider_not_configured`, a \
+deployment whose provider secret lacks a key \
+(`/v1/health` names the key); `provider_misconfigured`, a provider that refuses the deployment's key (401), has \
+no credit (402) or does not serve the configured model (the message names `CHAT_MODEL`, `EXTRACT_MODEL` or \
+`EMBED_MODEL`; `eros doctor` and `/v1/health/deep` check each); `database_busy`: the change conflicted with \
+another each of the three times it was tried, and nothing of it was written |
 | 504 | `model_timeout` | `retryable: true` |
 | 500 | `internal_error` | a bug; `request_id` names the request in the logs |
 

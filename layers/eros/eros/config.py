@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 EMBED_DIM = 512
 
@@ -126,6 +126,7 @@ class Settings(BaseModel):
     openrouter_api_key: SecretStr | None = None
     llm_base_url: str | None = None  # any OpenAI-compatible server; default OpenRouter
     chat_model: str = "anthropic/claude-haiku-4.5"
+    # Unset: the chat model (``_extraction_follows_chat``). Set it to extract with a model of its own.
     extract_model: str = "anthropic/claude-haiku-4.5"
     voyage_api_key: SecretStr | None = None
     embed_base_url: str | None = None  # default Voyage
@@ -219,6 +220,16 @@ class Settings(BaseModel):
     port: int = Field(3000, ge=1, le=65535)  # the local API's port: `make run`, `eros chat`, the banner
     eros_debug: bool = False  # the eros command shows a failure's traceback instead of its one line
 
+    @model_validator(mode="before")
+    @classmethod
+    def _extraction_follows_chat(cls, values: Any) -> Any:
+        """EXTRACT_MODEL defaults to CHAT_MODEL, not to a fixed name: a person who points the engine at their own
+        server (``LLM_BASE_URL=... CHAT_MODEL=llama3.1``) names one model, and a second default that only
+        OpenRouter serves would make every extraction fail while chat works."""
+        if isinstance(values, dict) and values.get("extract_model") is None and values.get("chat_model"):
+            return values | {"extract_model": values["chat_model"]}
+        return values
+
     @field_validator("model_prices", mode="before")
     @classmethod
     def _prices_from_json(cls, value: Any) -> Any:
@@ -274,7 +285,46 @@ class Settings(BaseModel):
             values[name] = {field.alias: env[field.alias] for field in model.model_fields.values()
                             if field.alias and env.get(field.alias, "") != ""}
         values.update(overrides)
-        return cls.model_validate(values)
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            raise SettingsError(exc) from None
+
+
+class SettingsError(ValueError):
+    """A setting the environment gives cannot be used: one line per variable, each named as the environment names
+    it (``DREAMING_IDLE_SECS='abc': ...``), which pydantic's own message does not (it names the field, and
+    a nested knob by its model). A secret's value is never repeated."""
+
+    def __init__(self, exc: ValidationError):
+        self.variables = [_variable(error["loc"]) for error in exc.errors()]
+        super().__init__("; ".join(_line(error) for error in exc.errors()))
+
+
+def _line(error: Any) -> str:
+    message = error["msg"].removeprefix("Value error, ")
+    if error["loc"] and error["loc"][0] in _NESTED and len(error["loc"]) == 1:
+        return message  # a check across a nested model's knobs: its message names them
+    loc = error["loc"]
+    if len(loc) > 1 and loc[0] not in _NESTED:  # inside a JSON value: where in it, not the part's value
+        return f"{_variable(loc)} (at {'.'.join(map(str, loc[1:]))}): {message}"
+    return f"{_variable(loc)}{_shown(error)}: {message}"
+
+
+def _variable(loc: tuple) -> str:
+    """The environment variable of an error's location: a field upper-cased, a nested knob by its alias."""
+    if len(loc) > 1 and loc[0] in _NESTED:
+        return str(loc[1])
+    return str(loc[0]).upper() if loc else "settings"
+
+
+def _shown(error: Any) -> str:
+    field = Settings.model_fields.get(str(error["loc"][0])) if error["loc"] else None
+    secret = field is not None and "Secret" in str(field.annotation)
+    value = error.get("input")
+    if secret or not isinstance(value, str | int | float) or isinstance(value, bool):
+        return ""
+    return f"={str(value)[:80]!r}"
 
 
 # Settings fields that are models of their own, read from their fields' aliases.

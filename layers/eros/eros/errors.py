@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .providers.base import ProviderError, ProviderNotConfigured, ProviderTimeout, ProviderUnavailable
+from .providers.base import (
+    ModelNotFound,
+    ProviderConfigurationError,
+    ProviderError,
+    ProviderNotConfigured,
+    ProviderTimeout,
+    ProviderUnavailable,
+)
 
 
 class ClientError(Exception):
@@ -34,15 +41,19 @@ class Forbidden(ClientError):
 
 
 # A model that timed out is a gateway timeout, one that is down is unavailable, one that refused is a bad gateway.
+# A deployment whose provider configuration is wrong is unavailable until its operator fixes it (never a 500).
 _MODEL_FAILURE_STATUS = {"model_timeout": 504, "model_unavailable": 503, "model_error": 502,
-                         "provider_not_configured": 503}
+                         "provider_not_configured": 503, "provider_misconfigured": 503}
+# What a misconfigured provider is told as: what its operator fixes (the status the provider answered).
+_MISCONFIGURED = {401: "the model provider refuses the service's key", 402: "the model provider account has no credit"}
 
 
 class ModelFailed(ClientError):
     """A provider (the chat model or the embedder) failed a request a person is waiting for.
 
     What an API client sees is stable and never the provider's text (which can echo the user's
-    content): ``code`` (model_timeout, model_unavailable, model_error), a fixed message, and
+    content): ``code`` (model_timeout, model_unavailable, model_error, provider_not_configured,
+    provider_misconfigured), a fixed message, and
     ``retryable``, true only for availability failures (timeouts, the provider's 5xx, 408 and 429): a
     retry of a request the provider refused (400, 401, 402, 403, a malformed answer) fails the same way."""
 
@@ -52,6 +63,12 @@ class ModelFailed(ClientError):
         if isinstance(cause, ProviderNotConfigured):  # the deployment has no key for it
             code, message, retryable = ("provider_not_configured", "the service has no model provider configured: "
                                         "its operator must set the provider keys", False)
+        elif isinstance(cause, ModelNotFound) or (isinstance(cause, ProviderConfigurationError)
+                                                  and status in _MISCONFIGURED):
+            # A 403 stays a model_error: OpenRouter also answers 403 to a message its moderation flags.
+            what = (f"the model provider does not serve the configured {' / '.join(cause.settings_named)}"
+                    if isinstance(cause, ModelNotFound) else _MISCONFIGURED[status or 0])
+            code, message, retryable = "provider_misconfigured", f"{what}: its operator must fix it", False
         elif isinstance(cause, ProviderTimeout) and not refused:
             code, message, retryable = "model_timeout", "the model did not answer in time", True
         elif isinstance(cause, ProviderUnavailable) and not refused:

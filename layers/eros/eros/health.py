@@ -1,5 +1,6 @@
 """Health report: is the database reachable, which providers (real or offline) is this process using, and
-is dreaming held because a provider refuses our credentials (401/402/403: a bad key, no credit).
+is dreaming held because a provider refuses our configuration (401/402/403: a bad key, no credit; a model it does not
+serve).
 
 ``deep_report`` (``GET /v1/health/deep``, ``eros doctor``) goes further: it times a query, compares the
 schema's applied migrations with the ones this code ships, and makes one tiny call to each provider (a
@@ -24,7 +25,7 @@ from . import providers
 from .config import settings
 from .credentials import ConfigurationError
 from .db import connection, one
-from .providers import Deadline, ProviderError
+from .providers import Deadline, ModelNotFound, ProviderError
 
 
 def report() -> dict:
@@ -55,7 +56,8 @@ def _dreaming() -> dict:
         return {"status": "unknown"}
     if not blocks:
         return {"status": "ok"}
-    return {"status": "held", "reason": "a provider refuses our credentials; fix the key or the credit",
+    return {"status": "held",
+            "reason": "a provider refuses our configuration; fix the key, the credit or the model each block names",
             "blocked": [{"provider": b["provider"], "status": b["status"], "error": b["error"],
                          "since": b["since"].isoformat()} for b in blocks]}
 
@@ -71,17 +73,25 @@ _probed: dict[str, Any] = {}  # this container's last provider checks: when, wit
 
 
 def _provider_checks(fresh: bool) -> dict[str, dict]:
-    """The providers' checks: those made within DEEP_HEALTH_CACHE_SECS by this container with the same clients
-    (new settings or credentials make new clients, and so a new probe), else a new pair of calls."""
+    """The providers' checks, one per configured model (the chat model, the extraction model, the embedder): those
+    made within DEEP_HEALTH_CACHE_SECS by this container with the same clients and models (new settings or
+    credentials make new clients, and so a new probe), else new calls."""
+    cfg = settings()
     try:
-        clients = (providers.chat_client(), providers.embedder())
+        clients = (providers.chat_client(), providers.embedder(), cfg.chat_model, cfg.extract_model, cfg.embed_model)
     except ConfigurationError:
         clients = None  # the checks below fail and say why
     last, now = _probed.get("last"), monotonic()
-    if not fresh and last and clients and last["clients"] == clients and now - last["at"] < settings(
-            ).deep_health_cache_secs:
+    if not fresh and last and clients and last["clients"] == clients and now - last["at"] < cfg.deep_health_cache_secs:
         return {name: check | {"age_s": round(now - last["at"], 1)} for name, check in last["checks"].items()}
-    checks = {"llm": _check(_llm), "embedder": _check(_embedder)}
+    chat = _check(lambda: _llm(cfg.chat_model, "CHAT_MODEL", json_mode=False))
+    if cfg.extract_model == cfg.chat_model and chat["status"] == "ok":  # one model: its JSON mode still checked
+        extraction = _check(lambda: _llm(cfg.extract_model, "EXTRACT_MODEL = CHAT_MODEL", json_mode=True))
+    elif cfg.extract_model == cfg.chat_model:
+        extraction = chat | {"detail": f"EXTRACT_MODEL is CHAT_MODEL: {chat['detail']}"}
+    else:
+        extraction = _check(lambda: _llm(cfg.extract_model, "EXTRACT_MODEL", json_mode=True))
+    checks = {"chat": chat, "extraction": extraction, "embedder": _check(_embedder)}
     _probed["last"] = {"at": now, "clients": clients, "checks": checks}
     return checks
 
@@ -118,14 +128,25 @@ def _schema() -> str:
     return f"{len(shipped)} migrations, the newest {shipped[-1]}"
 
 
-def _llm() -> str:
-    client, model = providers.chat_client(), settings().chat_model
-    answer = client.complete(model, [{"role": "user", "content": "Reply with one word: ok"}], max_tokens=1,
-                             temperature=0.0, deadline=Deadline.after(15))
-    return f"{client.describe()}: {answer.model} answered"
+def _llm(model: str, setting: str, *, json_mode: bool) -> str:
+    """One tiny completion with ``model``; the extraction's check asks for JSON as extraction does (a server
+    that cannot would fail every extraction)."""
+    client = providers.chat_client()
+    prompt = 'Reply with the JSON object {"ok": true}' if json_mode else "Reply with one word: ok"
+    try:
+        answer = client.complete(model, [{"role": "user", "content": prompt}], max_tokens=8 if json_mode else 1,
+                                 temperature=0.0, deadline=Deadline.after(15), json_mode=json_mode)
+    except ModelNotFound as exc:
+        raise ModelNotFound(f"{exc.hint()} ({client.describe()}, HTTP {exc.status})", status=exc.status,
+                            model=model) from None
+    return f"{setting} {model!r} at {client.describe()}: {answer.model} answered"
 
 
 def _embedder() -> str:
-    client = providers.embedder()
-    vectors = client.embed(["ok"], "query", deadline=Deadline.after(15))
-    return f"{client.describe()}: {len(vectors.vectors[0])}-d vector"
+    client, model = providers.embedder(), settings().embed_model
+    try:
+        vectors = client.embed(["ok"], "query", deadline=Deadline.after(15))
+    except ModelNotFound as exc:
+        raise ModelNotFound(f"{exc.hint()} ({client.describe()}, HTTP {exc.status})", status=exc.status,
+                            model=model) from None
+    return f"EMBED_MODEL {model!r} at {client.describe()}: {len(vectors.vectors[0])}-d vector"

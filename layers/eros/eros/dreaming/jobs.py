@@ -2,8 +2,9 @@
 the attempts cap, do the kind's work, and on a failure decide ONCE whose fault it is and what follows.
 
 Whose fault (``classify``, issue 8, migration 0005):
-  configuration -- a provider refuses our credentials (a bad key, no credit): dreaming is held (a provider
-                   block), nothing is counted, one probe job per DREAMING_CONFIG_PROBE_SECS tries again.
+  configuration -- a provider refuses our configuration (a bad key, no credit, a model it does not serve):
+                   dreaming is held (a provider block), nothing is counted, one probe job per
+                   DREAMING_CONFIG_PROBE_SECS tries again.
   world         -- the provider is unavailable: backed off and retried for DREAMING_RETRY_WINDOW_SECS, never
                    counted against the job; after the window it is given up on (re-drivable).
   own           -- a provider 4xx on the job's own prompt, a crash in our code on it, a worker that died on it:
@@ -25,7 +26,7 @@ from typing import Any, Literal, Protocol
 from .. import clock
 from ..config import Settings
 from ..observability import logger, metrics
-from ..providers import ProviderConfigurationError, ProviderError, ProviderUnavailable
+from ..providers import ModelNotFound, ProviderConfigurationError, ProviderError, ProviderUnavailable
 from ..store import blocks as provider_blocks
 from ..store import claims
 from ..store import usage as usage_store
@@ -228,7 +229,7 @@ def failed(cfg: Settings, job: Job, exc: Exception) -> JobResult:
         return _give_up(job, step)
     if step.action == "hold":
         provider_blocks.block(job.step, getattr(exc, "status", None), error, job.moment, cfg.dreaming_config_probe_secs)
-        logger.error("a provider refuses our credentials: dreaming is held until the configuration is fixed",
+        logger.error("a provider refuses our configuration: dreaming is held until the configuration is fixed",
                      extra={"kind": kind.name, "user_id": user_id, "provider": job.step})
         if not claims.retry_later(kind.table, job.row, job.claim_token, error, None, None, job.moment):
             return job.lost()
@@ -268,7 +269,8 @@ def describe_failure(exc: BaseException, step: str | None = None) -> str:
     body (it can echo user content)."""
     status = getattr(exc, "status", None)
     where = f" from the {step}" if step else ""
-    return f"{type(exc).__name__}{f' (HTTP {status})' if status else ''}{where}"
+    what = f": {exc.hint()}" if isinstance(exc, ModelNotFound) else ""
+    return f"{type(exc).__name__}{f' (HTTP {status})' if status else ''}{where}{what}"
 
 
 # --- the fan-out ----------------------------------------------------------------------------------

@@ -3,8 +3,8 @@ users and fan each claim out to the extract function, then retention. Also the o
 
 The tick claims at most what the extract function can start before the claims go stale
 (``Settings.dreaming_capacity``, less the jobs still in flight, and DREAMING_TICK_CAP): beyond that a claim only
-waits in Lambda's queue until it goes stale and is claimed again. While a provider refuses our credentials, only
-one probe job per DREAMING_CONFIG_PROBE_SECS is claimed.
+waits in Lambda's queue until it goes stale and is claimed again. While a provider refuses our configuration,
+only one probe job per DREAMING_CONFIG_PROBE_SECS is claimed.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def sweep(cfg: Settings, invoke: jobs.Invoker, *, now: Callable[[], datetime] | 
     if blocks:
         result.blocked = [b["provider"] for b in blocks]
         budget = 1 if provider_blocks.take_probe(moment, cfg.dreaming_config_probe_secs) else 0
-        logger.error("dreaming held: a provider refuses our credentials", extra={
+        logger.error("dreaming held: a provider refuses our configuration", extra={
             "blocked": [{k: str(v) for k, v in b.items()} for b in blocks], "probe": bool(budget)})
     result.budget = budget
 

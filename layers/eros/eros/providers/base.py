@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import email.utils
 import functools
+import json
 import math
 import random
 import ssl
@@ -65,13 +66,54 @@ class ProviderNotConfigured(ProviderConfigurationError, ConfigurationError):
     as for a key the provider refuses; ``/v1/health`` says which key is missing."""
 
 
+class ModelNotFound(ProviderConfigurationError):
+    """The provider does not serve the model we name: a 404 (Ollama's and vLLM's answer for an unknown model, OpenAI's
+    and OpenRouter's for a model with no endpoint, and any server's for a base URL that is not its API), or a 400
+    whose error is about the model (OpenRouter's "is not a valid model ID", OpenAI's ``model_not_found``). A setting
+    is wrong (CHAT_MODEL, EXTRACT_MODEL, EMBED_MODEL or the base URL), not the request: dreaming holds and probes
+    (counted against no session), a turn answers 503 ``provider_misconfigured``, and the message names the
+    setting."""
+
+    def __init__(self, message: str, *, status: int | None, model: str):
+        super().__init__(message, status=status)
+        self.model = model
+
+    @property
+    def settings_named(self) -> list[str]:
+        """The variables whose value is this model (one model may be several settings' value)."""
+        from ..config import settings
+
+        cfg = settings()
+        named = [name for name, value in (("CHAT_MODEL", cfg.chat_model), ("EXTRACT_MODEL", cfg.extract_model),
+                                          ("EMBED_MODEL", cfg.embed_model)) if value == self.model]
+        return named or ["the model settings"]
+
+    def hint(self) -> str:
+        """What to set, for logs, stored errors and health (a model name is configuration, never user content)."""
+        return f"model {self.model!r} is not served there: set {' / '.join(self.settings_named)} to a model it serves"
+
+
 CONFIGURATION_STATUSES = (401, 402, 403)
+# How providers word an unknown model in a 400 (lower-cased); the model's own name must be in the text as well.
+_UNKNOWN_MODEL_WORDS = ("not a valid model", "not found", "does not exist", "not supported", "unknown model",
+                        "invalid model", "no endpoints")
 
 
-def client_error(message: str, status: int | None) -> ProviderResponseError:
-    """The error for a provider's 4xx answer (or error code inside a 200) that is not 408/429."""
+def client_error(message: str, status: int | None, *, model: str | None = None, body: str = "",
+                 code: object = None) -> ProviderResponseError:
+    """The error for a provider's 4xx answer (or error code inside a 200) that is not 408/429: ``body`` is the
+    answer's text (or the embedded error's message) and ``code`` the error code it carries, if any."""
+    if model and _unknown_model(status, model, body, code):
+        return ModelNotFound(message, status=status, model=model)
     kind = ProviderConfigurationError if status in CONFIGURATION_STATUSES else ProviderResponseError
     return kind(message, status=status)
+
+
+def _unknown_model(status: int | None, model: str, body: str, code: object) -> bool:
+    if status == 404 or code == "model_not_found":
+        return True
+    text = body.lower()
+    return status == 400 and model.lower() in text and any(words in text for words in _UNKNOWN_MODEL_WORDS)
 
 
 @dataclass
@@ -129,8 +171,19 @@ def _attempt(client: httpx.Client, url: str, payload: dict, *, headers: dict, ti
     if status in (408, 429) or status >= 500:
         return ProviderUnavailable(f"{what}: HTTP {status}", status=status, retry_after=_retry_after(response))
     if status >= 400:
-        raise client_error(f"{what}: HTTP {status}: {response.text[:300]}", status)
+        text = response.text[:2000]
+        raise client_error(f"{what}: HTTP {status}: {text[:300]}", status, model=payload.get("model"), body=text,
+                           code=_error_code(text))
     return _json_object(response, what)
+
+
+def _error_code(text: str) -> object:
+    """The ``error.code`` of an OpenAI-style error body, if the text is one."""
+    try:
+        error = json.loads(text).get("error")
+    except (ValueError, AttributeError):
+        return None
+    return error.get("code") if isinstance(error, dict) else None
 
 
 def backoff(attempt: int) -> float:

@@ -67,4 +67,5 @@ def _raise_embedded_error(body: dict, model: str) -> None:
         code = int(code)
     if isinstance(code, int) and (code in (408, 429) or code >= 500):
         raise ProviderUnavailable(f"chat completion ({model}): upstream error {code}: {message}", status=code)
-    raise client_error(f"chat completion ({model}): error {code}: {message}", code if isinstance(code, int) else None)
+    raise client_error(f"chat completion ({model}): error {code}: {message}", code if isinstance(code, int) else None,
+                       model=model, body=message, code=code)

@@ -1,7 +1,7 @@
-"""Provider blocks: while a provider refuses our credentials (401/402/403: a bad key, no credit), dreaming's
-work is held, nothing counted against any job, and one probe job per DREAMING_CONFIG_PROBE_SECS is claimed to
-see whether the configuration was fixed. Every kind of dreaming job sets and lifts them (``eros.dreaming.jobs``);
-the sweep and ``/v1/health`` read them."""
+"""Provider blocks: while a provider refuses our configuration (401/402/403: a bad key, no credit; a model it does
+not serve, ``ModelNotFound``), dreaming's work is held, nothing counted against any job, and one probe job per
+DREAMING_CONFIG_PROBE_SECS is claimed to see whether the configuration was fixed. Every kind of dreaming job sets
+and lifts them (``eros.dreaming.jobs``); the sweep and ``/v1/health`` read them."""
 
 from __future__ import annotations
 
