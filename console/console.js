@@ -467,7 +467,8 @@ async function addMemory(event) {
 // --- dreaming ----------------------------------------------------------------------------------------------------
 const STATES = {
   active: "chatting: dreamt about once quiet", waiting: "quiet: the next sweep takes it",
-  claimed: "being extracted", retrying: "failed, will retry", extracted: "extracted", failed: "given up",
+  claimed: "being extracted", retrying: "failed, will retry", extracted: "extracted",
+  nothing: "extracted: nothing in it to remember", failed: "given up",
 };
 
 // An imported history (eros import, POST /v1/imports) and how far dreaming has distilled it, oldest first.
@@ -495,7 +496,7 @@ async function refreshSessions() {
       ` ${personaOf(s)} · ${short(s.id)} · last message ${ago(s.last_active_at)} · ${STATES[d.state]}`,
       (d.state === "active" || d.state === "retrying") && d.due_at ? ` (${ago(d.due_at)})` : "",
       d.attempts ? ` · attempts ${d.attempts}` : "",
-      d.error ? el("span", { class: "error-text" }, ` · ${d.error}`) : null);
+      d.error && d.state !== "nothing" ? el("span", { class: "error-text" }, ` · ${d.error}`) : null);
   }));
 }
 

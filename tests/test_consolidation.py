@@ -354,7 +354,7 @@ def test_offline_same_statement_twice_is_one_memory_and_a_move_supersedes(db):
     assert home["mention_count"] == 2 and home["superseded_at"] is None and mocha["mention_count"] == 1
 
     dream(db, "I moved to Tokyo.")
-    assert active(db) == ["The user said: I moved to Tokyo.", "The user said: I really love mocha."]
+    assert active(db) == ["Moved to Tokyo", "Really loves mocha"]
     old = next(r for r in profile(db) if "Shanghai" in r["content"])
     assert old["superseded_reason"] == "changed" and old["superseded_by"] is not None
     # Both utterances that stated Shanghai (the first session's and the repeat's) left recall with it;
@@ -372,7 +372,7 @@ def test_offline_same_statement_twice_is_one_memory_and_a_move_supersedes(db):
     status, body = api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "Where is home for me these days?"})
     assert status == 200
     recalled = recalled_contents(db, body)
-    assert "The user said: I moved to Tokyo." in recalled["profile"]
+    assert "Moved to Tokyo" in recalled["profile"]
     assert not any("Shanghai" in text for layer in recalled.values() for text in layer)
 
 
@@ -385,7 +385,7 @@ def test_restoring_the_old_fact_brings_its_utterances_back_and_outdates_the_new_
     said = utterances(db)
     assert said["I live in Shanghai."][0]["superseded_at"] is None
     assert said["I moved to Tokyo."][0]["superseded_reason"] == "outdated"
-    assert active(db) == ["The user said: I live in Shanghai."]
+    assert active(db) == ["Lives in Shanghai"]
     # The history chain of the profile fact shows profile versions only, not the utterances.
     status, body = Api().call("GET", f"/v1/memories/{old['id']}")
     assert {m["layer"] for m in body["history"]} == {"profile"} and body["supersedes"]

@@ -127,10 +127,11 @@ def test_the_offline_stand_in_writes_a_plain_deterministic_episode(db):
     assert row["metadata"]["model"] == "offline/echo" and row["occurred_precision"] == "day"
     # The same transcript, the same episode.
     transcript = ("<persona>Kai</persona>\n\n<session>\n[Monday 2026-11-23]\nuser: hi there\nassistant: hello\n"
-                  "</session>")
+                  "user: I got the job\n</session>")
     assert offline_episode(transcript) == offline_episode(transcript) == {
-        "content": "The user told Kai: \u201chi there\u201d.", "occurred_at": "2026-11-23"}
+        "content": "The user told Kai: \u201cI got the job\u201d.", "occurred_at": "2026-11-23"}
     assert offline_episode("<session>\nassistant: hello\n</session>") is None
+    assert offline_episode("<session>\nuser: hi there\nassistant: hello\n</session>") is None  # small talk only
 
 
 # --- resumed sessions ------------------------------------------------------------------------------------------------

@@ -155,7 +155,7 @@ def test_concurrent_invocations_keep_their_own_log_keys_and_metrics(db, local_se
     documents = emf_documents(capsys.readouterr().out)
     extracts = [d for d in documents if "MemoriesExtracted" in d]
     assert len(extracts) == SESSIONS, documents
-    assert [d["MemoriesExtracted"] for d in extracts] == [[2.0]] * SESSIONS, extracts  # one value each: its own
+    assert [d["MemoriesExtracted"] for d in extracts] == [[3.0]] * SESSIONS, extracts  # one value each: its own
     sweeps = [d for d in documents if "SessionsClaimed" in d]
     assert [d["SessionsClaimed"] for d in sweeps] == [[float(SESSIONS)]]
     assert len(documents) == SESSIONS + 1

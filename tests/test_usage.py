@@ -18,6 +18,7 @@ from test_deep_pass import claim_one, copies
 from eros import usage as usage_report
 from eros.config import DEFAULT_PRICES, ModelPrice, Settings, SettingsError, settings
 from eros.dreaming import deep_pass
+from eros.providers import offline
 from eros.store import usage as usage_store
 from eros_dev import cli
 from eros_dev.dreaming import sweep_locally
@@ -109,14 +110,33 @@ def test_every_provider_call_is_counted_by_purpose_and_model_with_the_tokens_rep
         ("extraction", "test/extract-m"), ("extraction", "embed-m"), ("deep_pass", "test/extract-m")}
 
 
-def test_a_call_that_reports_no_tokens_is_still_a_call(db, env):
-    """The offline stand-ins report 0 tokens: the calls are counted, the budget's row is not touched."""
+def test_a_call_that_reports_no_tokens_is_still_a_call(db, env, monkeypatch):
+    """A provider that reports 0 tokens (here the offline stand-ins made to): the calls are counted, the budget's
+    row is not touched."""
+    monkeypatch.setattr(offline, "tokens", lambda text: 0)
     api = Api()
     sid = api.session()
     assert api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "hello"})[0] == 200
     assert itemised(db) == Counter({("chat", "offline/echo", "calls"): 1,
                                     ("chat", "offline/lexical-hash-512", "calls"): 1})
     assert db.execute("SELECT count(*) AS n FROM engine.user_usage").fetchone()["n"] == 0
+
+
+def test_the_offline_stand_ins_report_tokens_as_a_provider_would_and_cost_nothing(db, env):
+    """With no keys, usage can still be shown: the stand-ins count about a token per four characters (one per
+    Chinese character), the turn is itemised with them, and the cost report prices them at 0."""
+    assert [offline.tokens(text) for text in ("", "abcd", "abcde", "我住在上海")] == [0, 1, 2, 5]
+    api = Api()
+    sid = api.session()
+    message = "I bake sourdough bread every Sunday morning"
+    assert api.call("POST", f"/v1/sessions/{sid}/turns", {"content": message})[0] == 200
+    counted = itemised(db)
+    assert counted[("chat", "offline/lexical-hash-512", "input_tokens")] == offline.tokens(message)
+    assert counted[("chat", "offline/echo", "input_tokens")] > offline.tokens(message)  # the prompt holds more
+    assert counted[("chat", "offline/echo", "output_tokens")] > 0
+    used = db.execute("SELECT * FROM engine.user_usage WHERE user_id = 'alice'").fetchone()
+    assert used is not None
+    assert usage_report.cost(settings().prices, "offline/echo", 10**6, 10**6) == 0.0
 
 
 def test_dreaming_work_for_a_session_that_is_gone_counts_nothing(db):

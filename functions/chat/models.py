@@ -272,11 +272,11 @@ class CreatedSession(ApiModel):
 
 
 class DreamingState(ApiModel):
-    state: Literal["active", "waiting", "claimed", "retrying", "extracted", "failed"] = Field(
+    state: Literal["active", "waiting", "claimed", "retrying", "extracted", "nothing", "failed"] = Field(
         description="active: not quiet for DREAMING_IDLE_SECS yet; waiting: for the next sweep; claimed: being "
-                    "extracted; "
-                    "retrying: after a failure, at due_at; extracted: its memories are written; failed: given up "
-                    "(error says why; a new message makes it eligible again)")
+                    "extracted; retrying: after a failure, at due_at; extracted: its memories are written; "
+                    "nothing: extracted, and nothing in it was worth remembering (no messages, or only questions "
+                    "and small talk); failed: given up (error says why; a new message makes it eligible again)")
     error: str | None = Field(description="the last failed attempt's error")
     attempts: int
     due_at: datetime | None = Field(description="when it is quiet enough to be dreamt about, or retried")

@@ -140,11 +140,13 @@ class Deleted(BaseModel):
 
 class DreamingState(BaseModel):
     state: Annotated[
-        Literal["active", "waiting", "claimed", "retrying", "extracted", "failed"],
+        Literal[
+            "active", "waiting", "claimed", "retrying", "extracted", "nothing", "failed"
+        ],
         Field(title="State"),
     ]
     """
-    active: not quiet for DREAMING_IDLE_SECS yet; waiting: for the next sweep; claimed: being extracted; retrying: after a failure, at due_at; extracted: its memories are written; failed: given up (error says why; a new message makes it eligible again)
+    active: not quiet for DREAMING_IDLE_SECS yet; waiting: for the next sweep; claimed: being extracted; retrying: after a failure, at due_at; extracted: its memories are written; nothing: extracted, and nothing in it was worth remembering (no messages, or only questions and small talk); failed: given up (error says why; a new message makes it eligible again)
     """
     error: Annotated[str | None, Field(title="Error")]
     """

@@ -81,7 +81,7 @@ def _extract(cfg: Settings, job: jobs.Job, time_budget_secs: float) -> jobs.JobR
     earlier, new = dreaming_store.transcript(user, session_id, session["extraction_watermark"],
                                              CONTEXT_MESSAGES, MESSAGES_PER_INVOCATION)
     if not new:
-        if dreaming_store.finish(session, job.claim_token, [], None, None) is None:
+        if dreaming_store.finish(session, job.claim_token, [], None, dreaming_store.NOTHING_TO_REMEMBER) is None:
             return job.lost()
         return job.report("nothing")
     parts = windows(new, WINDOW_CHARS)[:MAX_WINDOWS]
@@ -100,7 +100,8 @@ def _extract(cfg: Settings, job: jobs.Job, time_budget_secs: float) -> jobs.JobR
 
     # Zero candidates or unparsable output still stamp: a poison pill must not loop.
     problems = answers.problems
-    error = "; ".join(problems) or (None if rows or episode or decided.confirm else "no memories in this session")
+    error = "; ".join(problems) or (None if rows or episode or decided.confirm
+                                           else dreaming_store.NOTHING_TO_REMEMBER)
     counts = dreaming_store.finish(session, job.claim_token, rows, watermark, error, decided.confirm, first,
                                    decided.told, episode)
     if counts is None:

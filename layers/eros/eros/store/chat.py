@@ -13,6 +13,7 @@ from psycopg.types.json import Jsonb
 from ..db import connection, one, transaction
 from ..errors import ClientError
 from . import personas, usage
+from .dreaming import NOTHING_TO_REMEMBER
 from .rows import (
     Message,
     OpenedTurn,
@@ -93,9 +94,11 @@ _SESSION_COLUMNS = (
 )
 
 # Where a session is in dreaming, from its bookkeeping columns (migrations 0002, 0005, 0008), first match:
-# failed (given up; its error says why), extracted (through its last message), claimed (a sweep took it),
+# failed (given up; its error says why), nothing (extracted, with nothing in it to remember: store.dreaming's
+# NOTHING_TO_REMEMBER), extracted (through its last message), claimed (a sweep took it),
 # retrying (a failure's backoff), active (not quiet for DREAMING_IDLE_SECS yet), else waiting for a sweep.
 _DREAMING_STATE = """CASE WHEN s.extraction_gave_up IS NOT NULL THEN 'failed'
+    WHEN s.extracted_at IS NOT NULL AND s.extraction_error = %(nothing)s THEN 'nothing'
     WHEN s.extracted_at IS NOT NULL THEN 'extracted'
     WHEN s.extraction_claimed_at IS NOT NULL THEN 'claimed'
     WHEN s.extraction_next_attempt_at > now() THEN 'retrying'
@@ -113,7 +116,7 @@ def list_sessions(user_id: str, idle_secs: int, limit: int = 100) -> list[Sessio
         "      ELSE s.last_active_at + make_interval(secs => %(idle)s) END AS due_at"
         " FROM engine.chat_sessions s JOIN engine.persona_instances i ON i.id = s.instance_id"
         " WHERE s.user_id = %(user)s ORDER BY s.created_at DESC LIMIT %(limit)s",
-        {"user": user_id, "idle": idle_secs, "limit": limit},
+        {"user": user_id, "idle": idle_secs, "limit": limit, "nothing": NOTHING_TO_REMEMBER},
     ).fetchall()
     return [{"id": r["id"], "instance_id": r["instance_id"], "persona_id": r["persona_id"],
              "created_at": r["created_at"], "last_active_at": r["last_active_at"], "extracted_at": r["extracted_at"],

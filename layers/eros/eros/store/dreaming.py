@@ -316,6 +316,12 @@ def touched_memories(user_id: str, session_id: UUID, after_id: int | None, limit
                                            "shortlist": max(TOUCHED_SHORTLIST, limit)}).fetchall()
 
 
+# What an extraction that found nothing worth remembering (no new messages, or only questions and small talk) stamps
+# as the session's extraction_error: it is extracted all the same, and listed as "nothing" (store.chat's dreaming
+# state), not as a session that has memories.
+NOTHING_TO_REMEMBER = "nothing to remember in this session"
+
+
 @retried
 def finish(session: ClaimedSession, claim_token: datetime, memories: list[dict], watermark: int | None,
            error: str | None, confirm: Sequence[tuple[UUID, float]] = (), first_message_id: int | None = None,
