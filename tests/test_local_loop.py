@@ -251,7 +251,7 @@ def start_stack(data: str, port: int, *, in_background: bool = False) -> subproc
     inherited (a test run started in the background, `cmd &` from a script, has it ignored); ``in_background``:
     as `make run &` starts it, with SIGINT ignored."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "LLM_", "EMBED_", "OPENROUTER",
-                                                                      "VOYAGE"))}
+                                                                      "VOYAGE", "LOG_FORMAT", "POWERTOOLS_LOG"))}
     env |= {"EROS_DATA_DIR": data, "PORT": str(port), "DREAMING_TICK_SECS": "3600"}
     disposition = signal.SIG_IGN if in_background else signal.SIG_DFL
     process = subprocess.Popen([sys.executable, "-m", "eros_dev.cli", "serve"], cwd=ROOT, env=env,
@@ -298,6 +298,9 @@ def test_ctrl_c_and_eros_stop_stop_what_make_run_started(stack_folder, env, caps
     out, _ = stack.communicate(timeout=STOPS_WITHIN)
     assert stack.returncode == 0 and "stopped the embedded Postgres" in out and "Traceback" not in out
     assert not pg.exists() and not (stack_folder / "data" / "serve.pid").exists()
+    # Issue 29: a fresh folder's start is a short banner, not a JSON log line per migration and function file.
+    schema = f"  schema   : {migration_files()[-1][0]} (applied now: {len(migration_files())} migration(s) and "
+    assert schema in out and "migration applied" not in out and '{"level"' not in out, out
 
     stack = start_stack(data, port, in_background=True)  # `make stop` from another terminal
     env(EROS_DATA_DIR=data)

@@ -4,9 +4,12 @@ forget, usage, backfill-episodes. Every failure is one line on stderr (EROS_DEBU
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class CliError(Exception):
@@ -38,6 +41,39 @@ def _answer_only():
     from contextlib import redirect_stdout
 
     return redirect_stdout(sys.stderr)
+
+
+@contextmanager
+def _quiet(level: str = "WARNING") -> Iterator[None]:
+    """The engine's log lines below ``level`` (each migration applied, each job done) are not shown while a
+    command says what happened in its own words; EROS_DEBUG=1 shows them."""
+    from eros.observability import logger
+
+    before = logger.log_level
+    if not _debugging():
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
+@contextmanager
+def _logs_on_stderr() -> Iterator[None]:
+    """The engine's log lines go to stderr while a command runs (Lambda's go to stdout): stdout is the command's
+    answer, which ``--json`` makes a JSON document a pipe can read."""
+    from eros.observability import logger
+
+    handler = logger.registered_handler
+    if not isinstance(handler, logging.StreamHandler):
+        yield
+        return
+    before = handler.setStream(sys.stderr)
+    try:
+        yield
+    finally:
+        if before is not None:
+            handler.setStream(before)
 
 
 def cmd_migrate(args) -> int:
@@ -88,8 +124,11 @@ def cmd_serve(args) -> int:
                        f"port: PORT={port + 1} make run") from None
     url, database, started = _database()
     try:
-        migrate(url, local=True)  # an edited applied migration is a warning here, an error on deploy
-        _serve(args, settings(), server, base, database, providers.describe())
+        with _quiet():
+            applied = migrate(url, local=True)  # an edited applied migration is a warning here, an error on deploy
+        with _quiet("ERROR"):  # an offline provider's warning: the banner says it
+            described = providers.describe()
+        _serve(args, settings(), server, base, database, _schema(applied), described)
     finally:
         server.server_close()
         if started:  # Ctrl-C stops what `make run` started; a Postgres that was already running stays
@@ -98,7 +137,17 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def _serve(args, cfg, server, base: str, database: str, described: dict) -> None:
+def _schema(applied: list[str]) -> str:
+    """The banner's schema line: the newest migration, and what this start applied."""
+    from eros.migrate import migration_files
+
+    migrations = sum(not name.startswith("functions/") for name in applied)
+    done = [f"{migrations} migration(s)"] if migrations else []
+    done += [f"{len(applied) - migrations} function file(s)"] if len(applied) > migrations else []
+    return migration_files()[-1][0] + (f" (applied now: {' and '.join(done)})" if done else " (up to date)")
+
+
+def _serve(args, cfg, server, base: str, database: str, schema: str, described: dict) -> None:
     from .dreaming import run_local_sweeper
     from .stack import serving
 
@@ -106,11 +155,14 @@ def _serve(args, cfg, server, base: str, database: str, described: dict) -> None
     print(f"""
 eros local stack
   database : {database}
+  schema   : {schema}
   chat LLM : {described['llm']}
   embedder : {described['embedder']}
   dreaming : {f"every {cfg.dreaming_tick_secs}s, sessions idle for {cfg.dreaming_idle_secs}s" if sweeper else "off"}
   API      : {base}
   console  : {base}/console/
+  logs     : {"one line per record (LOG_FORMAT=json for Powertools' JSON)" if cfg.log_format == "text"
+              else "Powertools JSON (LOG_FORMAT=json)"}; EROS_DEBUG=1 shows every detail
 
 Open the console in a browser, or try it from a shell:
   TOKEN=$(.venv/bin/eros token alice)
@@ -146,7 +198,7 @@ def cmd_sweep(args) -> int:
     from .dreaming import sweep_locally
 
     _database()
-    with _answer_only():
+    with _answer_only(), _quiet():  # the answer below says what each job did
         result = sweep_locally(idle_now=args.now)
     if args.json:
         print(json.dumps(result, default=str, indent=2))
@@ -252,16 +304,10 @@ def cmd_import(args) -> int:
     """Import a JSONL file of conversations (eros.importing says the format and what is checked), streamed, with
     a progress line; refused lines are listed with their numbers (exit 1 when any)."""
     from eros.importing import describe, import_conversations
-    from eros.observability import logger
 
     _database()
-    level = logger.log_level
-    if not _debugging():  # a log line per conversation would bury the progress line; the summary says what happened
-        logger.setLevel("WARNING")
-    try:
+    with _quiet():  # a log line per conversation would bury the progress line; the summary says what happened
         return _import(args, import_conversations, describe)
-    finally:
-        logger.setLevel(level)
 
 
 def _import(args, import_conversations, describe) -> int:
@@ -539,7 +585,8 @@ def main(argv: list[str] | None = None) -> int:
     from eros.config import SettingsError
 
     try:
-        return args.func(args)
+        with _logs_on_stderr():
+            return args.func(args)
     except KeyboardInterrupt:
         return 130
     except CliError as exc:
