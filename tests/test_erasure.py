@@ -184,22 +184,24 @@ class Terminal(io.StringIO):
         return True
 
 
-def test_eros_forget_shows_what_it_erases_and_asks_for_the_user_id(online, db, monkeypatch, capsys):
+def test_eros_forget_shows_what_it_erases_and_asks_for_the_user_id(online, db, env, tmp_path, monkeypatch, capsys):
     """Issue 29: `eros forget USER` erased with no confirmation, and reported an erasure for a user that never
     existed."""
+    env(EXPORT_DIR=str(tmp_path), EXPORT_BASE_URL="http://127.0.0.1:3000/local")
     api = Api()
     a_full_history(db, api, USER)
+    assert api.call("GET", "/v1/export", user=USER)[0] == 200
     stored = rows_mentioning(db, USER)
     messages, memories = (db.execute(f"SELECT count(*) AS n FROM engine.{table} WHERE user_id = %s",  # noqa: S608
                                      (USER,)).fetchone()["n"] for table in ("chat_messages", "companion_memories"))
     shown = (f"stored about {USER}: 2 sessions, {messages} messages, {memories} memories, 2 persona instances,"
-             " 1 deep pass, 1 usage days")
+             " 1 deep pass, 1 usage day")
     capsys.readouterr()
 
     monkeypatch.setattr("sys.stdin", io.StringIO(""))  # a script's stdin, no terminal: refused without --yes
     assert cli.main(["forget", USER]) == 2
     out, err = capsys.readouterr()
-    assert out.startswith(shown) and "--yes" in err and "at a terminal" in err
+    assert out.startswith(shown) and out.rstrip().endswith(", 1 export") and "--yes" in err and "at a terminal" in err
     assert rows_mentioning(db, USER) == stored
 
     monkeypatch.setattr("sys.stdin", Terminal(f"{OTHER}\n"))  # the wrong id: nothing erased
@@ -216,7 +218,7 @@ def test_eros_forget_shows_what_it_erases_and_asks_for_the_user_id(online, db, m
     assert cli.main(["forget", USER]) == 0
     out = capsys.readouterr().out
     assert out.startswith(shown) and f"erased {USER}: 2 sessions, {messages} messages, {memories} memories" in out
-    assert rows_mentioning(db, USER) == {}
+    assert rows_mentioning(db, USER) == {} and not list(tmp_path.rglob("*.json"))
 
     erased = []
     monkeypatch.setattr("eros.account.erase", erased.append)

@@ -382,7 +382,9 @@ def _counted(counts: dict[str, int]) -> str:
     """``2 sessions, 14 messages, 5 memories, 1 deep pass``: the three a person asks about always, the rest when
     there are any."""
     main = ("sessions", "messages", "memories")
-    return ", ".join(f"{count} {kind.replace('_', ' ')}" for kind, count in
+    one = {"sessions": "session", "messages": "message", "memories": "memory", "persona_instances": "persona instance",
+           "personas": "persona", "usage_days": "usage day", "exports": "export"}
+    return ", ".join(f"{count} {one.get(kind, kind) if count == 1 else kind}".replace("_", " ") for kind, count in
                      [(kind, counts.get(kind, 0)) for kind in main]
                      + [(kind, count) for kind, count in counts.items() if kind not in main and count])
 
