@@ -41,6 +41,9 @@ for name in ("OPENROUTER_API_KEY", "VOYAGE_API_KEY", "LLM_BASE_URL", "EMBED_BASE
 os.environ.update({"AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "testing",
                    "AWS_SECRET_ACCESS_KEY": "testing", "POWERTOOLS_TRACE_DISABLED": "true",
                    "POWERTOOLS_LOG_LEVEL": "WARNING",
+                   # The logs as Lambda writes them (tests read them as JSON, and the EMF metric blobs);
+                   # test_terminal_output.py covers the terminal's text form.
+                   "LOG_FORMAT": "json",
                    "LOCAL_JWT_SECRET": "test-only-signing-key-for-local-tokens-0123456789"})
 
 # The run's Postgres, started by pytest_configure in a thread of its own so that initdb, the server's start

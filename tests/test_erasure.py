@@ -3,6 +3,7 @@ nobody else, are idempotent, and a dreaming pass running at the same time writes
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
@@ -170,11 +171,59 @@ def test_an_extraction_running_during_the_erasure_writes_nothing_after_it(online
 def test_eros_forget_erases_the_same_way_for_an_operator(online, db, capsys):
     api = Api()
     a_full_history(db, api, USER)
-    assert cli.main(["forget", USER]) == 0
+    assert cli.main(["forget", USER, "--yes"]) == 0
     out = capsys.readouterr().out
     assert f"erased {USER}: " in out and "2 sessions" in out and "1 deep pass" in out
     assert rows_mentioning(db, USER) == {}
-    assert cli.main(["forget", USER]) == 0 and "0 sessions" in capsys.readouterr().out
+
+
+class Terminal(io.StringIO):
+    """What a person types at a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_eros_forget_shows_what_it_erases_and_asks_for_the_user_id(online, db, env, tmp_path, monkeypatch, capsys):
+    """Issue 29: `eros forget USER` erased with no confirmation, and reported an erasure for a user that never
+    existed."""
+    env(EXPORT_DIR=str(tmp_path), EXPORT_BASE_URL="http://127.0.0.1:3000/local")
+    api = Api()
+    a_full_history(db, api, USER)
+    assert api.call("GET", "/v1/export", user=USER)[0] == 200
+    stored = rows_mentioning(db, USER)
+    messages, memories = (db.execute(f"SELECT count(*) AS n FROM engine.{table} WHERE user_id = %s",  # noqa: S608
+                                     (USER,)).fetchone()["n"] for table in ("chat_messages", "companion_memories"))
+    shown = (f"stored about {USER}: 2 sessions, {messages} messages, {memories} memories, 2 persona instances,"
+             " 1 deep pass, 1 usage day")
+    capsys.readouterr()
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # a script's stdin, no terminal: refused without --yes
+    assert cli.main(["forget", USER]) == 2
+    out, err = capsys.readouterr()
+    assert out.startswith(shown) and out.rstrip().endswith(", 1 export") and "--yes" in err and "at a terminal" in err
+    assert rows_mentioning(db, USER) == stored
+
+    monkeypatch.setattr("sys.stdin", Terminal(f"{OTHER}\n"))  # the wrong id: nothing erased
+    assert cli.main(["forget", USER]) == 1
+    out, err = capsys.readouterr()
+    assert f"Type the user id ({USER}) to confirm" in out and f"nothing was erased: the answer was not '{USER}'" in err
+    assert rows_mentioning(db, USER) == stored
+
+    monkeypatch.setattr("sys.stdin", Terminal(""))  # Ctrl-D
+    assert cli.main(["forget", USER]) == 1 and rows_mentioning(db, USER) == stored
+    capsys.readouterr()
+
+    monkeypatch.setattr("sys.stdin", Terminal(f"{USER}\n"))
+    assert cli.main(["forget", USER]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(shown) and f"erased {USER}: 2 sessions, {messages} messages, {memories} memories" in out
+    assert rows_mentioning(db, USER) == {} and not list(tmp_path.rglob("*.json"))
+
+    erased = []
+    monkeypatch.setattr("eros.account.erase", erased.append)
+    assert cli.main(["forget", USER]) == 0  # again, or a user who never existed: said, and not pretended
+    assert capsys.readouterr().out == f"nothing was stored about {USER}\n" and erased == []
 
 
 def test_an_erasure_and_a_turn_that_has_counted_itself_do_not_deadlock(online, db, database_url):

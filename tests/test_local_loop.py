@@ -71,20 +71,41 @@ def test_eros_chat_finds_the_stack_on_port_and_names_an_unknown_persona(db, loca
     assert "http://127.0.0.1:9" in line and "make run" in line
 
 
+def test_eros_chat_says_a_url_needs_its_scheme_and_names_one_it_cannot_reach(capsys):
+    """Issue 29: `eros chat --url 127.0.0.1:3401` blamed the stack ("cannot reach ... start it with make run")."""
+    assert cli.main(["chat", "dora", "--url", "127.0.0.1:3401"]) == 2
+    assert err_lines(capsys) == ["eros chat: --url '127.0.0.1:3401' needs its scheme: http:// or https:// "
+                                 "(e.g. --url http://127.0.0.1:3401)"]
+    assert cli.main(["chat", "dora", "--url", "http://127.0.0.1:9"]) == 1
+    [line] = err_lines(capsys)
+    assert line.startswith("eros chat: cannot reach the local stack at http://127.0.0.1:9 ") and "`make run`" in line
+
+
+def test_eros_chat_names_a_server_that_is_not_the_api(local_server, capsys):
+    assert cli.main(["chat", "dora", "--url", f"{local_server.url}/console"]) == 1  # answers, but not the API
+    [line] = err_lines(capsys)
+    assert line == (f"eros chat: {local_server.url}/console answered GET /v1/personas with 404 and no list of "
+                    "personas: is it the eros API? (--url, or the PORT it runs on)")
+
+
 # --- one-line errors ---------------------------------------------------------------------------------------------
 
 def test_every_cli_failure_is_one_line_unless_debugging(db, env, tmp_path, capsys, monkeypatch):
-    assert cli.main(["invoke", "chat", str(tmp_path / "missing.json")]) == 1
+    assert cli.main(["invoke", "chat", str(tmp_path / "missing.json")]) == 2  # what was given cannot be used
     assert err_lines(capsys) == [f"eros invoke: cannot read {tmp_path / 'missing.json'}: No such file or directory"]
     (tmp_path / "bad.json").write_text("{not json")
-    assert cli.main(["invoke", "extract", str(tmp_path / "bad.json")]) == 1
+    assert cli.main(["invoke", "extract", str(tmp_path / "bad.json")]) == 2
     [line] = err_lines(capsys)
     assert line.startswith(f"eros invoke: {tmp_path / 'bad.json'} is not JSON")
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe{}")
+    assert cli.main(["invoke", "sweeper", str(tmp_path / "binary.json")]) == 2
+    [line] = err_lines(capsys)
+    assert line.startswith(f"eros invoke: {tmp_path / 'binary.json'} is not JSON")
 
     def broken(*args, **kwargs):
         raise RuntimeError("the disk is full\nand a second line")
 
-    monkeypatch.setattr("eros.account.erase", broken)
+    monkeypatch.setattr("eros.account.stored", broken)
     assert cli.main(["forget", "dora"]) == 1
     assert err_lines(capsys) == ["eros forget: RuntimeError: the disk is full (EROS_DEBUG=1 shows where)"]
     env(EROS_DEBUG="1")
@@ -147,6 +168,46 @@ def test_eros_invoke_runs_each_functions_handler_on_its_sample_event(online, db,
     (tmp_path / "dead.json").write_text(json.dumps(record))
     assert cli.main(["invoke", "extract", str(tmp_path / "dead.json")]) == 0
     assert json.loads(capsys.readouterr().out)["outcome"] == "not-claimed"
+
+
+def test_a_wrong_shaped_event_is_one_line_naming_what_is_wrong(db, tmp_path, capsys):
+    """Issue 29: `eros invoke chat` on a sweeper's event printed Python internals (KeyError: 'requestContext')."""
+    def invoke(function: str, event: object) -> str:
+        (tmp_path / "event.json").write_text(json.dumps(event))
+        assert cli.main(["invoke", function, str(tmp_path / "event.json")]) == 2
+        [line] = err_lines(capsys)
+        assert "Error" not in line and "Traceback" not in capsys.readouterr().err
+        return line.removeprefix(f"eros invoke: {tmp_path / 'event.json'} ")
+
+    schedule, job = (json.loads((EVENTS / name).read_text())
+                     for name in ("sweeper_schedule.json", "extract_session.json"))
+    health = json.loads((EVENTS / "chat_health.json").read_text())
+    chat = "an API Gateway HTTP API event (payload format 2.0)"
+    assert invoke("chat", schedule) == (f"is an EventBridge event (the sweeper's), not {chat}: it has no rawPath,"
+                                        " requestContext.http.method, requestContext.stage"
+                                        " (events/chat_health.json is one)")
+    assert invoke("chat", {}).startswith(f"is an empty object, not {chat}: it has no rawPath")
+    assert invoke("chat", [health]) == f"is not {chat}: it is an array, not an object (events/chat_health.json is one)"
+    no_stage = health | {"requestContext": {k: v for k, v in health["requestContext"].items() if k != "stage"}}
+    assert invoke("chat", no_stage) == f"is not {chat}: it has no requestContext.stage (events/chat_health.json is one)"
+    assert invoke("chat", health | {"headers": ["accept"]}).endswith(": headers must be an object"
+                                                                      " (events/chat_health.json is one)")
+    assert invoke("chat", {"version": "1.0", "httpMethod": "GET", "path": "/v1/health"}).startswith(
+        "is a REST API event (payload format 1.0), not ")
+
+    extract = "an extract job (a session's or a deep pass's)"
+    assert invoke("extract", schedule) == (f"is an EventBridge event (the sweeper's), not {extract}: session_id:"
+                                           " missing; user_id: missing; claim_token: missing"
+                                           " (events/extract_session.json is one)")
+    assert invoke("extract", job | {"session_id": "s-1"}).startswith(f"is not {extract}: session_id: Input should be"
+                                                                     " a valid UUID")
+    assert invoke("extract", {"kind": "deep_pass", "user_id": "alice"}) == (
+        f"is not {extract}: claim_token: missing (events/extract_session.json is one)")
+
+    assert invoke("sweeper", job) == ("is an extract job, not a scheduled event (EventBridge): it has no detail-type"
+                                      " (events/sweeper_schedule.json is one)")
+    assert invoke("sweeper", schedule | {"detail-type": "Object Created"}).startswith(
+        "is not a scheduled event (EventBridge): its detail-type is 'Object Created', not 'Scheduled Event'")
 
 
 # --- doctor and the deep health check ------------------------------------------------------------------------------
@@ -251,7 +312,7 @@ def start_stack(data: str, port: int, *, in_background: bool = False) -> subproc
     inherited (a test run started in the background, `cmd &` from a script, has it ignored); ``in_background``:
     as `make run &` starts it, with SIGINT ignored."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "LLM_", "EMBED_", "OPENROUTER",
-                                                                      "VOYAGE"))}
+                                                                      "VOYAGE", "LOG_FORMAT", "POWERTOOLS_LOG"))}
     env |= {"EROS_DATA_DIR": data, "PORT": str(port), "DREAMING_TICK_SECS": "3600"}
     disposition = signal.SIG_IGN if in_background else signal.SIG_DFL
     process = subprocess.Popen([sys.executable, "-m", "eros_dev.cli", "serve"], cwd=ROOT, env=env,
@@ -298,6 +359,9 @@ def test_ctrl_c_and_eros_stop_stop_what_make_run_started(stack_folder, env, caps
     out, _ = stack.communicate(timeout=STOPS_WITHIN)
     assert stack.returncode == 0 and "stopped the embedded Postgres" in out and "Traceback" not in out
     assert not pg.exists() and not (stack_folder / "data" / "serve.pid").exists()
+    # Issue 29: a fresh folder's start is a short banner, not a JSON log line per migration and function file.
+    schema = f"  schema   : {migration_files()[-1][0]} (applied now: {len(migration_files())} migration(s) and "
+    assert schema in out and "migration applied" not in out and '{"level"' not in out, out
 
     stack = start_stack(data, port, in_background=True)  # `make stop` from another terminal
     env(EROS_DATA_DIR=data)

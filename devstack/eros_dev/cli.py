@@ -4,13 +4,22 @@ forget, usage, backfill-episodes. Every failure is one line on stderr (EROS_DEBU
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class CliError(Exception):
     """A failure the person can fix: its message says how."""
+    exit_code = 1
+
+
+class BadInput(CliError):
+    """What the person gave the command cannot be used (a file, an event, an answer): exit 2, as for bad arguments."""
+    exit_code = 2
 
 
 def _database() -> tuple[str, str, bool]:
@@ -38,6 +47,39 @@ def _answer_only():
     from contextlib import redirect_stdout
 
     return redirect_stdout(sys.stderr)
+
+
+@contextmanager
+def _quiet(level: str = "WARNING") -> Iterator[None]:
+    """The engine's log lines below ``level`` (each migration applied, each job done) are not shown while a
+    command says what happened in its own words; EROS_DEBUG=1 shows them."""
+    from eros.observability import logger
+
+    before = logger.log_level
+    if not _debugging():
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
+@contextmanager
+def _logs_on_stderr() -> Iterator[None]:
+    """The engine's log lines go to stderr while a command runs (Lambda's go to stdout): stdout is the command's
+    answer, which ``--json`` makes a JSON document a pipe can read."""
+    from eros.observability import logger
+
+    handler = logger.registered_handler
+    if not isinstance(handler, logging.StreamHandler):
+        yield
+        return
+    before = handler.setStream(sys.stderr)
+    try:
+        yield
+    finally:
+        if before is not None:
+            handler.setStream(before)
 
 
 def cmd_migrate(args) -> int:
@@ -88,8 +130,11 @@ def cmd_serve(args) -> int:
                        f"port: PORT={port + 1} make run") from None
     url, database, started = _database()
     try:
-        migrate(url, local=True)  # an edited applied migration is a warning here, an error on deploy
-        _serve(args, settings(), server, base, database, providers.describe())
+        with _quiet():
+            applied = migrate(url, local=True)  # an edited applied migration is a warning here, an error on deploy
+        with _quiet("ERROR"):  # an offline provider's warning: the banner says it
+            described = providers.describe()
+        _serve(args, settings(), server, base, database, _schema(applied), described)
     finally:
         server.server_close()
         if started:  # Ctrl-C stops what `make run` started; a Postgres that was already running stays
@@ -98,7 +143,17 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def _serve(args, cfg, server, base: str, database: str, described: dict) -> None:
+def _schema(applied: list[str]) -> str:
+    """The banner's schema line: the newest migration, and what this start applied."""
+    from eros.migrate import migration_files
+
+    migrations = sum(not name.startswith("functions/") for name in applied)
+    done = [f"{migrations} migration(s)"] if migrations else []
+    done += [f"{len(applied) - migrations} function file(s)"] if len(applied) > migrations else []
+    return migration_files()[-1][0] + (f" (applied now: {' and '.join(done)})" if done else " (up to date)")
+
+
+def _serve(args, cfg, server, base: str, database: str, schema: str, described: dict) -> None:
     from .dreaming import run_local_sweeper
     from .stack import serving
 
@@ -106,11 +161,14 @@ def _serve(args, cfg, server, base: str, database: str, described: dict) -> None
     print(f"""
 eros local stack
   database : {database}
+  schema   : {schema}
   chat LLM : {described['llm']}
   embedder : {described['embedder']}
   dreaming : {f"every {cfg.dreaming_tick_secs}s, sessions idle for {cfg.dreaming_idle_secs}s" if sweeper else "off"}
   API      : {base}
   console  : {base}/console/
+  logs     : {"one line per record (LOG_FORMAT=json for Powertools' JSON)" if cfg.log_format == "text"
+              else "Powertools JSON (LOG_FORMAT=json)"}; EROS_DEBUG=1 shows every detail
 
 Open the console in a browser, or try it from a shell:
   TOKEN=$(.venv/bin/eros token alice)
@@ -146,7 +204,7 @@ def cmd_sweep(args) -> int:
     from .dreaming import sweep_locally
 
     _database()
-    with _answer_only():
+    with _answer_only(), _quiet():  # the answer below says what each job did
         result = sweep_locally(idle_now=args.now)
     if args.json:
         print(json.dumps(result, default=str, indent=2))
@@ -192,11 +250,17 @@ def cmd_invoke(args) -> int:
     try:
         event = json.loads(path.read_text())
     except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise CliError(f"{path} is not JSON: {exc}") from None
+        raise BadInput(f"cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:  # not UTF-8 text, or not JSON
+        raise BadInput(f"{path} is not JSON: {exc}") from None
     if isinstance(event, dict) and isinstance(event.get("requestPayload"), dict):  # a Lambda destination record
         event = event["requestPayload"]
+    problem = _event_problem(args.function, event)
+    if problem:
+        kind = _looks_like(event)
+        what, sample = _TAKES[args.function]
+        raise BadInput(f"{path} is " + (f"{kind[1]}, not {what}" if kind and kind[0] != args.function else
+                                        f"not {what}") + f": {problem} (events/{sample} is one)")
     _database()
     with _answer_only():
         if args.function == "sweeper":  # its fan-out goes to local extract containers; the answer lists each job
@@ -205,6 +269,72 @@ def cmd_invoke(args) -> int:
             answer = load_function(args.function).lambda_handler(event, LambdaContext(args.function))
     print(json.dumps(answer, default=str, indent=2))
     return 0
+
+
+# What each function's handler takes, and the sample of it in events/.
+_TAKES = {"chat": ("an API Gateway HTTP API event (payload format 2.0)", "chat_health.json"),
+          "extract": ("an extract job (a session's or a deep pass's)", "extract_session.json"),
+          "sweeper": ("a scheduled event (EventBridge)", "sweeper_schedule.json")}
+
+
+def _event_problem(function: str, event: object) -> str | None:
+    """Why ``event`` is not what ``function``'s handler reads, in a person's words; None when it is."""
+    if not isinstance(event, dict):
+        kinds = {list: "an array", str: "a string", bool: "true or false", type(None): "null"}
+        return f"it is {kinds.get(type(event), 'a number')}, not an object"
+    if function == "extract":
+        from pydantic import ValidationError
+
+        from .lambda_runtime import load_function
+
+        try:
+            load_function("extract").job(event)  # the handler's own parsing
+        except ValidationError as exc:
+            return "; ".join(_where(error["loc"]) + error["msg"].replace("Field required", "missing")
+                             for error in exc.errors()[:3])
+        return None
+    if function == "sweeper":  # it reads nothing else from the event
+        kind = event.get("detail-type")
+        return None if kind == "Scheduled Event" else (
+            f"its detail-type is {kind!r}, not 'Scheduled Event'" if kind else "it has no detail-type")
+    if "httpMethod" in event:
+        return "an HTTP API's event has rawPath and requestContext.http, not path and httpMethod"
+    context = event.get("requestContext")
+    http = context.get("http") if isinstance(context, dict) else None
+    needed = {"rawPath": event.get("rawPath"),  # what the handler (Powertools' resolver) reads of every event
+              "requestContext.http.method": http.get("method") if isinstance(http, dict) else None,
+              "requestContext.stage": context.get("stage") if isinstance(context, dict) else None}
+    missing = [name for name, value in needed.items() if not isinstance(value, str)]
+    if missing:
+        return f"it has no {', '.join(missing)}"
+    wrong = [name for name in ("headers", "queryStringParameters", "pathParameters")
+             if event.get(name) is not None and not isinstance(event[name], dict)]
+    wrong += ["body"] if event.get("body") is not None and not isinstance(event["body"], str) else []
+    return f"{', '.join(wrong)} must be " + ("an object" if wrong != ["body"] else "a string") if wrong else None
+
+
+def _where(loc: tuple) -> str:
+    path = [str(part) for part in loc if part not in ("session", "deep_pass")]  # the union's tag
+    return f"{'.'.join(path)}: " if path else ""
+
+
+def _looks_like(event: object) -> tuple[str, str] | None:
+    """(the function whose event it seems to be, what it is), or None."""
+    if not isinstance(event, dict):
+        return None
+    if not event:
+        return "", "an empty object"
+    if "requestContext" in event or "rawPath" in event or "routeKey" in event:
+        return "chat", "an HTTP API event (the chat function's)"
+    if "httpMethod" in event:
+        return "", "a REST API event (payload format 1.0)"
+    if "detail-type" in event:
+        return "sweeper", "an EventBridge event (the sweeper's)"
+    if "claim_token" in event or "session_id" in event:
+        return "extract", "an extract job"
+    if "RequestType" in event and "ResourceProperties" in event:
+        return "", "a CloudFormation request (the migrate function's: locally, `eros migrate` does its work)"
+    return None
 
 
 def cmd_doctor(args) -> int:
@@ -225,13 +355,38 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_forget(args) -> int:
-    """What ``DELETE /v1/me`` does, for an operator: erase every row of USER and their export files."""
-    from eros.account import erase
+    """What ``DELETE /v1/me`` does, for an operator: erase every row of USER and their export files, once the
+    person has seen what that is and typed the user id again (``--yes``: a script's choice, no question)."""
+    from eros.account import erase, stored
 
     _database()
-    erased = erase(args.user)
-    print(f"erased {args.user}: " + ", ".join(f"{count} {kind.replace('_', ' ')}" for kind, count in erased.items()))
+    found = stored(args.user)
+    if not any(found.values()):  # nothing to erase: say so rather than report zeros as an erasure
+        print(f"nothing was stored about {args.user}")
+        return 0
+    print(f"stored about {args.user}: {_counted(found)}")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise BadInput("an erasure cannot be undone: run it at a terminal to confirm it, or pass --yes")
+        try:
+            typed = input(f"Erase all of it, for good? Type the user id ({args.user}) to confirm: ")
+        except EOFError:
+            typed = ""
+        if typed.strip() != args.user:
+            raise CliError(f"nothing was erased: the answer was not {args.user!r}")
+    print(f"erased {args.user}: {_counted(erase(args.user))}")
     return 0
+
+
+def _counted(counts: dict[str, int]) -> str:
+    """``2 sessions, 14 messages, 5 memories, 1 deep pass``: the three a person asks about always, the rest when
+    there are any."""
+    main = ("sessions", "messages", "memories")
+    one = {"sessions": "session", "messages": "message", "memories": "memory", "persona_instances": "persona instance",
+           "personas": "persona", "usage_days": "usage day", "exports": "export"}
+    return ", ".join(f"{count} {one.get(kind, kind) if count == 1 else kind}".replace("_", " ") for kind, count in
+                     [(kind, counts.get(kind, 0)) for kind in main]
+                     + [(kind, count) for kind, count in counts.items() if kind not in main and count])
 
 
 def cmd_backfill_episodes(args) -> int:
@@ -252,16 +407,10 @@ def cmd_import(args) -> int:
     """Import a JSONL file of conversations (eros.importing says the format and what is checked), streamed, with
     a progress line; refused lines are listed with their numbers (exit 1 when any)."""
     from eros.importing import describe, import_conversations
-    from eros.observability import logger
 
     _database()
-    level = logger.log_level
-    if not _debugging():  # a log line per conversation would bury the progress line; the summary says what happened
-        logger.setLevel("WARNING")
-    try:
+    with _quiet():  # a log line per conversation would bury the progress line; the summary says what happened
         return _import(args, import_conversations, describe)
-    finally:
-        logger.setLevel(level)
 
 
 def _import(args, import_conversations, describe) -> int:
@@ -429,13 +578,20 @@ def cmd_chat(args) -> int:
     from .tokens import issue_token, local_jwt_key
 
     url = args.url or f"http://127.0.0.1:{settings().port}"
+    if not url.lower().startswith(("http://", "https://")):
+        raise BadInput(f"--url {url!r} needs its scheme: http:// or https:// (e.g. --url http://{url})")
     token = issue_token(args.user, settings(), local_jwt_key())
     client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
     try:
-        personas = client.get("/v1/personas").raise_for_status().json()["personas"]
+        answer = client.get("/v1/personas")
     except httpx.HTTPError as exc:
         raise CliError(f"cannot reach the local stack at {url} ({type(exc).__name__}): start it with `make run`, "
                        f"or point at the one running (--url, or the PORT it runs on)") from None
+    try:
+        personas = answer.raise_for_status().json()["personas"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        raise CliError(f"{url} answered GET /v1/personas with {answer.status_code} and no list of personas: is it"
+                       " the eros API? (--url, or the PORT it runs on)") from None
     known = [p["id"] for p in personas]
     if args.persona and args.persona not in known:
         raise CliError(f"no persona {args.persona!r}: choose one of {', '.join(known)}")
@@ -483,8 +639,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", help="the local stack's address; default http://127.0.0.1:PORT (3000)")
     p.set_defaults(func=cmd_chat)
 
-    p = sub.add_parser("forget", help="erase everything stored about USER (what DELETE /v1/me does)")
+    p = sub.add_parser("forget", help="erase everything stored about USER (what DELETE /v1/me does), after showing"
+                                      " what that is and asking for the user id again")
     p.add_argument("user")
+    p.add_argument("--yes", action="store_true", help="erase without asking (a script; needed without a terminal)")
     p.set_defaults(func=cmd_forget)
 
     p = sub.add_parser("backfill-episodes", help="write episodes for sessions extracted before episodes existed"
@@ -539,12 +697,13 @@ def main(argv: list[str] | None = None) -> int:
     from eros.config import SettingsError
 
     try:
-        return args.func(args)
+        with _logs_on_stderr():
+            return args.func(args)
     except KeyboardInterrupt:
         return 130
     except CliError as exc:
         print(f"eros {args.command}: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
     except SettingsError as exc:  # names each variable: nothing more to show
         print(f"eros {args.command}: bad setting: {exc}", file=sys.stderr)
         return 1

@@ -10,7 +10,7 @@ no route for, and a HEAD answer carries no body).
 
 HTTP framing is checked before anything is read: a negative or malformed Content-Length is a 400, a
 chunked body is decoded (within the same size limit), both at once is a 400 (request smuggling), and
-the access log carries method, path and status only (a query string can carry a token).
+the access log carries the time, method, path and status only (a query string can carry a token).
 """
 
 from __future__ import annotations
@@ -302,7 +302,7 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
 
     do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = do_HEAD = do_OPTIONS = _handle
 
-    # The access log: method, path and status only. Never the query string (it can carry a token)
+    # The access log: the time, method, path and status only. Never the query string (it can carry a token)
     # nor the request line that http.server quotes in its error messages.
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         self._log(code)
@@ -316,7 +316,8 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
     def _log(self, outcome) -> None:
         method = getattr(self, "command", None) or "-"
         path = urlsplit(getattr(self, "path", None) or "").path or "-"
-        sys.stderr.write(f"{method} {path} -> {int(outcome) if isinstance(outcome, int) else outcome}\n")
+        outcome = int(outcome) if isinstance(outcome, int) else outcome
+        sys.stderr.write(f"{time.strftime('%H:%M:%S')} {method} {path} -> {outcome}\n")  # the time as the logs
 
 
 def make_server(settings: Settings, host: str = "127.0.0.1", port: int = 3000,

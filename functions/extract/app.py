@@ -38,16 +38,22 @@ Job: TypeAdapter[ExtractEvent | DeepPassEvent] = TypeAdapter(
     Annotated[ExtractEvent | DeepPassEvent, Field(discriminator="kind")])
 
 
+def job(event: object) -> ExtractEvent | DeepPassEvent:
+    """The job an event asks for (a session's may leave ``kind`` out, as the sweeper has always sent it);
+    a malformed event raises pydantic's ValidationError (``eros invoke`` checks an event file with it)."""
+    return Job.validate_python({"kind": "session", **event} if isinstance(event, dict) else event)
+
+
 @logger.inject_lambda_context(clear_state=True)  # no keys of the previous invocation
 @tracing.lambda_handler(tracing.extract_annotations)  # no response or error in traces
 @metrics.log_metrics
 def lambda_handler(event: dict, context) -> dict:
     # A malformed event raises: Lambda's retries then the OnFailure DLQ keep it for inspection.
-    job = Job.validate_python({"kind": "session", **event} if isinstance(event, dict) else event)
-    logger.append_keys(user_id=job.user_id)
+    asked = job(event)
+    logger.append_keys(user_id=asked.user_id)
     budget = time_left(context, reserve_secs=10)  # leave time to write and report
-    if isinstance(job, DeepPassEvent):
-        return asdict(deep_pass.run(settings(), job.user_id, job.claim_token, time_budget_secs=budget))
-    logger.append_keys(session_id=str(job.session_id))
-    return asdict(session.extract_session(settings(), job.user_id, job.session_id, job.claim_token,
+    if isinstance(asked, DeepPassEvent):
+        return asdict(deep_pass.run(settings(), asked.user_id, asked.claim_token, time_budget_secs=budget))
+    logger.append_keys(session_id=str(asked.session_id))
+    return asdict(session.extract_session(settings(), asked.user_id, asked.session_id, asked.claim_token,
                                           time_budget_secs=budget))

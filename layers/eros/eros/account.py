@@ -69,6 +69,11 @@ def erase(user_id: str) -> dict[str, int]:
     return erased | {"exports": _forget_exports(settings(), owner(user_id))}
 
 
+def stored(user_id: str) -> dict[str, int]:
+    """What ``erase`` would erase now, by kind: the user's rows (``store.account.stored``) and export files."""
+    return account_store.stored(user_id) | {"exports": _exports(settings(), owner(user_id))}
+
+
 def _encoded(pieces: Iterable[str]) -> Iterator[bytes]:
     """The document's pieces as UTF-8 chunks of about 64 KiB (fewer, larger writes)."""
     buffer: list[str] = []
@@ -130,6 +135,16 @@ def _upload(bucket: str, key: str, chunks: Iterable[bytes]) -> int:
 def _part(client, bucket: str, key: str, upload: str, number: int, body: bytes) -> dict:
     etag = client.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=number, Body=body)["ETag"]
     return {"PartNumber": number, "ETag": etag}
+
+
+def _exports(cfg: Settings, prefix_owner: str) -> int:
+    """How many export files the owner has (what ``_forget_exports`` would delete)."""
+    prefix = f"exports/{prefix_owner}/"
+    if cfg.export_bucket:
+        pages = _s3().get_paginator("list_objects_v2").paginate(Bucket=cfg.export_bucket, Prefix=prefix)
+        return sum(len(page.get("Contents", [])) for page in pages)
+    folder = Path(cfg.export_dir) / prefix if cfg.export_dir else None
+    return len(list(folder.glob("*.json"))) if folder and folder.is_dir() else 0
 
 
 def _forget_exports(cfg: Settings, prefix_owner: str) -> int:

@@ -220,6 +220,13 @@ class Settings(BaseModel):
     port: int = Field(3000, ge=1, le=65535)  # the local API's port: `make run`, `eros chat`, the banner
     eros_debug: bool = False  # the eros command shows a failure's traceback instead of its one line
 
+    # --- logs (eros.observability) -----------------------------------------------------------
+    # "json": Powertools' structured lines and the CloudWatch EMF metric blobs, what CloudWatch Logs wants; "text":
+    # one readable line per record for a person at a terminal, and no metric blobs (metrics are for CloudWatch).
+    # Unset: json inside Lambda (AWS_LAMBDA_FUNCTION_NAME, which Lambda and `sam local` set), text elsewhere.
+    log_format: Literal["json", "text"] = "json"
+    aws_lambda_function_name: str | None = None  # set by Lambda itself
+
     @model_validator(mode="before")
     @classmethod
     def _extraction_follows_chat(cls, values: Any) -> Any:
@@ -229,6 +236,19 @@ class Settings(BaseModel):
         if isinstance(values, dict) and values.get("extract_model") is None and values.get("chat_model"):
             return values | {"extract_model": values["chat_model"]}
         return values
+
+    @model_validator(mode="before")
+    @classmethod
+    def _logs_for_where_they_go(cls, values: Any) -> Any:
+        """LOG_FORMAT defaults to JSON in Lambda (CloudWatch reads it) and to text on a terminal."""
+        if isinstance(values, dict) and values.get("log_format") is None:
+            return values | {"log_format": "json" if values.get("aws_lambda_function_name") else "text"}
+        return values
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _log_format_any_case(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("model_prices", mode="before")
     @classmethod

@@ -6,12 +6,20 @@ thread, so there this is exactly Powertools' behaviour; the local stack (eros_de
 appended keys (correlation id, request id, cold start) and the metrics buffer process-wide: a local
 sweep logged with the last chat request's correlation id, and concurrent extract invocations flushed
 each other's metrics ("Must contain at least one metric"). Here each thread has its own.
+
+Where the lines go, and in what form, is LOG_FORMAT (``eros.config``): "json" (Lambda's default) is Powertools'
+structured lines and the EMF metric blobs, for CloudWatch; "text" (a terminal's default: `make run`, the ``eros``
+command) is one readable line per record and no metric blobs. It is read per record, so that a test or a command
+that changes the settings changes the logs with them.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import logging
 import threading
+import time
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.logging.formatter import LambdaPowertoolsFormatter
@@ -20,9 +28,30 @@ from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import Ama
 SERVICE = "eros"
 
 
+def text_logs() -> bool:
+    """Whether logs are for a person (LOG_FORMAT=text) rather than for CloudWatch. Settings that cannot be read
+    log as JSON: the command that reads them says what is wrong."""
+    from .config import settings
+
+    try:
+        return settings().log_format == "text"
+    except Exception:
+        return False
+
+
+# Keys of every record that a person at a terminal does not need (the invocation's context, where in the code,
+# the trace), and the short names the text form gives a few others.
+_NOT_SHOWN = frozenset({"level", "location", "message", "timestamp", "service", "sampling_rate", "cold_start",
+                        "function_name", "function_memory_size", "function_arn", "function_request_id",
+                        "correlation_id", "xray_trace_id", "exception", "exception_name", "exception_notes",
+                        "stack_trace"})
+_SHORT = {"session_id": "session", "user_id": "user"}
+
+
 class ThreadKeysFormatter(LambdaPowertoolsFormatter):
     """Powertools' JSON log formatter with its appended keys (``log_format``) kept per thread; every
-    thread starts from the keys the logger was set up with (``start_here``)."""
+    thread starts from the keys the logger was set up with (``start_here``). With LOG_FORMAT=text, one
+    readable line instead (``text``)."""
 
     def __init__(self, **options):
         self._keys = threading.local()
@@ -44,6 +73,51 @@ class ThreadKeysFormatter(LambdaPowertoolsFormatter):
     def log_format(self, keys: dict) -> None:
         self._keys.value = keys
 
+    def format(self, record: logging.LogRecord) -> str:
+        return self.text(record) if text_logs() else super().format(record)
+
+    def text(self, record: logging.LogRecord) -> str:
+        """``16:57:37 WARNING  message  user=alice session=... fault=...``: the time, the level, the message and
+        the record's keys that say something (not the invocation's context; no empty or zero value), each
+        value cut at 120 characters; an exception's type and message after them (its traceback with
+        EROS_DEBUG=1)."""
+        keys = self._extract_log_keys(log_record=record)
+        shown = " ".join(f"{_SHORT.get(k, k)}={_short(v)}" for k, v in keys.items()
+                         if k not in _NOT_SHOWN and v not in (None, "", 0, False, [], {}))
+        line = f"{time.strftime('%H:%M:%S', time.localtime(record.created))} {record.levelname:<7} " \
+               f"{record.getMessage()}" + (f"  {shown}" if shown else "")
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            line += f"  ! {type(error).__name__}: {_short(str(error))}"
+            if _debugging():
+                line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def _short(value: object) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str, separators=(",", ":"))
+    text = " ".join(text.split())  # one line
+    return text if len(text) <= 120 else text[:119] + "…"
+
+
+def _debugging() -> bool:
+    from .config import settings
+
+    try:
+        return settings().eros_debug
+    except Exception:
+        return False
+
+
+class TerminalAwareEMFProvider(AmazonCloudWatchEMFProvider):
+    """Powertools' EMF provider; with LOG_FORMAT=text a flush prints no blob (nor warns that there is none to
+    print): the metrics are dropped, as they would be anyway with no CloudWatch to read them."""
+
+    def flush_metrics(self, raise_on_empty_metrics: bool = False) -> None:
+        if not text_logs():
+            return super().flush_metrics(raise_on_empty_metrics)
+        self.clear_metrics()
+
 
 class ThreadMetrics(Metrics):
     """Powertools Metrics with one buffer (metrics, dimensions, metadata) per thread instead of one per
@@ -57,8 +131,8 @@ class ThreadMetrics(Metrics):
     def provider(self) -> AmazonCloudWatchEMFProvider:  # type: ignore[override]  # Powertools' attribute, per thread
         provider = getattr(self._local, "provider", None)
         if provider is None:
-            provider = self._local.provider = AmazonCloudWatchEMFProvider(namespace=self._namespace,
-                                                                          service=self._service)
+            provider = self._local.provider = TerminalAwareEMFProvider(namespace=self._namespace,
+                                                                       service=self._service)
         return provider
 
     # Powertools' Metrics declares these as plain attributes; here they are the calling thread's.

@@ -147,6 +147,22 @@ def export_document(user_id: str, now: datetime) -> Iterator[str]:
     yield "}"
 
 
+# What ``erase`` would delete, counted by the same keys (its kinds, in its order).
+_STORED = ("SELECT (SELECT count(*) FROM engine.companion_memories WHERE user_id = %(user)s) AS memories,"
+           " (SELECT count(*) FROM engine.chat_messages WHERE user_id = %(user)s) AS messages,"
+           " (SELECT count(*) FROM engine.chat_sessions WHERE user_id = %(user)s) AS sessions,"
+           " (SELECT count(*) FROM engine.persona_instances WHERE user_id = %(user)s) AS persona_instances,"
+           " (SELECT count(*) FROM engine.personas WHERE owner_id = %(user)s) AS personas,"
+           " (SELECT count(*) FROM engine.user_deep_pass WHERE user_id = %(user)s) AS deep_pass,"
+           " (SELECT count(*) FROM engine.user_usage WHERE user_id = %(user)s) AS usage_days,"
+           " (SELECT count(*) FROM engine.user_model_usage WHERE user_id = %(user)s) AS usage_by_model")
+
+
+def stored(user_id: str) -> dict[str, int]:
+    """How many rows of each kind ``erase`` would delete now (``eros forget`` shows them before it asks)."""
+    return one(connection().execute(_STORED, {"user": user_id}))
+
+
 def erase(user_id: str) -> dict[str, int]:
     """Delete every row of ``user_id``; returns how many of each kind went (all 0 the second time)."""
     erased = _erase_rows(user_id)
