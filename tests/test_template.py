@@ -154,6 +154,11 @@ def test_every_function_is_python312_of_the_architecture_parameter_with_active_t
     architecture = template["Parameters"]["Architecture"]
     assert architecture["Default"] == "arm64" and set(architecture["AllowedValues"]) == {"arm64", "x86_64"}
     assert props(template, "ErosLayer")["CompatibleArchitectures"] == [{"Ref": "Architecture"}]
+    assert resource(template, "ErosLayer")["Metadata"]["BuildArchitecture"] == {"Ref": "Architecture"}
+    # sam build does not tell the layer's makefile the architecture: the Makefile builds both with one value.
+    makefile = (ROOT / "Makefile").read_text()
+    assert "export LAMBDA_ARCH := $(ARCH)" in makefile and "--parameter-overrides Architecture=$(ARCH)" in makefile
+    assert "--cache-dir .aws-sam/cache-$(ARCH)" in makefile  # a cached layer of the other architecture is not reused
     for name in functions:
         assert function_setting(template, name, "Runtime") == "python3.12", name
         assert function_setting(template, name, "Architectures") == [{"Ref": "Architecture"}], name
