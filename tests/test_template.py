@@ -851,6 +851,7 @@ def test_the_nat_instance_forwards_only_the_functions_https_from_a_public_subnet
     instance = props(template, "NatInstance")
     assert instance["SourceDestCheck"] is False  # else it drops what is not addressed to itself
     assert instance["InstanceType"] == "t4g.nano" and "arm64" in instance["ImageId"]  # the image fits the type
+    assert instance["CreditSpecification"] == {"CPUCredits": "standard"}  # throttled, never billed beyond
     [nic] = instance["NetworkInterfaces"]
     assert nic["SubnetId"] == {"Ref": "PublicSubnetA"} and nic["AssociatePublicIpAddress"] is True
     assert nic["GroupSet"] == [{"Ref": "NatSecurityGroup"}]
@@ -864,6 +865,18 @@ def test_the_nat_instance_forwards_only_the_functions_https_from_a_public_subnet
     recovery = props(template, "NatInstanceRecoveryAlarm")
     assert recovery["MetricName"] == "StatusCheckFailed_System"
     assert recovery["Dimensions"] == [{"Name": "InstanceId", "Value": {"Ref": "NatInstance"}}]
+
+
+def test_the_dashboard_watches_the_proxy_or_the_pausing_aurora(template):
+    values = props(template, "Dashboard")["DashboardBody"]["Fn::Sub"][1]
+    watched = {profile: {k: resolved(template, values[k], Profile=profile)
+                         for k in ("DatabaseDimension", "DatabaseName", "DatabaseLimit")}
+               for profile in ("production", "starter")}
+    assert watched == {
+        "production": {"DatabaseDimension": "ProxyName", "DatabaseName": {"Ref": "DatabaseProxy"},
+                       "DatabaseLimit": "MaxDatabaseConnectionsAllowed"},
+        "starter": {"DatabaseDimension": "DBClusterIdentifier", "DatabaseName": {"Ref": "AuroraCluster"},
+                    "DatabaseLimit": "ServerlessDatabaseCapacity"}}
 
 
 def test_a_password_flow_for_a_terminal_is_a_parameter_and_off_by_default(template):
