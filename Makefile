@@ -1,5 +1,6 @@
-# The two commands of the README: `make run` (the local stack) and `make test` (everything CI checks).
-# Both set themselves up on a fresh machine: a Python 3.12 virtualenv in .venv with the project installed.
+# The two commands of the README: `make run` (the local stack) and `make test` (everything CI checks); `make`
+# alone lists the others. They set themselves up on a fresh machine: a Python 3.12 virtualenv in .venv with the
+# project installed. A target's line in `make help` is the `## ...` comment after its name.
 
 SHELL := /bin/bash
 # A recipe step fails when any command of a pipeline does (the install step filters pip's output).
@@ -14,7 +15,11 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # again (the tests' subprocesses and workers, the local stack). __pycache__ is git-ignored.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: run stop test lint venv browser sam-check bench lock clean
+.PHONY: help run stop test lint venv browser sam-check deploy bench lock clean
+.DEFAULT_GOAL := help
+
+help: ## this list
+	@awk -F':.*## ' '/^[a-z-]+:.*## / { printf "  make %-10s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
 # Exact versions everywhere: requirements-dev.lock is what the virtualenv (tests, `make run`, the tools) gets;
 # layers/eros/requirements.lock is what the Lambda layer ships -- the same versions, for Lambda's platform,
@@ -34,23 +39,23 @@ $(VENV)/.installed: pyproject.toml requirements-dev.lock layers/eros/requirement
 	@$(PY) -m pip install --quiet --no-deps -e clients/python
 	@touch $@
 
-venv: $(VENV)/.installed
+venv: $(VENV)/.installed ## the Python 3.12 virtualenv (.venv) with the locked packages and the project
 
 # Ctrl-C stops the stack and the embedded Postgres it started; `make stop` does the same from elsewhere.
-run: venv
+run: venv ## the local stack: API, dreaming, console, embedded Postgres (Ctrl-C stops it)
 	@$(VENV)/bin/eros serve
 
-stop:
+stop: ## stop a local stack started elsewhere
 	@if [ -x $(VENV)/bin/eros ]; then $(VENV)/bin/eros stop; else echo "nothing was running"; fi
 
-test: venv browser
+test: venv browser ## everything CI checks: lint, every test, sam-check
 	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest -q -n 2
 	$(MAKE) --no-print-directory sam-check
 
 # The linter (pyflakes, pycodestyle, bugbear, complexity <= 10, import order) and the type checker over the
 # package, the functions, the tests and the benches; configuration in pyproject.toml. Part of `make test`.
-lint: venv
+lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
@@ -60,7 +65,7 @@ lint: venv
 # packages come from apt, and the driver from npm at the versions of tests/browser/package-lock.json.
 BROWSER_PACKAGES := $(if $(shell command -v chromium),,chromium) $(if $(shell command -v firefox-esr),,firefox-esr) \
 	$(if $(shell command -v npm),,nodejs npm)
-browser: tests/browser/node_modules/.installed
+browser: tests/browser/node_modules/.installed ## the browsers and driver of the console's browser tests
 
 tests/browser/node_modules/.installed: tests/browser/package-lock.json
 	@if [ -n "$(strip $(BROWSER_PACKAGES))" ]; then \
@@ -71,19 +76,49 @@ tests/browser/node_modules/.installed: tests/browser/package-lock.json
 	@npm ci --prefix tests/browser --ignore-scripts --no-audit --no-fund --loglevel=error
 	@touch $@
 
-sam-check: venv
+# The Lambda architecture the layer is built for and the stack deploys (the template's Architecture). sam build
+# does not tell the layer's makefile build which one (layers/eros/Makefile reads LAMBDA_ARCH), nor does its
+# cache tell them apart: one cache per architecture.
+ARCH ?= arm64
+export LAMBDA_ARCH := $(ARCH)
+
+sam-check: venv ## cfn-lint, sam validate --lint and sam build (ARCH=arm64|x86_64) of template.yaml
 	$(VENV)/bin/cfn-lint template.yaml
 	$(VENV)/bin/sam validate --lint
-	$(VENV)/bin/sam build --cached --build-dir .aws-sam/build
+	$(VENV)/bin/sam build --cached --cache-dir .aws-sam/cache-$(ARCH) --build-dir .aws-sam/build \
+		--parameter-overrides Architecture=$(ARCH)
 
-bench: venv
+# `make deploy`: the checks, then `sam deploy` with samconfig.toml (stack "eros", the change set shown for a
+# yes) and the few answers below (docs/DEPLOY.md, "First deploy"). A new stack gets PROFILE=starter unless
+# told otherwise; an existing one keeps its profile (and every parameter not given) unless PROFILE is set.
+# PARAMS adds any other Name=value (e.g. PARAMS="CorsAllowOrigins=https://console.example.com").
+STACK ?= eros
+PROFILE ?=
+ALARM_EMAIL ?=
+PASSWORD_AUTH ?=
+PARAMS ?=
+deploy: venv ## check, build and deploy to AWS (PROFILE=starter|production ALARM_EMAIL= PASSWORD_AUTH=true ARCH=)
+	$(MAKE) --no-print-directory lint
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_template.py tests/test_packaging.py tests/test_deploy_config.py
+	$(MAKE) --no-print-directory sam-check
+	@overrides="Architecture=$(ARCH) $(if $(PROFILE),Profile=$(PROFILE)) $(if $(ALARM_EMAIL),AlarmEmail=$(ALARM_EMAIL)) \
+	  $(if $(PASSWORD_AUTH),AllowPasswordAuth=$(PASSWORD_AUTH)) $(PARAMS)"; \
+	if [ -z "$(PROFILE)" ] && ! $(VENV)/bin/sam list stack-outputs --stack-name "$(STACK)" >/dev/null 2>&1; then \
+	  echo "a new stack: Profile=starter (make deploy PROFILE=production for RDS Proxy and a NAT gateway)"; \
+	  overrides="Profile=starter $$overrides"; fi; \
+	echo "sam deploy --stack-name $(STACK) --parameter-overrides $$overrides"; \
+	$(VENV)/bin/sam deploy --stack-name "$(STACK)" --parameter-overrides $$overrides
+
+bench: venv ## the turn-overhead bench
 	$(PY) bench/turn_overhead.py
 
 # The packages the Lambda Python runtime provides, left out of the layer (template.yaml, ErosLayer, says why).
 RUNTIME_PROVIDED := boto3 botocore s3transfer urllib3 python-dateutil six
 UV_VERSION := 0.13.9
 
-lock: venv
+# Both architectures' wheels: uv writes the hashes of every file of each pinned version, so one lock serves the
+# layer built for arm64 and for x86_64 (tests/test_layer_build.py builds it for each and checks the wheels).
+lock: venv ## write requirements-dev.lock and layers/eros/requirements.lock again
 	$(PY) -m pip install --quiet uv==$(UV_VERSION)
 	$(VENV)/bin/uv pip compile --quiet --no-cache --python-version 3.12 --extra dev \
 		--output-file requirements-dev.lock pyproject.toml
@@ -91,5 +126,5 @@ lock: venv
 		--generate-hashes $(addprefix --no-emit-package ,$(RUNTIME_PROVIDED)) --constraint requirements-dev.lock \
 		--output-file layers/eros/requirements.lock layers/eros/requirements.txt
 
-clean: stop
+clean: stop ## remove .venv, the SAM build and the local data
 	rm -rf $(VENV) .aws-sam .data .artifacts

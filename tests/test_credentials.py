@@ -508,3 +508,72 @@ def test_an_empty_provider_secret_is_a_clear_503_and_holds_dreaming(secretsmanag
                      (sid,)).fetchone()
     assert row == {"extracted_at": None, "extraction_attempts": 0}
     assert db.execute("SELECT count(*) AS n FROM engine.provider_blocks").fetchone()["n"] == 1
+
+
+# --- the RDS CA bundle of a direct connection (the starter profile: no RDS Proxy) ------------------------------
+
+@pytest.fixture
+def trust_store(tmp_path, monkeypatch):
+    """A loopback stand-in for AWS's RDS trust store; the bundle lands in a fresh temporary directory."""
+    import http.server
+    import threading
+
+    from eros import credentials
+
+    served: list[str] = []
+    answer = {"status": 200, "body": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (the stdlib's name)
+            served.append(self.path)
+            body = answer["body"].encode()
+            self.send_response(answer["status"])
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(credentials, "RDS_CA_BUNDLE_URL",
+                        f"http://127.0.0.1:{server.server_port}/{{region}}/{{region}}-bundle.pem")
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setenv("AWS_REGION", "eu-west-3")
+    yield served, answer
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.integration
+def test_rds_means_the_regions_rds_bundle_fetched_once_per_container(secretsmanager, trust_store, tmp_path):
+    served, answer = trust_store
+    arn = secretsmanager.create("eros/db", RDS_SECRET)
+    cfg = settings_from(DATABASE_SECRET_ARN=arn, DATABASE_SSL_ROOT_CERT="rds")
+    parts = conninfo_to_dict(database_dsn(cfg))
+    assert (parts["sslmode"], parts["sslrootcert"]) == ("verify-full", str(tmp_path / "rds-ca-eu-west-3.pem"))
+    assert Path(parts["sslrootcert"]).read_text() == answer["body"]
+    assert conninfo_to_dict(database_dsn(cfg))["sslrootcert"] == parts["sslrootcert"]
+    assert served == ["/eu-west-3/eu-west-3-bundle.pem"]  # once: the second connection reads the file
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("status, body", [(503, "busy"), (200, "<html>not a bundle</html>")])
+def test_a_failed_fetch_of_the_rds_bundle_is_the_database_unreachable(secretsmanager, trust_store, tmp_path,
+                                                                       status, body):
+    _, answer = trust_store
+    answer.update(status=status, body=body)
+    arn = secretsmanager.create("eros/db", RDS_SECRET)
+    with pytest.raises(psycopg.OperationalError, match="RDS CA bundle|PEM certificate bundle"):
+        database_dsn(settings_from(DATABASE_SECRET_ARN=arn, DATABASE_SSL_ROOT_CERT="rds"))
+    assert list(tmp_path.iterdir()) == []  # nothing half-written is taken for the bundle next time
+
+
+@pytest.mark.integration
+def test_the_rds_bundle_needs_the_region(secretsmanager, trust_store, monkeypatch):
+    monkeypatch.delenv("AWS_REGION")
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    arn = secretsmanager.create("eros/db", RDS_SECRET)
+    with pytest.raises(ConfigurationError, match="needs AWS_REGION"):
+        database_dsn(settings_from(DATABASE_SECRET_ARN=arn, DATABASE_SSL_ROOT_CERT="rds"))

@@ -15,7 +15,7 @@ import pytest
 from fakes import Disconnect, FakeServer, Status
 from helpers import go_idle
 
-from eros_client import ApiError, AsyncClient, Client, models
+from eros_client import ApiError, AsyncClient, Client, Unauthorized, models
 from eros_dev.dreaming import sweep_locally
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -193,6 +193,27 @@ def test_a_memory_addition_is_not_sent_again_after_a_broken_connection():
         with pytest.raises(httpx.TransportError):
             eros.add_memory("Lives in Porto", "fact")
         assert fake.calls == 1  # it may have been stored: sending it again could store it twice
+
+
+@pytest.mark.integration  # a loopback server
+@pytest.mark.parametrize("body", [
+    {"message": "Unauthorized"},  # API Gateway's JWT authorizer (and the local stack's), before any function
+    {"statusCode": 401, "code": "unauthorized", "message": "the token's subject is not usable"},  # the API's own
+])
+def test_both_shapes_of_a_401_are_one_unauthorized(body):
+    with FakeApi(f"/v1/sessions/{SESSION}/turns", TURN) as fake, Client(fake.root, "t", backoff=0.01) as eros:
+        fake.push(Status(401, body=body))
+        with pytest.raises(Unauthorized) as refused:
+            eros.take_turn(SESSION, "hello")
+        assert isinstance(refused.value, ApiError) and fake.calls == 1  # never retried
+        assert (refused.value.status, refused.value.code, refused.value.message) == (401, "unauthorized",
+                                                                                     body["message"])
+
+
+def test_the_local_stacks_401_is_unauthorized_too(db, local_server):
+    with Client(local_server.url, "not-a-token") as eros, pytest.raises(Unauthorized) as refused:
+        eros.list_personas()
+    assert (refused.value.status, refused.value.code) == (401, "unauthorized")
 
 
 def test_a_base_url_without_a_scheme_is_refused_with_a_clear_error():

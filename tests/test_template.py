@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -80,18 +81,87 @@ def as_list(value) -> list:
     return value if isinstance(value, list) else [value]
 
 
+# --- the template as CloudFormation evaluates it for given parameter values -----------------------------------
+def parameter_values(template: dict, **given) -> dict[str, Any]:
+    """Every parameter's value: the given ones, else the template's defaults (as CloudFormation sees them)."""
+    unknown = set(given) - set(template["Parameters"])
+    assert not unknown, unknown
+    return {name: str(given.get(name, spec.get("Default", ""))) for name, spec in template["Parameters"].items()}
+
+
+def conditions(template: dict, **given) -> dict[str, bool]:
+    """Each condition's value for those parameters (the intrinsics conditions use: Equals, Not, And, Or)."""
+    values = parameter_values(template, **given)
+    done: dict[str, bool] = {}
+
+    def value(node) -> Any:
+        if isinstance(node, dict) and set(node) == {"Ref"}:
+            return values[node["Ref"]]
+        if isinstance(node, dict) and set(node) == {"Fn::Join"}:
+            sep, parts = node["Fn::Join"]
+            return sep.join(value(p) for p in (parts if isinstance(parts, list) else [value(parts)]))
+        if isinstance(node, dict) and set(node) & {"Condition", "Fn::Condition"}:  # long form, or the loader's
+            return condition(next(iter(node.values())))
+        if isinstance(node, dict):
+            [(fn, args)] = node.items()
+            if fn == "Fn::Equals":
+                return str(value(args[0])) == str(value(args[1]))
+            results = [bool(value(arg)) for arg in args]
+            return {"Fn::Not": not results[0], "Fn::And": all(results), "Fn::Or": any(results)}[fn]
+        return node
+
+    def condition(name: str) -> bool:
+        if name not in done:
+            done[name] = bool(value(template["Conditions"][name]))
+        return done[name]
+
+    return {name: condition(name) for name in template["Conditions"]}
+
+
+def resolved(template: dict, node, **given):
+    """``node`` with every Fn::If decided (and AWS::NoValue dropped) for those parameters."""
+    decided = conditions(template, **given)
+
+    def walk(n):
+        if isinstance(n, dict) and set(n) == {"Fn::If"}:
+            name, yes, no = n["Fn::If"]
+            return walk(yes if decided[name] else no)
+        if isinstance(n, dict):
+            out = {k: walk(v) for k, v in n.items()}
+            return {k: v for k, v in out.items() if v != {"Ref": "AWS::NoValue"}}
+        if isinstance(n, list):
+            return [walk(v) for v in n if walk(v) != {"Ref": "AWS::NoValue"}]
+        return n
+
+    return walk(node)
+
+
+def created(template: dict, **given) -> set[str]:
+    """The resources a stack gets for those parameters."""
+    decided = conditions(template, **given)
+    return {name for name, r in template["Resources"].items() if decided.get(r.get("Condition", ""), True)}
+
+
 def http_events(template: dict) -> dict[str, dict]:
     events = props(template, "ChatFunction")["Events"]
     return {name: e["Properties"] for name, e in events.items() if e["Type"] == "HttpApi"}
 
 
 # --- runtime and observability ----------------------------------------------------------------
-def test_every_function_is_python312_x86_64_with_active_tracing(template):
+def test_every_function_is_python312_of_the_architecture_parameter_with_active_tracing(template):
     functions = [n for n, r in template["Resources"].items() if r["Type"] == "AWS::Serverless::Function"]
     assert sorted(functions) == sorted(FUNCTIONS)
+    architecture = template["Parameters"]["Architecture"]
+    assert architecture["Default"] == "arm64" and set(architecture["AllowedValues"]) == {"arm64", "x86_64"}
+    assert props(template, "ErosLayer")["CompatibleArchitectures"] == [{"Ref": "Architecture"}]
+    assert resource(template, "ErosLayer")["Metadata"]["BuildArchitecture"] == {"Ref": "Architecture"}
+    # sam build does not tell the layer's makefile the architecture: the Makefile builds both with one value.
+    makefile = (ROOT / "Makefile").read_text()
+    assert "export LAMBDA_ARCH := $(ARCH)" in makefile and "--parameter-overrides Architecture=$(ARCH)" in makefile
+    assert "--cache-dir .aws-sam/cache-$(ARCH)" in makefile  # a cached layer of the other architecture is not reused
     for name in functions:
         assert function_setting(template, name, "Runtime") == "python3.12", name
-        assert function_setting(template, name, "Architectures") == ["x86_64"], name
+        assert function_setting(template, name, "Architectures") == [{"Ref": "Architecture"}], name
         assert function_setting(template, name, "Tracing") == "Active", name
         assert function_setting(template, name, "Handler") == "app.lambda_handler", name
         assert function_setting(template, name, "Layers") == [{"Ref": "ErosLayer"}], name
@@ -270,10 +340,17 @@ def test_the_app_database_secret_is_generated_with_the_app_username(template):
 
 def test_every_function_verifies_the_database_certificate_with_a_configurable_bundle(template):
     env = template["Globals"]["Function"]["Environment"]["Variables"]
-    assert env["DATABASE_SSL_ROOT_CERT"] == {"Ref": "DatabaseSslRootCert"}
-    assert template["Parameters"]["DatabaseSslRootCert"]["Default"] == ""  # the Amazon roots (RDS Proxy)
+    assert template["Parameters"]["DatabaseSslRootCert"]["Default"] == ""
+    bundle = env["DATABASE_SSL_ROOT_CERT"]
     for name in FUNCTIONS:
-        assert environment(template, name)["DATABASE_SSL_ROOT_CERT"] == {"Ref": "DatabaseSslRootCert"}, name
+        assert environment(template, name)["DATABASE_SSL_ROOT_CERT"] == bundle, name
+    # RDS Proxy's certificate chains to the Amazon roots (the default); Aurora's own to the RDS CA ("rds").
+    assert resolved(template, bundle, Profile="production") == ""
+    assert resolved(template, bundle, Profile="starter") == "rds"
+    assert resolved(template, bundle, Profile="starter", CreateDatabase="false") == ""
+    for profile in ("starter", "production"):
+        assert resolved(template, bundle, Profile=profile, DatabaseSslRootCert="system") == {
+            "Ref": "DatabaseSslRootCert"}
 
 
 def test_the_sweeper_may_only_invoke_the_extract_function(template):
@@ -359,9 +436,19 @@ def test_the_sweeper_runs_on_the_schedule_parameter(template):
     events = props(template, "SweeperFunction")["Events"]
     assert [e["Type"] for e in events.values()] == ["ScheduleV2"]
     schedule = next(iter(events.values()))["Properties"]
-    assert schedule["ScheduleExpression"] == {"Ref": "DreamingScheduleRate"}
-    assert template["Parameters"]["DreamingScheduleRate"]["Default"] == "rate(5 minutes)"
-    assert Settings().dreaming_tick_secs == 300
+    rate = schedule["ScheduleExpression"]
+    assert template["Parameters"]["DreamingScheduleRate"]["Default"] == ""  # the profile's
+    assert resolved(template, rate, Profile="production") == "rate(5 minutes)"
+    assert Settings().dreaming_tick_secs == 300  # the local stack's, as production's
+    # Each sweep resumes a paused database: every 5 minutes, the starter's Aurora would never pause.
+    assert resolved(template, rate, Profile="starter") == "rate(1 hour)"
+    for profile in ("starter", "production"):
+        assert resolved(template, rate, Profile=profile, DreamingScheduleRate="rate(2 hours)") == {
+            "Ref": "DreamingScheduleRate"}
+    # The backlog alarm treats a period without a sweep as breaching: a period holds a sweep in each profile.
+    period = props(template, "DreamingBacklogAlarm")["Period"]
+    assert (resolved(template, period, Profile="production"), resolved(template, period, Profile="starter")) == (
+        900, 3600)
     # The schedule's payload has the keys of the sample event.
     sample = json.loads((ROOT / "events/sweeper_schedule.json").read_text())
     assert set(json.loads(schedule["Input"])) <= set(sample)
@@ -602,7 +689,9 @@ def test_every_alarm_notifies_the_topic_when_it_fires_and_when_it_clears(templat
             "ChatLatencyAlarm", "ThrottlesAlarm", "ProxyConnectionsAlarm", "DreamingBacklogAlarm",
             "SpendAlarm"} <= set(found)
     for name, alarm in found.items():
-        assert alarm["AlarmActions"] == alarm["OKActions"] == [{"Ref": "AlarmTopic"}], name
+        recover = [{"Fn::Sub": "arn:${AWS::Partition}:automate:${AWS::Region}:ec2:recover"}]
+        actions = alarm["AlarmActions"][1:] if alarm["AlarmActions"][:1] == recover else alarm["AlarmActions"]
+        assert actions == alarm["OKActions"] == [{"Ref": "AlarmTopic"}], name
         threshold = alarm["Threshold"]
         assert threshold == 1 or (isinstance(threshold, dict) and threshold["Ref"] in template["Parameters"]), name
     for name, spec in template["Parameters"].items():
@@ -641,10 +730,12 @@ def test_the_migration_never_blocks_a_deploy_or_rollback_for_an_hour(template):
     assert migrate["Timeout"] * attempts <= timeout <= 900  # long enough for every attempt, minutes not an hour
 
 
-# --- one command to a working deployment (issue 13, part 1) ----------------------------------------------------
-OWN = ("Vpc", "PrivateSubnetA", "PrivateSubnetB", "NatGateway", "FunctionSecurityGroup", "ProxySecurityGroup",
-       "DatabaseSecurityGroup", "AuroraCluster", "AuroraWriter", "DatabaseProxy", "DatabaseProxyTargetGroup",
-       "DatabaseProxyRole")
+# --- one command to a working deployment (issue 13, part 1; the profiles: issue 29) --------------------------
+OWN = ("Vpc", "PrivateSubnetA", "PrivateSubnetB", "FunctionSecurityGroup", "DatabaseSecurityGroup", "AuroraCluster",
+       "AuroraWriter", "PrivateRoute")
+PRODUCTION_ONLY = {"NatGateway", "NatAddress", "ProxySecurityGroup", "DatabaseProxy", "DatabaseProxyTargetGroup",
+                   "DatabaseProxyRole", "ProxyConnectionsAlarm"}
+STARTER_ONLY = {"NatInstance", "NatSecurityGroup", "NatInstanceRecoveryAlarm", "PausingParameters"}
 
 
 def test_a_new_stack_makes_its_own_database_network_secrets_and_issuer_by_default(template):
@@ -663,16 +754,43 @@ def test_a_new_stack_makes_its_own_database_network_secrets_and_issuer_by_defaul
     assert "DatabaseSecretArn" in rule["Assertions"][0]["AssertDescription"]
 
 
+def test_each_profile_makes_its_own_resources_and_bring_your_own_makes_neither(template):
+    assert set(template["Parameters"]["Profile"]["AllowedValues"]) == {"starter", "production"}
+    # The default keeps a stack made before the parameter as it was; samconfig.toml deploys starter.
+    assert template["Parameters"]["Profile"]["Default"] == "production"
+    production, starter = created(template, Profile="production"), created(template, Profile="starter")
+    assert production >= PRODUCTION_ONLY and not STARTER_ONLY & production
+    assert starter >= STARTER_ONLY and not PRODUCTION_ONLY & starter
+    assert set(OWN) <= production & starter
+    for profile in ("starter", "production"):
+        theirs = created(template, Profile=profile, CreateDatabase="false", DatabaseSecretArn="arn:x")
+        assert not (set(OWN) | PRODUCTION_ONLY | STARTER_ONLY) & theirs, profile
+    assert created(template, Profile="production") == created(template)  # the default profile
+
+
 def test_aurora_is_serverless_v2_with_pgvector_0_8_a_managed_rotated_secret_and_cheap_idle(template):
     cluster = props(template, "AuroraCluster")
     assert cluster["Engine"] == "aurora-postgresql" and cluster["EngineVersion"] == {"Ref": "AuroraEngineVersion"}
     version = template["Parameters"]["AuroraEngineVersion"]["Default"]
-    assert tuple(map(int, version.split("."))) >= (16, 5)  # the first 16.x with pgvector 0.8
+    assert tuple(map(int, version.split("."))) >= (16, 5)  # the first 16.x with pgvector 0.8 (and 0 ACU: 16.3)
     assert cluster["ManageMasterUserPassword"] is True and "MasterUserPassword" not in cluster
     assert cluster["StorageEncrypted"] is True
-    assert cluster["ServerlessV2ScalingConfiguration"] == {"MinCapacity": {"Ref": "AuroraMinCapacity"},
-                                                           "MaxCapacity": {"Ref": "AuroraMaxCapacity"}}
+    scaling = cluster["ServerlessV2ScalingConfiguration"]
+    assert resolved(template, scaling, Profile="production") == {
+        "MinCapacity": {"Ref": "AuroraMinCapacity"}, "MaxCapacity": {"Ref": "AuroraMaxCapacity"}}
     assert template["Parameters"]["AuroraMinCapacity"]["Default"] == 0.5
+    # starter: scales to zero and pauses; the server closes idle sessions, which would keep it from pausing.
+    assert resolved(template, scaling, Profile="starter") == {
+        "MinCapacity": 0, "MaxCapacity": {"Ref": "AuroraMaxCapacity"},
+        "SecondsUntilAutoPause": {"Ref": "AuroraAutoPauseSecs"}}
+    pause = template["Parameters"]["AuroraAutoPauseSecs"]
+    assert (pause["Default"], pause["MinValue"], pause["MaxValue"]) == (300, 300, 86400)  # what Aurora accepts
+    assert resolved(template, cluster["DBClusterParameterGroupName"], Profile="starter") == {
+        "Ref": "PausingParameters"}
+    assert "DBClusterParameterGroupName" not in resolved(template, cluster, Profile="production")
+    group = props(template, "PausingParameters")
+    assert int(group["Parameters"]["idle_session_timeout"]) // 1000 < pause["MinValue"]
+    assert group["Family"]["Fn::Sub"][0] == "aurora-postgresql${Major}"
     assert resource(template, "AuroraCluster")["DeletionPolicy"] == "Snapshot"  # never lose the memories
     assert props(template, "AuroraWriter")["DBInstanceClass"] == "db.serverless"
     assert props(template, "AuroraWriter")["PubliclyAccessible"] is False
@@ -685,25 +803,43 @@ def test_the_functions_reach_only_the_proxy_and_the_proxy_only_aurora(template):
         {"Fn::GetAtt": ["AuroraCluster", "MasterUserSecret.SecretArn"]}, APP_SECRET]
     [ingress] = props(template, "ProxySecurityGroup")["SecurityGroupIngress"]
     assert (ingress["FromPort"], ingress["SourceSecurityGroupId"]) == (5432, {"Ref": "FunctionSecurityGroup"})
-    [ingress] = props(template, "DatabaseSecurityGroup")["SecurityGroupIngress"]
+    [ingress] = resolved(template, props(template, "DatabaseSecurityGroup"), Profile="production")[
+        "SecurityGroupIngress"]
     assert (ingress["FromPort"], ingress["SourceSecurityGroupId"]) == (5432, {"Ref": "ProxySecurityGroup"})
     assert "SecurityGroupIngress" not in props(template, "FunctionSecurityGroup")
-    host = {"Fn::If": ["OwnDatabase", {"Fn::GetAtt": ["DatabaseProxy", "Endpoint"]}, {"Ref": "DatabaseProxyEndpoint"}]}
-    assert template["Globals"]["Function"]["Environment"]["Variables"]["DATABASE_HOST"] == host
+    env = template["Globals"]["Function"]["Environment"]["Variables"]
     migration = props(template, "DatabaseMigration")
-    assert migration["DatabaseHost"] == host
+    for host in (env["DATABASE_HOST"], migration["DatabaseHost"]):
+        assert resolved(template, host, Profile="production") == {"Fn::GetAtt": ["DatabaseProxy", "Endpoint"]}
+        assert resolved(template, host, CreateDatabase="false") == {"Ref": "DatabaseProxyEndpoint"}
     # The migration waits for the proxy to have its target and the writer to exist.
-    assert migration["DatabaseReady"]["Fn::If"][1] == {
+    assert resolved(template, migration["DatabaseReady"], Profile="production") == {
         "Fn::Join": [",", [{"Ref": "DatabaseProxyTargetGroup"}, {"Ref": "AuroraWriter"}]]}
     [statement] = props(template, "DatabaseProxyRole")["Policies"][0]["PolicyDocument"]["Statement"]
     assert statement["Action"] == "secretsmanager:GetSecretValue"
     assert statement["Resource"] == [{"Fn::GetAtt": ["AuroraCluster", "MasterUserSecret.SecretArn"]}, APP_SECRET]
 
 
-def test_the_private_subnets_go_out_through_the_nat_gateway(template):
-    assert props(template, "PrivateRoute") == {
+def test_the_starter_functions_reach_aurora_itself_and_only_they_do(template):
+    [ingress] = resolved(template, props(template, "DatabaseSecurityGroup"), Profile="starter")[
+        "SecurityGroupIngress"]
+    assert (ingress["FromPort"], ingress["SourceSecurityGroupId"]) == (5432, {"Ref": "FunctionSecurityGroup"})
+    env = template["Globals"]["Function"]["Environment"]["Variables"]
+    migration = props(template, "DatabaseMigration")
+    for host in (env["DATABASE_HOST"], migration["DatabaseHost"]):
+        assert resolved(template, host, Profile="starter") == {"Fn::GetAtt": ["AuroraCluster", "Endpoint.Address"]}
+    assert resolved(template, migration["DatabaseReady"], Profile="starter") == {"Ref": "AuroraWriter"}
+    assert props(template, "AuroraWriter")["PubliclyAccessible"] is False
+
+
+def test_the_private_subnets_go_out_through_the_profiles_nat(template):
+    route = props(template, "PrivateRoute")
+    assert resolved(template, route, Profile="production") == {
         "RouteTableId": {"Ref": "PrivateRouteTable"}, "DestinationCidrBlock": "0.0.0.0/0",
         "NatGatewayId": {"Ref": "NatGateway"}}
+    assert resolved(template, route, Profile="starter") == {
+        "RouteTableId": {"Ref": "PrivateRouteTable"}, "DestinationCidrBlock": "0.0.0.0/0",
+        "InstanceId": {"Ref": "NatInstance"}}
     associated = {props(template, n)["SubnetId"]["Ref"] for n, r in template["Resources"].items()
                   if r["Type"] == "AWS::EC2::SubnetRouteTableAssociation"
                   and props(template, n)["RouteTableId"] == {"Ref": "PrivateRouteTable"}}
@@ -711,8 +847,73 @@ def test_the_private_subnets_go_out_through_the_nat_gateway(template):
     assert props(template, "NatGateway")["SubnetId"] == {"Ref": "PublicSubnetA"}
 
 
+def test_the_nat_instance_forwards_only_the_functions_https_from_a_public_subnet(template):
+    instance = props(template, "NatInstance")
+    assert instance["SourceDestCheck"] is False  # else it drops what is not addressed to itself
+    assert instance["InstanceType"] == "t4g.nano" and "arm64" in instance["ImageId"]  # the image fits the type
+    assert instance["CreditSpecification"] == {"CPUCredits": "standard"}  # throttled, never billed beyond
+    [nic] = instance["NetworkInterfaces"]
+    assert nic["SubnetId"] == {"Ref": "PublicSubnetA"} and nic["AssociatePublicIpAddress"] is True
+    assert nic["GroupSet"] == [{"Ref": "NatSecurityGroup"}]
+    assert "KeyName" not in instance and "IamInstanceProfile" not in instance  # nobody logs in, it calls nothing
+    script = instance["UserData"]["Fn::Base64"]
+    assert "net.ipv4.ip_forward = 1" in script and "MASQUERADE" in script and "systemctl enable --now" in script
+    group = props(template, "NatSecurityGroup")
+    assert [(r["FromPort"], r["SourceSecurityGroupId"]) for r in group["SecurityGroupIngress"]] == [
+        (443, {"Ref": "FunctionSecurityGroup"})]
+    assert [(r["FromPort"], r["CidrIp"]) for r in group["SecurityGroupEgress"]] == [(443, "0.0.0.0/0")]
+    recovery = props(template, "NatInstanceRecoveryAlarm")
+    assert recovery["MetricName"] == "StatusCheckFailed_System"
+    assert recovery["Dimensions"] == [{"Name": "InstanceId", "Value": {"Ref": "NatInstance"}}]
+
+
+def test_the_dashboard_watches_the_proxy_or_the_pausing_aurora(template):
+    values = props(template, "Dashboard")["DashboardBody"]["Fn::Sub"][1]
+    watched = {profile: {k: resolved(template, values[k], Profile=profile)
+                         for k in ("DatabaseDimension", "DatabaseName", "DatabaseLimit")}
+               for profile in ("production", "starter")}
+    assert watched == {
+        "production": {"DatabaseDimension": "ProxyName", "DatabaseName": {"Ref": "DatabaseProxy"},
+                       "DatabaseLimit": "MaxDatabaseConnectionsAllowed"},
+        "starter": {"DatabaseDimension": "DBClusterIdentifier", "DatabaseName": {"Ref": "AuroraCluster"},
+                    "DatabaseLimit": "ServerlessDatabaseCapacity"}}
+
+
+def test_a_password_flow_for_a_terminal_is_a_parameter_and_off_by_default(template):
+    assert template["Parameters"]["AllowPasswordAuth"]["Default"] == "false"
+    flows = props(template, "UserPoolClient")["ExplicitAuthFlows"]
+    assert resolved(template, flows) == ["ALLOW_USER_SRP_AUTH", "ALLOW_REFRESH_TOKEN_AUTH"]
+    assert resolved(template, flows, AllowPasswordAuth="true") == [
+        "ALLOW_USER_SRP_AUTH", "ALLOW_USER_PASSWORD_AUTH", "ALLOW_REFRESH_TOKEN_AUTH"]
+    assert not conditions(template, AllowPasswordAuth="true", JwtIssuer="https://issuer")["PasswordAuth"]
+
+
 def test_a_deploy_ends_with_what_to_use(template):
     outputs = template["Outputs"]
-    assert "ApiUrl" in outputs and "JwtIssuerUrl" in outputs and "ProviderSecretArnOut" in outputs
+    for name in ("ApiUrl", "JwtIssuerUrl", "ProviderSecretArnOut", "ChatFunctionName", "SweeperFunctionName",
+                 "ExtractFunctionName", "ExtractDeadLetterQueueUrl", "ExtractDeadLetterQueueArn"):
+        assert "Condition" not in outputs[name], name
+    assert outputs["UserPoolId"] == {"Condition": "OwnUserPool", "Description": outputs["UserPoolId"]["Description"],
+                                     "Value": {"Ref": "UserPool"}}
     assert outputs["UserPoolClientId"]["Condition"] == "OwnUserPool"
-    assert outputs["DatabaseProxyEndpointOut"]["Condition"] == "OwnDatabase"
+    assert outputs["DatabaseProxyEndpointOut"]["Condition"] == "OwnProxy"
+    # An output's condition names resources that exist whenever it does.
+    for profile in ("starter", "production"):
+        decided, made = conditions(template, Profile=profile), created(template, Profile=profile)
+        for name, output in outputs.items():
+            if decided.get(output.get("Condition", ""), True):
+                named = set(re.findall(r"'(?:Ref|Fn::GetAtt)': \[?'(\w+)'", str(resolved(template, output["Value"],
+                                                                                           Profile=profile))))
+                assert named - {"AWS"} <= made, (profile, name)
+
+
+def test_every_output_the_deploy_guide_names_exists():
+    """Outputs the guide reads (``$(out Name)``, its shell helper) or lists in its table of outputs."""
+    guide = (ROOT / "docs/DEPLOY.md").read_text()
+    named = set(re.findall(r"\$\(out (\w+)\)", guide))
+    table = guide[guide.index("| output | what for |"):]
+    table = table[:table.index("\n\n")]
+    named |= {name for line in table.splitlines()[2:] for name in re.findall(r"`([A-Z]\w+)`", line.split("|")[1])}
+    outputs = set(yaml.load((ROOT / "template.yaml").read_text(), Loader=CfnLoader)["Outputs"])
+    assert {"UserPoolId", "UserPoolClientId", "ApiUrl", "ExtractFunctionName", "ExtractDeadLetterQueueUrl"} <= named
+    assert named <= outputs, f"docs/DEPLOY.md names outputs the template lacks: {sorted(named - outputs)}"

@@ -44,6 +44,22 @@ class ApiError(Exception):
         super().__init__(f"{status} {self.code}: {self.message}")
 
 
+class Unauthorized(ApiError):
+    """A 401: no token, a token the API does not accept (expired, another issuer or audience), or one whose subject
+    it cannot use. Two bodies reach a client: API Gateway's JWT authorizer (in AWS; the local stack answers the
+    same) refuses the token itself with ``{"message": "Unauthorized"}``, before any function runs; the API refuses
+    a verified token whose subject is unusable with its own ``{"code": "unauthorized", "message": ...}``. Either
+    way this is raised, with ``code`` "unauthorized": get a new token (or sign in) and try again."""
+
+    def __init__(self, status: int, body: Any, retry_after: float | None):
+        super().__init__(status, body, retry_after)
+        self.code = "unauthorized"
+
+
+def _api_error(status: int, body: Any, retry_after: float | None) -> ApiError:
+    return (Unauthorized if status == 401 else ApiError)(status, body, retry_after)
+
+
 class _Policy:
     """When and how long to wait before sending a request again."""
 
@@ -89,7 +105,7 @@ def _answer(call: Call[T], response: httpx.Response) -> T:
         body = response.json()
     except ValueError:
         body = {"message": response.text[:500]}
-    raise ApiError(response.status_code, body, _retry_after(response))
+    raise _api_error(response.status_code, body, _retry_after(response))
 
 
 def _headers(token: Token | None) -> dict[str, str]:

@@ -50,8 +50,12 @@ another each of the three times it was tried, and nothing of it was written |
 | 504 | `model_timeout` | `retryable: true` |
 | 500 | `internal_error` | a bug; `request_id` names the request in the logs |
 
-A missing or invalid token never reaches the API: the HTTP API's JWT authorizer (and the local stack, the same \
-way) answers 401 with its own body, `{"message": "Unauthorized"}`. Bad input is refused before any model call."""
+A 401 comes in two shapes; branch on the status, not the body. A missing, malformed or expired token, or one of \
+another issuer or audience, never reaches the API: in AWS the HTTP API's JWT authorizer answers \
+`{"message": "Unauthorized"}` (no `code`), and the local stack answers the same body. A verified token whose \
+subject the API cannot use gets the API's own `{"statusCode": 401, "code": "unauthorized", ...}`, everywhere. \
+The Python client raises `eros_client.Unauthorized` (`code` "unauthorized") for both. \
+Bad input is refused before any model call."""
 
 
 def current_user(router: Router) -> str:

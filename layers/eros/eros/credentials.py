@@ -14,15 +14,20 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
+import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import SecretStr
 
 from .config import Settings
 
 SECRET_MAX_AGE_SECS = 300
+# The RDS CA bundle of a region, published by AWS (what an Aurora or RDS instance's certificate chains to).
+RDS_CA_BUNDLE_URL = "https://truststore.pki.rds.amazonaws.com/{region}/{region}-bundle.pem"
 
 
 class ConfigurationError(RuntimeError):
@@ -88,7 +93,8 @@ def ssl_root_cert(settings: Settings) -> str:
     The default is certifi's bundle (a dependency of httpx, so always in the layer): RDS Proxy presents
     an ACM certificate that chains to the Amazon roots in it. ``system`` is libpq's own choice, which
     with psycopg's binary wheel means its bundled OpenSSL's directory (absent on Lambda) unless
-    SSL_CERT_FILE names one. A direct connection to an RDS instance needs the RDS CA bundle as a file.
+    SSL_CERT_FILE names one. A direct connection to an RDS instance needs the RDS CA bundle: ``rds`` (what the
+    starter profile sets) is the region's, fetched once per container (``rds_ca_bundle``), or name a file.
     """
     value = (settings.database_ssl_root_cert or "").strip()
     if not value:
@@ -97,10 +103,39 @@ def ssl_root_cert(settings: Settings) -> str:
         return certifi.where()
     if value == "system":
         return value
+    if value == "rds":
+        return rds_ca_bundle()
     path = value if os.path.isabs(value) else str(resources.files("eros") / value)
     if not os.path.isfile(path):
         raise ConfigurationError(f"DATABASE_SSL_ROOT_CERT: no CA bundle at {path}")
     return path
+
+
+def rds_ca_bundle() -> str:
+    """The path of the RDS CA bundle of this region (AWS_REGION), fetched from AWS's trust store over HTTPS
+    (verified with certifi's roots) into the temporary directory on a container's first connection. Not shipped
+    in the layer: AWS adds CAs to it, and a stale copy would refuse a rotated certificate. A failed fetch is
+    the database being unreachable (psycopg.OperationalError: a 503 to retry, a sweep to run again)."""
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if not region or not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d", region):
+        raise ConfigurationError("DATABASE_SSL_ROOT_CERT=rds needs AWS_REGION (the region of the database)")
+    path = Path(tempfile.gettempdir()) / f"rds-ca-{region}.pem"
+    if path.is_file():
+        return str(path)
+    import httpx
+
+    url = RDS_CA_BUNDLE_URL.format(region=region)
+    try:
+        response = httpx.get(url, timeout=5)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        raise psycopg.OperationalError(f"could not fetch the RDS CA bundle from {url}: {exc}") from None
+    if "-----BEGIN CERTIFICATE-----" not in response.text:
+        raise psycopg.OperationalError(f"{url} did not answer a PEM certificate bundle")
+    partial = path.with_suffix(f".{os.getpid()}.part")
+    partial.write_text(response.text, encoding="ascii")
+    partial.replace(path)  # whole or not at all, whoever else is writing it
+    return str(path)
 
 
 # PostgreSQL role names the application login may have: plain identifiers, never a reserved prefix.

@@ -7,6 +7,11 @@ connections between transactions, and a session that prepares a statement gets p
 connection for its lifetime, which defeats the pooling. The statements a chat turn runs keep their plans
 another way: they are PL/pgSQL functions (migrations 0015, 0016), whose plans the backend caches unseen by
 the proxy.
+
+A server that closes idle sessions (``idle_session_timeout``: the starter profile's Aurora, so that a frozen
+Lambda container's connection does not keep it from pausing) is told apart on connect: a connection idle for
+nearly that long is replaced before use rather than found closed by the request that uses it. And opening a
+connection waits out a paused Aurora's resume (~15 s) instead of giving up after one attempt.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import functools
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -33,10 +39,28 @@ _local = threading.local()
 Connection = psycopg.Connection[Any]
 # How many times one transaction is tried when the database aborts it to break a deadlock.
 ATTEMPTS = 3
+# Each attempt to connect may take this long; attempts that time out go on for up to CONNECT_WAIT_SECS in all:
+# a paused Aurora Serverless v2 instance (MinCapacity 0) takes ~15 s to resume, and a request that asked for a
+# connection meanwhile should get one, not a 503 (a database that is down costs that long before the 503).
+CONNECT_TIMEOUT_SECS = 5
+CONNECT_WAIT_SECS = 20
+# A connection is replaced when it has been idle this much less than the server's idle_session_timeout.
+IDLE_MARGIN_SECS = 10
+# The server's idle_session_timeout of each open connection (seconds; 0 = never), read when it was opened.
+_idle_limits: weakref.WeakKeyDictionary[Connection, float] = weakref.WeakKeyDictionary()
 
 
 def connect(dsn: str, *, vector: bool = True) -> Connection:
-    conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=None, connect_timeout=5, row_factory=dict_row)
+    deadline = time.monotonic() + CONNECT_WAIT_SECS
+    while True:
+        try:
+            conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=None, connect_timeout=CONNECT_TIMEOUT_SECS,
+                                   row_factory=dict_row)
+            break
+        except psycopg.OperationalError as exc:
+            if "timeout expired" not in str(exc) or time.monotonic() + CONNECT_TIMEOUT_SECS > deadline:
+                raise  # refused, a bad login, or waited long enough
+            logger.info("the database did not answer in time (resuming?); connecting again")
     if vector:
         _register_vector(conn)
     return conn
@@ -46,18 +70,30 @@ def _register_vector(conn: Connection) -> None:
     """Teach the connection pgvector's ``vector`` type in one round trip. pgvector's ``register_vector`` looks
     up four types (vector, bit, halfvec, sparsevec), each in a transaction of its own: twelve round trips on
     every new connection (a cold container's first request, a reconnect through RDS Proxy) for three types
-    the engine never uses."""
-    row = conn.execute("SELECT oid, typarray FROM pg_type WHERE oid = to_regtype('vector')").fetchone()
+    the engine never uses. The same round trip reads the server's idle_session_timeout."""
+    row = conn.execute("SELECT oid, typarray, extract(epoch FROM coalesce(current_setting('idle_session_timeout',"
+                       " true), '0')::interval)::float8 AS idle_secs FROM pg_type WHERE oid = to_regtype('vector')"
+                       ).fetchone()
     if row is None:
         raise psycopg.ProgrammingError("the vector type is not in this database: CREATE EXTENSION vector")
     register_vector_info(conn, TypeInfo("vector", row["oid"], row["typarray"]))
+    _idle_limits[conn] = row["idle_secs"]
+
+
+def _outlived_its_session(conn: Connection) -> bool:
+    """Whether the server may have closed ``conn`` for being idle (it would fail the statement that found out)."""
+    limit = _idle_limits.get(conn, 0.0)
+    return limit > 0 and time.monotonic() - getattr(_local, "used_at", 0.0) >= limit - IDLE_MARGIN_SECS
 
 
 def connection() -> Connection:
     conn = getattr(_local, "conn", None)
+    if conn is not None and not conn.closed and _outlived_its_session(conn):
+        conn.close()
     if conn is None or conn.closed or conn.broken:
         conn = connect(database_dsn(settings()))
         _local.conn = conn
+    _local.used_at = time.monotonic()
     return conn
 
 
