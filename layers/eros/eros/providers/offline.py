@@ -52,6 +52,7 @@ def hash_embed(text: str) -> list[float]:
 
 class HashingEmbedder:
     model = "offline/lexical-hash-512"
+    offline = True  # providers.running_offline() names it
 
     def describe(self) -> str:
         return f"OFFLINE lexical hashing embedder ({EMBED_DIM}-d, word overlap only)"
@@ -63,6 +64,7 @@ class HashingEmbedder:
 
 class OfflineChat:
     model = "offline/echo"
+    offline = True  # providers.running_offline() names it
 
     def describe(self) -> str:
         return "OFFLINE deterministic chat model (echoes, no network)"
