@@ -599,6 +599,7 @@ async function refreshSessions() {
   const body = await call("GET", "/v1/sessions");
   state.sessions = body.sessions;
   $("first-steps").hidden = state.sessions.length > 0;
+  $("session").closest("label").hidden = !state.sessions.length;  // an empty picker says nothing
   renderSessionPicker();
   $("dream-sessions").replaceChildren(...state.sessions.map((s) => {
     const d = s.dreaming;
@@ -646,8 +647,8 @@ async function showOfflineNote() {
       + "restart the stack for real ones.");
   }
   if (offline.includes("embedder")) {
-    said.push("No embedding model is configured either: recall matches words, not meaning (set VOYAGE_API_KEY "
-      + "or EMBED_BASE_URL).");
+    said.push(`No embedding model is configured${said.length ? " either" : ""}: recall matches words, not meaning `
+      + "(set VOYAGE_API_KEY or EMBED_BASE_URL).");
   }
   $("offline-note").textContent = said.join(" ");
   $("offline-note").hidden = !said.length;

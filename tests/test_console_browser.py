@@ -510,12 +510,14 @@ def test_an_empty_account_is_told_that_new_session_comes_first(browser, stack):
     expect(hint).to_be_visible()
     expect(hint).to_contain_text("No sessions yet: pick a persona above and press “New session” first")
     expect(page.locator("#memory-groups")).to_contain_text("No memories yet")
+    expect(page.locator("#session")).to_be_hidden()  # no empty picker
     expect(page.locator("#offline-note")).to_have_attribute("data-offline", "")  # real (fake) providers: no notice
     expect(page.locator("#offline-note")).to_be_hidden()
     visit.shot("console-empty")
     page.get_by_role("button", name="New session").click()
     expect(page.get_by_label("Message", exact=True)).to_be_focused()
     expect(hint).to_be_hidden()
+    expect(page.locator("#session")).to_be_visible()
     page.get_by_role("button", name="Sign out").click()
     visit.sign_in("carol")  # now with a session: no hint
     expect(hint).to_be_hidden()
