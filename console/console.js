@@ -35,7 +35,7 @@ const API = TARGET.base || "";
 
 const state = {
   local: false, token: null, user: null, personas: [], sessions: [], session: null,
-  memories: new Map(), listed: "", live: new Map(), timer: null,
+  memories: new Map(), listed: "", live: new Map(), timer: null, down: false,
 };
 
 const $ = (id) => document.getElementById(id);
@@ -64,7 +64,7 @@ function say(text, isError = false) {
 class ApiError extends Error {
   constructor(status, body) {
     super(body && body.message ? body.message : `HTTP ${status}`);
-    this.status = status;
+    this.status = status;  // 0: no answer at all (the stack is stopped, or the network is down)
     this.body = body;
   }
 }
@@ -74,13 +74,87 @@ async function call(method, path, body) {
   const headers = { Accept: "application/json" };
   if (state.token) headers.Authorization = `Bearer ${state.token}`;
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  const response = await fetch(`${path.startsWith("/local/") ? "" : API}${path}`,
-    { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  let response;
+  try {
+    response = await fetch(`${path.startsWith("/local/") ? "" : API}${path}`,
+      { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  } catch {  // the browser's own words ("Failed to fetch", "NetworkError when…") say nothing of why
+    throw new ApiError(0, { code: "unreachable", message: "the API cannot be reached" });
+  }
   const text = await response.text();
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch { data = { message: text }; }
   if (!response.ok) throw new ApiError(response.status, data);
   return data;
+}
+
+// --- what went wrong, in words for a person ---------------------------------------------------------------------
+// The API's `code` is stable (docs/API.md, "Errors"): each a person can meet here is said in a sentence of its own,
+// and a refused field by its label and what it takes, never in the validator's wording. A code not named here
+// keeps the API's message, which is written for people.
+const FIELDS = { content: "Content", category: "Category", importance: "Importance", occurred_at: "When",
+  name: "Name", description: "Description", system_prompt: "Prompt", persona_id: "Persona" };
+const TAKES = {
+  occurred_at: "a week (2026-W47), a month (2019-03), a year (2019) or a day (2026-12-03)",
+  importance: "a number from 0 to 1", category: `one of ${CATEGORIES.join(", ")}`,
+};
+const SAID = {
+  unauthorized: "Your sign-in has expired: sign out and sign in again.",
+  not_found: "That is not there any more (deleted meanwhile?): press Refresh to see what is.",
+  memory_not_current: "This memory changed meanwhile: press Refresh, then edit its current version.",
+  memory_active: "This memory is already the current one: there is nothing to restore.",
+  not_an_episode_field: "An episode has only its text and its time to correct.",
+  payload_too_large: "That is too much to send at once: shorten it.",
+  rate_limited: "Too many requests just now: wait a moment, then try again.",
+  budget_exhausted: "Today's allowance is used up: try again tomorrow.",
+  database_unavailable: "The database is not answering: try again in a moment.",
+  database_busy: "The database was busy with another change: try again.",
+  model_unavailable: "The model is not answering: try again in a moment.",
+  model_timeout: "The model took too long to answer: try again.",
+  model_error: "The model refused this request.",
+  internal_error: "Something broke on the server (a bug): try again, and report it if it happens again.",
+};
+const BY_STATUS = { 0: "unreachable", 401: "unauthorized", 413: "payload_too_large" };
+
+function fieldProblem({ field = "", problem = "" }) {
+  const name = field.split(".").pop();
+  const label = FIELDS[name];
+  if (!label) return null;
+  if (TAKES[name]) return `${label} must be ${TAKES[name]}.`;
+  if (/at least 1 character/.test(problem)) return `${label} cannot be empty.`;
+  const most = /at most (\d+) characters/.exec(problem);
+  if (most) return `${label} is too long: at most ${Number(most[1]).toLocaleString("en")} characters.`;
+  if (/stored/.test(problem)) return `${label} has a character that cannot be stored: remove it.`;
+  return `${label} is not accepted: check it.`;
+}
+
+function plainly(error) {
+  const body = error.body || {};
+  const code = body.code || BY_STATUS[error.status];
+  if (code === "unreachable") {
+    return state.local ? "The local stack is not running: start it with make run, then reload this page."
+      : `The API at ${API || location.origin} cannot be reached: check your connection, or whether it is up.`;
+  }
+  if (code === "invalid_request" && Array.isArray(body.errors)) {
+    const said = [...new Set(body.errors.map(fieldProblem).filter(Boolean))];
+    return said.length ? said.join(" ") : "The server did not accept what was sent: check what you typed.";
+  }
+  return SAID[code] || error.message;
+}
+
+// The fields a refusal names (for aria-invalid), by their API names.
+const refusedFields = (error) => (Array.isArray(error.body?.errors)
+  ? error.body.errors.map((e) => String(e.field || "").split(".").pop()) : []);
+
+// A form's own error line, beside what it is about (role=alert: a screen reader says it); null clears it.
+function formError(form, error) {
+  let line = form.querySelector(".form-error");
+  if (!line) {
+    line = el("p", { class: "form-error", role: "alert" });
+    form.querySelector(".actions, button[type=submit]").before(line);
+  }
+  line.textContent = error ? plainly(error) : "";
+  line.hidden = !error;
 }
 
 // --- time and numbers ----------------------------------------------------------------------------------------
@@ -138,7 +212,7 @@ async function signIn(event) {
     await start();
   } catch (error) {
     state.token = null;
-    say(`Sign-in failed: ${error.message}`, true);
+    say(`Sign-in failed: ${plainly(error)}`, true);
   }
 }
 
@@ -155,6 +229,7 @@ function signOut() {
   composing(false);
   $("memory-groups").replaceChildren();
   $("dream-sessions").replaceChildren();
+  $("first-steps").hidden = true;
   say("Signed out.");
 }
 
@@ -180,8 +255,21 @@ async function start() {
     else composing(false);
   }
   clearInterval(state.timer);
-  state.timer = setInterval(() => { if (!document.hidden) refresh().catch(() => {}); }, POLL_MS);
+  state.timer = setInterval(() => { if (!document.hidden) poll(); }, POLL_MS);
   say(`Signed in as ${state.user}.`);
+}
+
+// The poll's refresh: a stack that stopped answering is said at once (the page would only look frozen), and so is
+// its coming back; other failures wait for the person's next action to be said.
+async function poll() {
+  try {
+    await refresh();
+    if (state.down) say("The stack answers again.");
+    state.down = false;
+  } catch (error) {
+    if (error.status === 0) say(plainly(error), true);
+    state.down = error.status === 0;
+  }
 }
 
 // --- chat ---------------------------------------------------------------------------------------------------------
@@ -215,7 +303,7 @@ async function newSession(event) {
     $("message").focus();
   } catch (error) {
     if (previous && state.session === previous) composing(true);  // still on the session it was on
-    say(error.message, true);
+    say(plainly(error), true);
   }
 }
 
@@ -230,9 +318,10 @@ async function newPersona(event) {
     await loadPersonas(made.id);
     for (const field of ["persona-name", "persona-description", "persona-prompt"]) $(field).value = "";
     $("new-persona-box").open = false;
+    formError($("new-persona"), null);
     say(`Character ${made.name} made: start a session with it.`);
   } catch (error) {
-    say(error.message, true);
+    formError($("new-persona"), error);
   }
 }
 
@@ -309,7 +398,8 @@ async function send(event) {
     await refresh();
   } catch (error) {
     pending.classList.add("failed");
-    say(`The turn failed: ${error.message}${error.body && error.body.retryable ? " (try again)" : ""}`, true);
+    const said = plainly(error);
+    say(`The turn failed. ${said}${error.body?.retryable && !/try again/.test(said) ? " Try again." : ""}`, true);
   } finally {
     composing(true);
     box.focus();
@@ -392,12 +482,17 @@ function renderMemory(memory) {
   return item;
 }
 
-async function act(method, path, body, done) {
+// A change, then the panels that show it; what the server refuses goes to ``refused`` (the form it came from), else
+// to the status line. True once the change is made.
+async function act(method, path, body, done, refused = (error) => say(plainly(error), true)) {
   try {
     await call(method, path, body);
+  } catch (error) { refused(error); return false; }
+  try {
     await Promise.all([refreshMemories(true), refreshSessions()]);
     say(done);  // once the panel shows it
-  } catch (error) { say(error.message, true); }
+  } catch (error) { say(plainly(error), true); }
+  return true;
 }
 
 async function toggleHistory(item, memory) {
@@ -411,25 +506,31 @@ async function toggleHistory(item, memory) {
         when(version) ? el("span", { class: "meta" }, `(${when(version)}) `) : null,
         el("span", { class: "meta" }, version.superseded_at
           ? `→ ${version.superseded_reason} ${ago(version.superseded_at)}` : "current")))));
-  } catch (error) { say(error.message, true); }
+  } catch (error) { say(plainly(error), true); }
 }
 
+// The form stays, with what the person typed, until the server takes the change: a refusal is said inside it, in
+// words, and the field it names is marked.
 function editForm(item, memory) {
   if (item.querySelector("form")) return;
-  const content = el("textarea", { rows: 2, maxlength: 4000, required: true, "aria-label": "Content" });
+  const content = el("textarea", { rows: 2, maxlength: 4000, required: true });
   content.value = memory.content;
-  const category = el("select", { "aria-label": "Category" },
+  const category = el("select", {},
     CATEGORIES.map((c) => el("option", { value: c, selected: c === memory.category }, c)));
-  const importance = el("input", { type: "number", min: 0, max: 1, step: 0.05, "aria-label": "Importance",
-    value: memory.importance ?? "" });
+  const importance = el("input", { type: "number", min: 0, max: 1, step: 0.05, value: memory.importance ?? "" });
   const occurred = whenInput(memory.occurred_at);
   const episode = memory.source === "episode";  // an episode has no category or importance: corrected in place
-  const form = el("form", { class: "stack edit" }, content, episode ? null : category, episode ? null : importance,
-    occurred,
-    el("div", { class: "actions" }, el("button", { type: "submit" }, "Save"),
+  const save = el("button", { type: "submit" }, "Save");
+  const form = el("form", { class: "stack edit", "aria-label": "Edit memory" },
+    el("label", {}, "Content", content),
+    episode ? null : el("label", {}, "Category", category),
+    episode ? null : el("label", {}, "Importance", importance),
+    el("label", {}, "When", occurred),
+    el("div", { class: "actions" }, save,
       el("button", { type: "button", onclick: () => { form.remove(); refreshMemories(true); } },
         "Cancel")));
-  form.addEventListener("submit", (event) => {
+  const fields = { content, category, importance, occurred_at: occurred };
+  form.addEventListener("submit", async (event) => {
     event.preventDefault();
     const changes = {};
     if (content.value.trim() !== memory.content) changes.content = content.value.trim();
@@ -439,9 +540,17 @@ function editForm(item, memory) {
     }
     if (occurred.value.trim() !== (memory.occurred_at || "")) changes.occurred_at = occurred.value.trim() || null;
     if (!Object.keys(changes).length) { form.remove(); return refreshMemories(true); }
-    form.remove();
-    return act("PATCH", `/v1/memories/${memory.id}`, changes,
-      episode ? "Saved: the episode is corrected." : "Saved: a new version supersedes the old one.");
+    save.disabled = true;
+    const refused = (error) => {
+      formError(form, error);
+      const named = refusedFields(error);
+      for (const [name, field] of Object.entries(fields)) field.toggleAttribute("aria-invalid", named.includes(name));
+      (Object.entries(fields).find(([name]) => named.includes(name))?.[1] || content).focus();
+    };
+    const saved = await act("PATCH", `/v1/memories/${memory.id}`, changes,
+      episode ? "Saved: the episode is corrected." : "Saved: a new version supersedes the old one.", refused);
+    if (saved) form.remove();  // the panel's redraw has already replaced it
+    else save.disabled = false;
   });
   item.append(form);
   content.focus();
@@ -449,8 +558,8 @@ function editForm(item, memory) {
 
 // The event time as the API takes it; empty: none (an edit sends null, which clears it).
 function whenInput(value) {
-  return el("input", { type: "text", maxlength: 10, "aria-label": "When", value: value || "",
-    placeholder: "when: 2026-W47, 2019-03, 2019 or 2026-12-03" });
+  return el("input", { type: "text", maxlength: 10, value: value || "",
+    placeholder: "optional: 2026-W47, 2019-03, 2019 or 2026-12-03" });
 }
 
 async function addMemory(event) {
@@ -459,8 +568,10 @@ async function addMemory(event) {
   if (!content) return;
   const body = { content, category: $("new-category").value };
   if ($("new-when").value.trim()) body.occurred_at = $("new-when").value.trim();
-  await act("POST", "/v1/memories", body, "Memory added.");
-  $("new-content").value = "";
+  const form = $("add-memory");
+  if (!await act("POST", "/v1/memories", body, "Memory added.", (error) => formError(form, error))) return;
+  formError(form, null);
+  $("new-content").value = "";  // only once it is stored: a refusal keeps what was typed
   $("new-when").value = "";
 }
 
@@ -488,6 +599,8 @@ async function refreshSessions() {
   refreshImport().catch(() => {});
   const body = await call("GET", "/v1/sessions");
   state.sessions = body.sessions;
+  $("first-steps").hidden = state.sessions.length > 0;
+  $("session").closest("label").hidden = !state.sessions.length;  // an empty picker says nothing
   renderSessionPicker();
   $("dream-sessions").replaceChildren(...state.sessions.map((s) => {
     const d = s.dreaming;
@@ -513,12 +626,34 @@ async function sweepNow() {
     $("sweep-result").textContent = `Claimed ${result.claimed} session(s)${jobs.length ? ": " : "."}${jobs.join("; ")}`;
     await Promise.all([refreshMemories(true), refreshSessions()]);
   } catch (error) {
-    $("sweep-result").textContent = `Sweep failed: ${error.message}`;
+    $("sweep-result").textContent = `Sweep failed: ${plainly(error)}`;
   } finally { button.disabled = false; }
 }
 
 async function refresh() {
   await Promise.all([refreshMemories(), refreshSessions()]);
+}
+
+// Without a model (the local stack with no key: the offline stand-ins), replies are echoes and memories a crude pick
+// of the person's own words: said on screen, so that nobody takes that for what the engine does. /v1/health needs no
+// token; an API that does not say (an older one) shows nothing.
+async function showOfflineNote() {
+  let report;
+  try { report = await call("GET", "/v1/health"); } catch (error) { report = error.body; }  // degraded: a 503
+  const offline = Array.isArray(report?.offline) ? report.offline : [];
+  const said = [];
+  if (offline.includes("llm")) {
+    said.push("Offline mode: no model is configured, so replies are echoes and memories look crude (a stand-in "
+      + "picks sentences from your own words). Set OPENROUTER_API_KEY (or LLM_BASE_URL and CHAT_MODEL) and "
+      + "restart the stack for real ones.");
+  }
+  if (offline.includes("embedder")) {
+    said.push(`No embedding model is configured${said.length ? " either" : ""}: recall matches words, not meaning `
+      + "(set VOYAGE_API_KEY or EMBED_BASE_URL).");
+  }
+  $("offline-note").textContent = said.join(" ");
+  $("offline-note").hidden = !said.length;
+  $("offline-note").dataset.offline = offline.join(" ");  // what the API said (empty: real providers, or unsaid)
 }
 
 // --- start ---------------------------------------------------------------------------------------------------------
@@ -528,13 +663,15 @@ async function boot() {
   $("signout").addEventListener("click", signOut);
   $("new-session").addEventListener("submit", newSession);
   $("new-persona").addEventListener("submit", newPersona);
-  $("session").addEventListener("change", (event) => openSession(event.target.value).catch((e) => say(e.message, true)));
+  $("session").addEventListener("change", (event) => openSession(event.target.value)
+    .catch((e) => say(plainly(e), true)));
   $("send").addEventListener("submit", send);
   $("message").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); $("send").requestSubmit(); }
   });
   $("show-history").addEventListener("change", () => refreshMemories(true));
-  $("refresh").addEventListener("click", () => Promise.all([refreshMemories(true), refreshSessions()]));
+  $("refresh").addEventListener("click", () => Promise.all([refreshMemories(true), refreshSessions()])
+    .catch((e) => say(plainly(e), true)));
   $("add-memory").addEventListener("submit", addMemory);
   $("sweep").addEventListener("click", sweepNow);
   if (TARGET.refused) {
@@ -544,6 +681,7 @@ async function boot() {
       + "deployed it to add that origin to eros-api-origins in index.html.", true);
     return;
   }
+  showOfflineNote().catch(() => {});
   try {
     const stack = await call("GET", "/local/stack");
     state.local = Boolean(stack && stack.local) && !API;

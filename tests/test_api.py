@@ -27,6 +27,7 @@ def test_health_is_public_and_reports_database_and_offline_providers(api):
     assert status == 200
     assert body["database"] == "ok"
     assert "OFFLINE" in body["providers"]["llm"] and "OFFLINE" in body["providers"]["embedder"]
+    assert body["offline"] == ["llm", "embedder"]  # what the console shows its offline notice by
 
 
 def test_openapi_document_lists_the_routes(api):

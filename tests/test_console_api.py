@@ -175,3 +175,14 @@ def test_the_console_page_may_reach_only_its_own_origin(local_server):
     assert "<script" in page.text and "http" not in page.text.split("<body", 1)[0].replace("http-equiv", "")
     script = httpx.get(f"{local_server.url}/console/console.js")
     assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
+
+
+@pytest.mark.parametrize("query", ["", "?api=http://127.0.0.1:9"])
+def test_the_console_without_its_trailing_slash_is_redirected_to_it(local_server, query):
+    """/console would load the page with its styles and script resolved against / (not found): it redirects."""
+    for method in ("GET", "HEAD"):
+        answer = httpx.request(method, f"{local_server.url}/console{query}")
+        assert answer.status_code == 308 and answer.headers["location"] == f"/console/{query}", method
+    page = httpx.get(f"{local_server.url}/console{query}", follow_redirects=True)
+    assert page.status_code == 200 and str(page.url) == f"{local_server.url}/console/{query}"
+    assert '<link rel="stylesheet" href="console.css">' in page.text

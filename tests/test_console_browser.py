@@ -2,7 +2,11 @@
 against the local stack on loopback with the fake providers. A person signs in, chats, sees what a reply
 recalled and why, sweeps, watches the memory appear, edits, deletes and restores, and another user sees
 none of it. Screenshots of the main states are written to CONSOLE_SCREENSHOTS (default
-.artifacts/console/)."""
+.artifacts/console/); the ones docs/img/ holds are made by
+
+    CONSOLE_SCREENSHOTS=docs/img .venv/bin/python -m pytest tests/test_console_browser.py \
+        -k "refused_edit or empty or offline"
+"""
 
 from __future__ import annotations
 
@@ -88,9 +92,13 @@ class Visit:
     def memory(self, text: str):
         return self.page.locator("#memory-groups li.memory", has_text=text)
 
-    def shot(self, name: str) -> None:
+    def shot(self, name: str, part: str | None = None) -> None:
+        """The page (or only the element ``part`` selects) as SHOTS/name.png."""
         SHOTS.mkdir(parents=True, exist_ok=True)
-        self.page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+        if part:
+            self.page.locator(part).screenshot(path=str(SHOTS / f"{name}.png"))
+        else:
+            self.page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
     def close(self) -> None:
         self.context.close()
@@ -395,4 +403,166 @@ def test_an_imported_history_shows_how_far_dreaming_has_got(browser, stack):
     expect(progress).to_have_text("Imported history: 3 of 3 conversation(s) extracted · done"
                                   " · distilled through 2024-03-01")
     assert not visit.errors, visit.errors
+    visit.close()
+
+
+# --- when something goes wrong, and first steps ------------------------------------------------------------------
+
+def refused(status: int, reason: str) -> str:
+    """What Chromium logs for an answer that is an error (the page itself logs nothing)."""
+    return f"Failed to load resource: the server responded with a status of {status} ({reason})"
+
+
+def test_a_refused_edit_keeps_the_form_and_says_why_beside_it(browser, stack):
+    alice = Visit(browser, stack.url)
+    page = alice.page
+    alice.sign_in("alice")
+    nurse = alice.memory("Works as a nurse in Leeds")
+    nurse.get_by_role("button", name="Edit").click()
+    form = nurse.get_by_role("form", name="Edit memory")
+    form.get_by_label("Content").fill("Works as a nurse in York")
+    form.get_by_label("When").fill("March 2019")  # not a form the API takes
+    form.get_by_role("button", name="Save").click()
+    problem = form.locator(".form-error")
+    expect(problem).to_have_text("When must be a week (2026-W47), a month (2019-03), a year (2019) or a day "
+                                 "(2026-12-03).")
+    expect(problem).to_have_attribute("role", "alert")
+    expect(form.get_by_label("Content")).to_have_value("Works as a nurse in York")  # what was typed is kept
+    expect(form.get_by_label("When")).to_have_value("March 2019")
+    expect(form.get_by_label("When")).to_have_attribute("aria-invalid", "")
+    expect(form.get_by_label("When")).to_be_focused()
+    expect(form.get_by_role("button", name="Save")).to_be_enabled()
+    alice.shot("console-edit-error", "#memories")
+    # A poll meanwhile leaves the form as it is; the memory is unchanged.
+    page.wait_for_timeout(3500)
+    expect(form.get_by_label("Content")).to_have_value("Works as a nurse in York")
+    expect(nurse.locator(".memory-text")).to_have_text("Works as a nurse in Leeds")
+
+    form.get_by_label("Content").fill("   ")  # the browser's `required` lets spaces through; the API does not
+    form.get_by_label("When").fill("2019-03")
+    form.get_by_role("button", name="Save").click()
+    expect(problem).to_have_text("Content cannot be empty.")
+    expect(form.get_by_label("When")).not_to_have_attribute("aria-invalid", "")
+    expect(form.get_by_label("Content")).to_have_attribute("aria-invalid", "")
+    text = page.locator("#memories").inner_text()
+    assert "body." not in text and "Value error" not in text and "String should" not in text, text
+
+    form.get_by_label("Content").fill("Works as a nurse in York")
+    form.get_by_role("button", name="Save").click()
+    expect(page.locator("#status")).to_have_text("Saved: a new version supersedes the old one.")
+    expect(alice.memory("Works as a nurse in York").locator(".when")).to_have_text("when: March 2019")
+    expect(page.locator("#memory-groups form")).to_have_count(0)
+    assert alice.errors == [refused(422, "Unprocessable Entity")] * 2, alice.errors
+    alice.close()
+
+
+def test_a_refused_memory_keeps_what_was_typed(browser, stack):
+    visit = Visit(browser, stack.url)
+    page = visit.page
+    visit.sign_in("alice")
+    page.locator("#add-memory-box summary").click()
+    form = page.locator("#add-memory")
+    form.get_by_label("Content").fill("Ran the Leeds half marathon")
+    form.get_by_label("When").fill("last May")
+    form.get_by_role("button", name="Add memory").click()
+    expect(form.locator(".form-error")).to_contain_text("When must be a week (2026-W47)")
+    expect(form.get_by_label("Content")).to_have_value("Ran the Leeds half marathon")
+    form.get_by_label("When").fill("2026-05")
+    form.get_by_role("button", name="Add memory").click()
+    expect(visit.memory("Ran the Leeds half marathon")).to_be_visible()
+    expect(form.locator(".form-error")).to_be_hidden()
+    expect(form.get_by_label("Content")).to_have_value("")
+    visit.close()
+
+
+# Every visible control of the page, with no visible <label> of its own (a placeholder or aria-label is no label).
+UNLABELLED = """() => [...document.querySelectorAll("input, select, textarea")]
+  .filter((control) => control.offsetParent !== null)
+  .filter((control) => ![...control.labels].some((label) => {
+    const box = label.getBoundingClientRect();
+    return box.width > 4 && box.height > 4 && label.textContent.trim() !== control.value.trim();
+  }))
+  .map((control) => control.id || control.outerHTML.slice(0, 80))"""
+
+
+def test_every_field_has_a_visible_label(browser, stack):
+    visit = Visit(browser, stack.url)
+    page = visit.page
+    expect(page.locator("#signin-button")).to_be_enabled()
+    assert page.evaluate(UNLABELLED) == []
+    visit.sign_in("alice")
+    page.get_by_role("button", name="New session").click()
+    expect(page.get_by_label("Message", exact=True)).to_be_focused()
+    for box in ("#new-persona-box", "#add-memory-box"):
+        page.locator(f"{box} summary").click()
+    nurse = visit.memory("Works as a nurse in Leeds")
+    nurse.get_by_role("button", name="Edit").click()
+    expect(nurse.locator("form")).to_be_visible()
+    assert page.evaluate(UNLABELLED) == []
+    visit.close()
+
+
+def test_an_empty_account_is_told_that_new_session_comes_first(browser, stack):
+    visit = Visit(browser, stack.url)
+    page = visit.page
+    visit.sign_in("carol")
+    hint = page.locator("#first-steps")
+    expect(hint).to_be_visible()
+    expect(hint).to_contain_text("No sessions yet: pick a persona above and press “New session” first")
+    expect(page.locator("#memory-groups")).to_contain_text("No memories yet")
+    expect(page.locator("#session")).to_be_hidden()  # no empty picker
+    expect(page.locator("#offline-note")).to_have_attribute("data-offline", "")  # real (fake) providers: no notice
+    expect(page.locator("#offline-note")).to_be_hidden()
+    visit.shot("console-empty")
+    page.get_by_role("button", name="New session").click()
+    expect(page.get_by_label("Message", exact=True)).to_be_focused()
+    expect(hint).to_be_hidden()
+    expect(page.locator("#session")).to_be_visible()
+    page.get_by_role("button", name="Sign out").click()
+    visit.sign_in("carol")  # now with a session: no hint
+    expect(hint).to_be_hidden()
+    assert visit.errors == []
+    visit.close()
+
+
+def test_a_stopped_stack_is_said_on_screen(browser, stack):
+    visit = Visit(browser, stack.url)
+    page = visit.page
+    visit.sign_in("alice")
+    # What the browser meets when the stack is stopped: nothing listens on its port. (Stopping the server itself
+    # would leave the tab's open keep-alive connections answered by their handler threads.)
+    page.context.route(f"{stack.url}/**", lambda route: route.abort("connectionrefused"))
+    status = page.locator("#status")
+    expect(status).to_have_text("The local stack is not running: start it with make run, then reload this page.")
+    expect(status).to_have_class("error")  # said by the poll, without any action of the person's
+    page.get_by_role("button", name="Refresh").click()
+    expect(status).to_have_text("The local stack is not running: start it with make run, then reload this page.")
+    page.context.unroute(f"{stack.url}/**")
+    expect(status).to_have_text("The stack answers again.")
+    assert visit.errors and all("ERR_CONNECTION_REFUSED" in error for error in visit.errors), visit.errors
+    visit.close()
+
+
+def test_offline_mode_says_why_memories_look_crude(browser, local_server):
+    """No key and no base URL (the offline stand-ins, as `make run` without keys): said on screen."""
+    visit = Visit(browser, local_server.url)
+    page = visit.page
+    note = page.locator("#offline-note")
+    expect(note).to_be_visible()
+    expect(note).to_have_attribute("data-offline", "llm embedder")
+    expect(note).to_contain_text("Offline mode: no model is configured, so replies are echoes and memories look crude")
+    expect(note).to_contain_text("recall matches words, not meaning")
+    visit.sign_in("dana")
+    page.get_by_role("button", name="New session").click()
+    box = page.get_by_label("Message", exact=True)
+    expect(box).to_be_focused()
+    box.fill("I adopted a dog named Biscuit last week. I work night shifts as a nurse in Leeds.")
+    box.press("Enter")
+    expect(page.locator("#messages li.assistant").last).to_contain_text("(offline model)")
+    page.get_by_role("button", name="Sweep now").click()
+    expect(page.locator("#sweep-result")).to_contain_text("Claimed 1 session(s)")
+    expect(page.locator("#memory-groups li.memory").first).to_be_visible()
+    expect(note).to_be_visible()
+    visit.shot("console-offline")
+    assert visit.errors == []
     visit.close()

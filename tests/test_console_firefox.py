@@ -46,6 +46,8 @@ def test_the_console_works_in_firefox(providers, local_server, db):
     assert seen["focusedAfterFirstPress"] == "Confirm delete"  # the keyboard confirms it
     assert "Keeps bees in the garden" not in seen["memoriesDeleted"]
     assert "Lives near the river" in seen["memoriesDeleted"]
+    assert seen["editRefused"].startswith("When must be a week (2026-W47)")  # beside the form, in plain words
+    assert seen["editKept"] == "Lives near the canal"
     network = [url for url in seen["requests"] if not url.startswith("data:")]  # the inline favicon
     assert network and all(url.startswith(local_server.url) for url in network), network
-    assert seen["errors"] == []
+    assert seen["errors"] == [], seen["errors"]

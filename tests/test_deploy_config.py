@@ -53,7 +53,9 @@ def test_every_parameter_is_defaulted_set_or_asked_and_no_more_than_five_are_ask
     assert set(QUESTIONS.values()) <= set(params) and len(QUESTIONS) <= 5
     unanswered = {name for name, spec in params.items() if "Default" not in spec} - set(given) - set(QUESTIONS.values())
     assert unanswered == set()
-    assert given == {"Profile": "starter", "Architecture": "arm64"}  # a new stack is the cheap one, on Graviton
+    # Graviton; never the profile, which would turn an existing production stack into a starter one on its next
+    # deploy (make deploy gives a new stack starter: test_make_deploy_*).
+    assert given == {"Architecture": "arm64"}
     # The template shows the same questions first in the console's form.
     [first] = [g for g in template["Metadata"]["AWS::CloudFormation::Interface"]["ParameterGroups"]
                if g["Label"]["default"] == "First deploy"]
@@ -69,6 +71,7 @@ def test_make_deploy_asks_exactly_those_questions_and_checks_first():
     assert {var: asked.get(var) for var in QUESTIONS} == QUESTIONS
     lint, tests, check, deploy = (recipe.index(s) for s in ("lint", "pytest", "sam-check", "sam deploy"))
     assert lint < tests < check < deploy
+    assert "Profile=starter" in recipe  # a new stack, when PROFILE is not given
     assert re.search(r"^\.DEFAULT_GOAL := help$", makefile, re.M)
 
 

@@ -3,6 +3,7 @@ JWT authorizer, a real chat turn against the fake OpenRouter/Voyage servers, and
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime
 
@@ -142,6 +143,9 @@ def test_huge_request_is_refused_before_it_is_read(db, local_server):
     sid = alice.post("/v1/sessions", json={"persona_id": "luna"}).json()["id"]
     answer = alice.post(f"/v1/sessions/{sid}/turns", content=b"{" + b" " * 5_000_000 + b"}")
     assert answer.status_code == 413
+    # The API's error shape, as the function answers a body over MAX_BODY_BYTES: clients branch on `code`.
+    assert answer.json() == {"statusCode": 413, "code": "payload_too_large",
+                             "message": "request body is larger than 65536 bytes"}
     assert db.execute("SELECT count(*) AS n FROM engine.chat_messages").fetchone()["n"] == 0
 
 
@@ -301,6 +305,9 @@ def test_a_chunked_body_is_decoded_not_parsed_as_a_second_request(db, local_serv
 def test_bad_chunked_framing_is_refused(db, local_server, headers, body, status):
     answers = exchange(local_server, request("POST", "/v1/sessions", bearer(local_server) | headers, body))
     assert [s for s, _, _ in answers] == [status]
+    refusal = json.loads(answers[0][2])  # the API's error shape
+    assert refusal["statusCode"] == status and refusal["message"]
+    assert refusal["code"] == ("payload_too_large" if status == 413 else "invalid_request")
     assert db.execute("SELECT count(*) AS n FROM engine.chat_sessions").fetchone()["n"] == 0
 
 

@@ -679,6 +679,7 @@ def test_no_keys_means_offline_providers(env):
     assert isinstance(providers.embedder(), HashingEmbedder)
     described = providers.describe()
     assert "OFFLINE" in described["llm"] and "OFFLINE" in described["embedder"]
+    assert providers.running_offline() == ["llm", "embedder"]
 
 
 def test_a_key_and_base_url_give_the_real_chat_client(env, fake_llm):
@@ -690,6 +691,7 @@ def test_a_key_and_base_url_give_the_real_chat_client(env, fake_llm):
     assert fake_llm.requests[0]["headers"]["authorization"] == "Bearer x"
     assert isinstance(providers.embedder(), HashingEmbedder)  # the embedder is configured separately
     assert fake_llm.url in providers.describe()["llm"]
+    assert providers.running_offline() == ["embedder"]
 
 
 def test_a_base_url_alone_gives_a_keyless_real_client(env, fake_llm, fake_voyage):
@@ -698,6 +700,7 @@ def test_a_base_url_alone_gives_a_keyless_real_client(env, fake_llm, fake_voyage
     assert providers.embedder().embed(["x"], "query").vectors == [pytest.approx(hash_embed("x"))]
     assert "authorization" not in fake_llm.requests[0]["headers"]
     assert "authorization" not in fake_voyage.requests[0]["headers"]
+    assert providers.running_offline() == []
 
 
 def test_a_key_alone_points_at_the_public_providers(env):

@@ -756,7 +756,7 @@ def test_a_new_stack_makes_its_own_database_network_secrets_and_issuer_by_defaul
 
 def test_each_profile_makes_its_own_resources_and_bring_your_own_makes_neither(template):
     assert set(template["Parameters"]["Profile"]["AllowedValues"]) == {"starter", "production"}
-    # The default keeps a stack made before the parameter as it was; samconfig.toml deploys starter.
+    # The default keeps a stack made before the parameter as it was; `make deploy` gives a new stack starter.
     assert template["Parameters"]["Profile"]["Default"] == "production"
     production, starter = created(template, Profile="production"), created(template, Profile="starter")
     assert production >= PRODUCTION_ONLY and not STARTER_ONLY & production

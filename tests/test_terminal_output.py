@@ -32,6 +32,7 @@ def log_lines() -> Iterator[io.StringIO]:
     handler = logging.StreamHandler(stream)
     handler.setFormatter(logger.registered_formatter)
     level = logger.log_level
+    logger.clear_state()  # keys an earlier test's invocation left on this thread (user_id) are not this test's
     logging.getLogger(SERVICE).addHandler(handler)  # the standard logger Powertools' wraps
     logger.setLevel("INFO")
     yield stream

@@ -93,11 +93,13 @@ def http_api_event(method: str, target: str, headers: dict[str, str], body: byte
 
 
 class BadRequest(Exception):
-    """A request whose framing cannot be trusted: answered, and the connection closed."""
+    """A request whose framing cannot be trusted: answered, and the connection closed. Its ``code`` is the API's
+    for the status (functions/chat/app.py: every error is ``{"statusCode", "code", "message"}``)."""
 
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
+        self.code = "payload_too_large" if status == 413 else "invalid_request"
 
 
 def read_chunked(stream, limit: int) -> bytes:
@@ -184,8 +186,11 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length else b""
 
     def _handle(self) -> None:
-        path = urlsplit(self.path).path
-        if self.command in ("GET", "HEAD") and (path == "/console" or path.startswith("/console/")):
+        url = urlsplit(self.path)
+        path = url.path
+        if self.command in ("GET", "HEAD") and path == "/console":  # the page's files are relative to /console/
+            return self._send(308, {"location": f"/console/{'?' if url.query else ''}{url.query}"}, b"")
+        if self.command in ("GET", "HEAD") and path.startswith("/console/"):
             return self._send_console(path)
         if self.command in ("GET", "HEAD") and path == "/local/stack":
             return self._json(200, {"local": True, "dreaming_idle_secs": self.server.settings.dreaming_idle_secs})
@@ -195,8 +200,8 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
             body = self._body()
         except BadRequest as refused:
             self.close_connection = True  # what follows on this connection cannot be framed
-            return self._send(refused.status, {"content-type": "application/json"},
-                              json.dumps({"statusCode": refused.status, "message": str(refused)}))
+            return self._json(refused.status, {"statusCode": refused.status, "code": refused.code,
+                                               "message": str(refused)})
         if self.command == "POST" and path == "/local/token":
             return self._local_token(body)
         claims = verify_token(self.headers.get("authorization"), self.server.settings, self.server.key)
@@ -261,7 +266,7 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
 
     def _send_console(self, path: str) -> None:
         """The console's files (``console/``), with a policy that lets the page reach only this origin."""
-        if path in ("/console", "/console/"):
+        if path == "/console/":
             path = "/console/index.html"
         name = path.removeprefix("/console/")
         file = CONSOLE / name

@@ -192,6 +192,10 @@ class HealthReport(ApiModel):
     status: Literal["ok", "degraded"]
     database: Literal["ok", "unreachable"]
     providers: dict[str, str] = Field(description="what the chat model and the embedder are (real or offline)")
+    offline: list[Literal["llm", "embedder"]] = Field(
+        description="the providers this deployment runs offline stand-ins for (no key or base URL set: local runs "
+                    "only): with llm, replies are echoes and memories a crude pick of the user's words; with "
+                    "embedder, recall matches words, not meaning. Empty when real ones are configured")
     dreaming: dict[str, Any] = Field(description="ok, or held while a provider refuses our credentials (and why)")
 
 

@@ -70,6 +70,20 @@ try {
   await waitUntil(page, () => document.querySelector("#status").textContent === "Deleted.");
   await waitUntil(page, () => !document.querySelector("#memory-groups").textContent.includes("Keeps bees"));
   seen.memoriesDeleted = await text("#memory-groups");
+
+  // An edit the server refuses (an event time it does not take) keeps the form and what was typed, and says why.
+  await page.evaluate(() => [...document.querySelectorAll("#memory-groups li.memory")]
+    .find((item) => item.textContent.includes("Lives near the river")).setAttribute("data-target", ""));
+  const river = "#memory-groups li.memory[data-target]";
+  await page.evaluate((s) => [...document.querySelectorAll(`${s} button`)]
+    .find((button) => button.textContent === "Edit").click(), river);
+  await page.waitForSelector(`${river} form textarea`);
+  await page.evaluate((s) => { document.querySelector(`${s} form textarea`).value = "Lives near the canal"; }, river);
+  await page.type(`${river} form input[type=text]`, "soon");
+  await page.click(`${river} form button[type=submit]`);
+  await waitUntil(page, (s) => document.querySelector(`${s} .form-error`)?.textContent, river);
+  seen.editRefused = await text(`${river} .form-error`);
+  seen.editKept = await page.$eval(`${river} form textarea`, (box) => box.value);
   seen.version = await browser.version();
 } catch (error) {
   seen.failure = String(error);

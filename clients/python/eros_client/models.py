@@ -216,6 +216,10 @@ class HealthReport(BaseModel):
     """
     what the chat model and the embedder are (real or offline)
     """
+    offline: Annotated[list[Literal["llm", "embedder"]], Field(title="Offline")]
+    """
+    the providers this deployment runs offline stand-ins for (no key or base URL set: local runs only): with llm, replies are echoes and memories a crude pick of the user's words; with embedder, recall matches words, not meaning. Empty when real ones are configured
+    """
     dreaming: Annotated[dict[str, Any], Field(title="Dreaming")]
     """
     ok, or held while a provider refuses our credentials (and why)

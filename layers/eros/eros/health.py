@@ -35,13 +35,13 @@ def report() -> dict:
     except (psycopg.Error, ConfigurationError):
         database = "unreachable"
     try:
-        described = providers.describe()
+        described, offline = providers.describe(), providers.running_offline()
     except ConfigurationError as exc:
-        described = {"error": str(exc)}
+        described, offline = {"error": str(exc)}, []
     dreaming = _dreaming() if database == "ok" else {"status": "unknown"}
     healthy = database == "ok" and "error" not in described and dreaming["status"] == "ok"
     return {"status": "ok" if healthy else "degraded", "database": database, "providers": described,
-            "dreaming": dreaming}
+            "offline": offline, "dreaming": dreaming}
 
 
 def _dreaming() -> dict:

@@ -32,7 +32,8 @@ if TYPE_CHECKING:  # imported where chosen: a deployed container never runs the 
     from .offline import HashingEmbedder, OfflineChat
 
 __all__ = ["Deadline", "ModelNotFound", "ProviderConfigurationError", "ProviderError", "ProviderNotConfigured",
-           "ProviderResponseError", "ProviderTimeout", "ProviderUnavailable", "chat_client", "embedder", "describe"]
+           "ProviderResponseError", "ProviderTimeout", "ProviderUnavailable", "chat_client", "embedder", "describe",
+           "running_offline"]
 
 
 @lru_cache(maxsize=1)
@@ -71,6 +72,13 @@ def _refuse_offline_in_deployment(s, key: str) -> None:
 def describe() -> dict[str, str]:
     """What the process runs on, for start-up banners and /v1/health."""
     return {"llm": chat_client().describe(), "embedder": embedder().describe()}
+
+
+def running_offline() -> list[str]:
+    """Which of "llm" and "embedder" this process runs the offline stand-ins for (no key or base URL set), for
+    /v1/health: a client (the console) can say why replies are echoes and memories crude."""
+    return [name for name, client in (("llm", chat_client()), ("embedder", embedder()))
+            if getattr(client, "offline", False)]
 
 
 def reset() -> None:

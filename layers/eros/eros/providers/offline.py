@@ -61,6 +61,7 @@ def tokens(text: str) -> int:
 
 class HashingEmbedder:
     model = "offline/lexical-hash-512"
+    offline = True  # providers.running_offline() names it
 
     def describe(self) -> str:
         return f"OFFLINE lexical hashing embedder ({EMBED_DIM}-d, word overlap only)"
@@ -72,6 +73,7 @@ class HashingEmbedder:
 
 class OfflineChat:
     model = "offline/echo"
+    offline = True  # providers.running_offline() names it
 
     def describe(self) -> str:
         return "OFFLINE deterministic chat model (echoes, no network)"
