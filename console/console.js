@@ -644,7 +644,7 @@ async function showOfflineNote() {
   const said = [];
   if (offline.includes("llm")) {
     said.push("Offline mode: no model is configured, so replies are echoes and memories look crude (a stand-in "
-      + "picks sentences from your own words). Set OPENROUTER_API_KEY (or LLM_BASE_URL and CHAT_MODEL) and "
+      + "writes them from your own sentences by rule). Set OPENROUTER_API_KEY (or LLM_BASE_URL and CHAT_MODEL) and "
       + "restart the stack for real ones.");
   }
   if (offline.includes("embedder")) {

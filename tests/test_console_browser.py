@@ -566,3 +566,36 @@ def test_offline_mode_says_why_memories_look_crude(browser, local_server):
     visit.shot("console-offline")
     assert visit.errors == []
     visit.close()
+
+
+def test_offline_shanghai_to_tokyo_keeps_the_job(browser, local_server):
+    """The newcomer's demo with no keys (issue 30): the stand-in writes one memory a clause in the third person,
+    skips the question, and a move to Tokyo supersedes the home only; the history shows Shanghai as changed."""
+    visit = Visit(browser, local_server.url)
+    page = visit.page
+    visit.sign_in("erin")
+    box = page.get_by_label("Message", exact=True)
+    page.get_by_role("button", name="New session").click()
+    box.fill("Hi! I live in Shanghai and I'm a nurse. Where do I live now?")
+    box.press("Enter")
+    expect(page.locator("#messages li.assistant").last).to_contain_text("(offline model)")
+    page.get_by_role("button", name="Sweep now").click()
+    expect(visit.memory("Lives in Shanghai")).to_be_visible()
+    expect(visit.memory("Works as a nurse")).to_be_visible()
+    profile = page.locator("#memory-groups section.memory-group[aria-label^='profile'] li.memory")
+    expect(profile).to_have_count(2)  # no question, no greeting
+    visit.shot("console-offline-shanghai")
+    page.get_by_role("button", name="New session").click()
+    box.fill("Guess what, I moved to Tokyo!")
+    box.press("Enter")
+    expect(page.locator("#messages li.assistant").last).to_contain_text("Tokyo")
+    page.get_by_role("button", name="Sweep now").click()
+    expect(visit.memory("Moved to Tokyo")).to_be_visible()
+    expect(visit.memory("Works as a nurse")).to_be_visible()
+    expect(visit.memory("Lives in Shanghai")).to_have_count(0)  # superseded: out of the current view
+    visit.shot("console-offline-tokyo")
+    page.get_by_label("Show history (superseded)").check()
+    expect(visit.memory("Lives in Shanghai")).to_contain_text("changed")
+    visit.shot("console-offline-history")
+    assert visit.errors == []
+    visit.close()
