@@ -129,18 +129,20 @@ def reset() -> None:
         _kept.clear()
 
 
-def _state(model: str) -> dict[str, Any]:
-    """engine.embedding_space and the newest stored calibration of ``model``, as kept for TTL_SECS."""
+def _state(model: str | None) -> dict[str, Any]:
+    """engine.embedding_space and the newest stored calibration of ``model`` (None: of the stored vectors' model),
+    as kept for TTL_SECS."""
     from .store import embedding as embedding_store
 
     now = time.monotonic()
+    key = model or ""
     with _lock:
-        kept = _kept.get(model)
+        kept = _kept.get(key)
         if kept and now - kept.at < (TTL_SECS if kept.state["space"] else EMPTY_TTL_SECS):
             return kept.state
     state = embedding_store.state(model)
     with _lock:
-        _kept[model] = _Kept(now, state)
+        _kept[key] = _Kept(now, state)
     return state
 
 
@@ -153,7 +155,7 @@ def configured_model() -> str:
 
 def space() -> dict[str, Any] | None:
     """The model and dimension the deployment's stored vectors came from (None before the first is written)."""
-    return _state(configured_model())["space"]
+    return _state(None)["space"]
 
 
 def guard(model: str) -> None:
@@ -169,10 +171,13 @@ def effective(cfg: Settings | None = None, *, knobs: RecallKnobs | None = None, 
     ``knobs`` (default: the settings' ``recall``): a knob the environment (or the caller) set explicitly is kept."""
     cfg = cfg or settings()
     knobs = knobs or cfg.recall
-    asked = model or configured_model()
-    state = _state(asked)
-    target = model or (state["space"]["model"] if state["space"] else asked)
-    if target != asked:
+    state = _state(model)  # model None: the stored vectors' (no embedder needed, as in the deep pass)
+    if model:
+        target = model
+    elif state["space"]:
+        target = state["space"]["model"]
+    else:  # nothing stored yet: the configured embedder's, whose vectors will be
+        target = configured_model()
         state = _state(target)
     base, chosen, stored, refused = _base(target, state["calibration"])
     explicit = {name for name in RECALL_KNOBS if name in knobs.model_fields_set}
@@ -231,7 +236,7 @@ def calibrate(*, dry_run: bool = False, limit: int = SAMPLE_LIMIT, model: str | 
     from .store import embedding as embedding_store
 
     configured = configured_model()
-    recorded = _state(configured)["space"]
+    recorded = _state(None)["space"]
     target = model or (recorded["model"] if recorded else configured)
     before = effective(model=target)
     cosines = embedding_store.neighbour_cosines(target, limit)

@@ -10,14 +10,16 @@ from ..db import connection, one
 
 _STATE = """
 SELECT (SELECT to_jsonb(s) - 'singleton' FROM engine.embedding_space s) AS space,
-       (SELECT to_jsonb(c) FROM engine.embedding_calibrations c WHERE c.model = %(model)s
+       (SELECT to_jsonb(c) FROM engine.embedding_calibrations c
+        WHERE c.model = coalesce(%(model)s, (SELECT model FROM engine.embedding_space))
         ORDER BY c.id DESC LIMIT 1) AS calibration
 """
 
 
-def state(model: str) -> dict[str, Any]:
+def state(model: str | None) -> dict[str, Any]:
     """One round trip: ``space`` (the model and dimension the stored vectors came from, with ``recorded_at``;
-    None before the first vector is written) and ``calibration``, the newest stored row for ``model`` (or None)."""
+    None before the first vector is written) and ``calibration``, the newest stored row for ``model`` (None: for
+    the stored vectors' model), or None."""
     return one(connection().execute(_STATE, {"model": model}))
 
 
