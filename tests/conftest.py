@@ -134,12 +134,14 @@ def _one_botocore_loader():
 
 
 def reset_process_state() -> None:
-    """Forget cached settings, providers and connections (tests change the environment)."""
-    from eros import db, providers
+    """Forget cached settings, providers, connections and what the database said of the embedding space (tests
+    change the environment and clean the database)."""
+    from eros import calibrated, db, providers
     from eros.config import settings
 
     settings.cache_clear()
     providers.reset()
+    calibrated.reset()
     db.reset()
 
 

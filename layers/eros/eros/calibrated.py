@@ -17,8 +17,10 @@ on the scale of the vectors compared. Before any vector is stored, it is the con
 another model than the recorded one raises ``EmbedderMismatch`` (a configuration fault: a turn answers 503
 ``provider_misconfigured``, dreaming holds). Migration 0032's trigger refuses such a write too, on every path.
 
-What the database says is kept per process for ``TTL_SECS`` (a turn pays no round trip for it; a calibration
-stored by ``eros calibrate`` is used by a warm container within that time).
+What the database says is kept per process for ``TTL_SECS``: a container pays one round trip for it a minute, not
+one a turn, and uses a calibration ``eros calibrate`` stored within that time. (A container that read "no vector
+stored yet" keeps that as long; if another container meanwhile records another model, this one's writes are
+refused by the trigger: what it may compare meanwhile is a misconfigured deploy's first minute.)
 """
 
 from __future__ import annotations
@@ -44,7 +46,6 @@ ENV_NAMES = {name: RecallKnobs.model_fields[name].alias or name for name in RECA
     "deep_pass_similarity": "DEEP_PASS_SIMILARITY"}
 
 TTL_SECS = 60.0  # what a container keeps of the database's answer
-EMPTY_TTL_SECS = 5.0  # ... while no vector is stored: the first write records the model soon
 
 
 class Thresholds(BaseModel):
@@ -138,7 +139,7 @@ def _state(model: str | None) -> dict[str, Any]:
     key = model or ""
     with _lock:
         kept = _kept.get(key)
-        if kept and now - kept.at < (TTL_SECS if kept.state["space"] else EMPTY_TTL_SECS):
+        if kept and now - kept.at < TTL_SECS:
             return kept.state
     state = embedding_store.state(model)
     with _lock:
@@ -158,11 +159,31 @@ def space() -> dict[str, Any] | None:
     return _state(None)["space"]
 
 
+def mismatch(model: str) -> dict[str, Any] | None:
+    """The recorded embedding space, if vectors of another model than ``model`` are stored (once none of the
+    recorded model is left, the next vector written is recorded instead: nothing to mix with)."""
+    from .store import embedding as embedding_store
+
+    recorded = _state(model)["space"]
+    if not recorded or recorded["model"] == model:
+        return None
+    key = f"held:{recorded['model']}"
+    now = time.monotonic()
+    with _lock:
+        kept = _kept.get(key)
+        if kept and now - kept.at < TTL_SECS:
+            return recorded if kept.state["held"] else None
+    held = embedding_store.holds(recorded["model"])
+    with _lock:
+        _kept[key] = _Kept(now, {"held": held})
+    return recorded if held else None
+
+
 def guard(model: str) -> None:
     """Raise ``EmbedderMismatch`` if the stored vectors came from another model than ``model`` (the configured
     embedder's, about to embed something that is compared with them or stored beside them)."""
-    recorded = _state(model)["space"]
-    if recorded and recorded["model"] != model:
+    recorded = mismatch(model)
+    if recorded:
         raise EmbedderMismatch(recorded["model"], model)
 
 

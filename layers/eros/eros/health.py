@@ -169,12 +169,11 @@ def _calibration(found: dict[str, Any]) -> tuple[str, str]:
 
     configured = calibrated.configured_model()
     used = calibrated.effective(model=None)
-    space = used.space
+    space, other = used.space, calibrated.mismatch(configured)
     found["report"] = used.describe() | {
         "configured_model": configured, "stored_model": space["model"] if space else None,
-        "stored_dimension": space["dimension"] if space else None,
-        "mismatch": bool(space and space["model"] != configured)}
-    if space and space["model"] != configured:
+        "stored_dimension": space["dimension"] if space else None, "mismatch": other is not None}
+    if space and other:
         return (f"the stored vectors were embedded by {space['model']!r} ({space['dimension']}-d), but the configured"
                 f" embedder is {configured!r}: turns and dreaming are refused until EMBED_MODEL is"
                 f" {space['model']!r} again (re-embedding the stored memories is not available yet)", "failed")

@@ -83,8 +83,5 @@ def running_offline() -> list[str]:
 
 
 def reset() -> None:
-    from .. import calibrated  # the embedder's thresholds and stored model, kept per process with it
-
     chat_client.cache_clear()
     embedder.cache_clear()
-    calibrated.reset()

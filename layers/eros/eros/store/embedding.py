@@ -64,3 +64,11 @@ def neighbour_cosines(model: str, limit: int) -> list[float]:
     rows = connection().execute(_NEIGHBOURS, {"model": model, "limit": limit}).fetchall()
     return [float(r["cosine"]) for r in rows]
 
+
+
+def holds(model: str) -> bool:
+    """Whether any stored vector names ``model`` (a scan that stops at the first: the recorded model's rows are
+    most rows, but when a model changed under a table of none of them, the whole table)."""
+    return one(connection().execute(
+        "SELECT EXISTS (SELECT 1 FROM engine.companion_memories WHERE metadata->>'embed_model' = %s) AS held",
+        (model,)))["held"]
