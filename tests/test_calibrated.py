@@ -12,8 +12,10 @@ from types import SimpleNamespace
 
 import psycopg
 import pytest
+from helpers import migrate_before
 from pgvector import Vector
 from psycopg.types.json import Jsonb
+from test_migrations import fresh_database  # noqa: F401 -- the fixture
 
 from eros import calibrated, calibration, chat, recall
 from eros.calibration import REFERENCE, Calibration
@@ -315,3 +317,32 @@ def test_health_and_doctor_fail_when_the_stored_vectors_are_another_model_s(db, 
     assert cli.main(["doctor"]) == 1
     line = capsys.readouterr().out.splitlines()[-1]
     assert line.split()[:2] == ["BAD", "calibration"] and "turns and dreaming are refused" in line
+
+
+def test_once_no_vector_of_the_recorded_model_is_left_the_next_model_is_recorded(db):
+    """A deployment whose memories were all erased (or a dev database whose rows a test deleted) has nothing to mix
+    with: the next model written is recorded instead of refused."""
+    old = store(db, "alice", "Lives in Tokyo", axis(0), model="voyage-3.5-lite")
+    with pytest.raises(EmbedderMismatch):
+        calibrated.guard(OFFLINE)
+    db.execute("DELETE FROM engine.companion_memories WHERE id = %s", (old,))
+    calibrated.reset()
+    calibrated.guard(OFFLINE)  # the space still names voyage, but none of its vectors is left
+    store(db, "alice", "Lives in Kyoto", axis(1))
+    assert db.execute("SELECT model FROM engine.embedding_space").fetchone()["model"] == OFFLINE
+
+
+def test_an_existing_deployment_records_the_model_of_its_newest_vector(fresh_database):  # noqa: F811
+    from eros.migrate import migrate
+
+    with psycopg.connect(fresh_database, autocommit=True) as conn:
+        migrate_before(conn, "0032")
+        for model, day in (("voyage-3", "2025-01-01"), ("voyage-3.5-lite", "2025-06-01")):
+            conn.execute("INSERT INTO engine.companion_memories (user_id, content, embedding, category, source,"
+                         " metadata, created_at) VALUES ('old', %s, %s::vector, 'fact', 'dreaming',"
+                         " jsonb_build_object('embed_model', %s::text), %s::timestamptz)",
+                         (f"from {model}", str(axis(0)), model, day))
+    migrate(fresh_database)
+    with psycopg.connect(fresh_database) as conn:
+        assert conn.execute("SELECT model, dimension FROM engine.embedding_space").fetchone() == (
+            "voyage-3.5-lite", EMBED_DIM)
