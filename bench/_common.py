@@ -86,12 +86,14 @@ def command_line(script: str, argv: list[str] | None) -> str:
 # --- the environment ---------------------------------------------------------------------------------
 
 def reset_process_state() -> None:
-    """Forget cached settings, providers and this thread's connection (after the environment changed)."""
-    from eros import db, providers
+    """Forget cached settings, providers, this thread's connection and the embedding space read (after the
+    environment changed)."""
+    from eros import calibrated, db, providers
     from eros.config import settings
 
     settings.cache_clear()
     providers.reset()
+    calibrated.reset()
     db.reset()
 
 

@@ -134,12 +134,14 @@ def _one_botocore_loader():
 
 
 def reset_process_state() -> None:
-    """Forget cached settings, providers and connections (tests change the environment)."""
-    from eros import db, providers
+    """Forget cached settings, providers, connections and what the database said of the embedding space (tests
+    change the environment and clean the database)."""
+    from eros import calibrated, db, providers
     from eros.config import settings
 
     settings.cache_clear()
     providers.reset()
+    calibrated.reset()
     db.reset()
 
 
@@ -153,7 +155,7 @@ def clean_schema() -> str:
     seeded = json.dumps([p["id"] for p in personas()])
     return ";".join([*(f"DELETE FROM engine.{table}" for table in (
         "companion_memories", "chat_messages", "chat_sessions", "user_deep_pass", "persona_instances",
-        "provider_blocks", "user_usage", "user_model_usage")),
+        "provider_blocks", "user_usage", "user_model_usage", "embedding_space", "embedding_calibrations")),
         "DELETE FROM engine.personas WHERE owner_id IS NOT NULL"
         f" OR id NOT IN (SELECT jsonb_array_elements_text('{seeded}'::jsonb))",
         "DELETE FROM engine.persona_versions WHERE version > 1",

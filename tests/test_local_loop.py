@@ -217,7 +217,9 @@ def test_doctor_checks_the_database_the_schema_and_each_provider(online, db, cap
     assert cli.main(["doctor"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert [line.split()[:2] for line in out] == [["ok", "database"], ["ok", "schema"], ["ok", "chat"],
-                                                   ["ok", "extraction"], ["ok", "embedder"]]
+                                                   ["ok", "extraction"], ["ok", "embedder"],
+                                                   ["WARN", "calibration"]]  # issue 30: no calibration, no failure
+    assert "'voyage-3.5-lite' has NO calibration" in out[5] and "eros calibrate" in out[5]
     assert "pgvector" in out[0] and migration_files()[-1][0] in out[1]  # the newest migration
     chat, extraction = fake_llm.requests[-2:]  # one model, called as a turn and as an extraction (JSON) call it
     assert chat["json"]["max_tokens"] == 1 and extraction["json"]["response_format"] == {"type": "json_object"}
@@ -238,13 +240,15 @@ def test_doctor_checks_every_configured_model_by_its_setting(online, db, env, ca
     env(CHAT_MODEL="llama3.1")  # the README's recipe for an OpenAI-compatible server: extraction follows
     assert cli.main(["doctor"]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out.splitlines()
-    assert [line.split()[:2] for line in out[2:]] == [["ok", "chat"], ["ok", "extraction"], ["ok", "embedder"]]
+    assert [line.split()[:2] for line in out[2:]] == [["ok", "chat"], ["ok", "extraction"], ["ok", "embedder"],
+                                                      ["WARN", "calibration"]]
     assert "EXTRACT_MODEL = CHAT_MODEL 'llama3.1'" in out[3]
 
     env(EXTRACT_MODEL="anthropic/claude-haiku-4.5", EMBED_MODEL="voyage-9")
     assert cli.main(["doctor"]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert [line.split()[:2] for line in out[2:]] == [["ok", "chat"], ["BAD", "extraction"], ["BAD", "embedder"]]
+    assert [line.split()[:2] for line in out[2:]] == [["ok", "chat"], ["BAD", "extraction"], ["BAD", "embedder"],
+                                                      ["WARN", "calibration"]]
     assert "set EXTRACT_MODEL to a model it serves" in out[3] and "set EMBED_MODEL to a model it serves" in out[4]
 
 
@@ -253,7 +257,9 @@ def test_the_deep_health_check_needs_a_token_and_names_a_schema_behind(online, d
     assert api.call("GET", "/v1/health/deep", user=None)[0] == 401
     status, report = api.call("GET", "/v1/health/deep")
     assert status == 200 and report["status"] == "ok" and set(report["checks"]) == {"database", "schema", "chat",
-                                                                                    "extraction", "embedder"}
+                                                                                    "extraction", "embedder",
+                                                                                    "calibration"}
+    assert report["checks"]["calibration"]["status"] == "warning" and report["calibration"]["source"] == "default"
     db.execute("DELETE FROM engine.schema_migrations WHERE name = '0009_usage_by_model'")
     try:
         status, report = api.call("GET", "/v1/health/deep")

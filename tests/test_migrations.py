@@ -159,6 +159,8 @@ APP_TABLE_PRIVILEGES = {
     "chat_messages": {"SELECT", "INSERT", "DELETE"},  # a message is never changed; retention and erasure delete
     "relationship_terms": {"SELECT", "INSERT", "DELETE"},  # the trigger of migration 0027, as the memory's writer
     "persona_instances": {"SELECT", "INSERT", "DELETE"},  # and UPDATE of user_id alone (below)
+    "embedding_space": {"SELECT", "INSERT", "UPDATE"},  # sql/functions/embedding.sql's trigger records the model
+    "embedding_calibrations": {"SELECT", "INSERT"},  # `eros calibrate` adds a row; none is ever changed
     "chat_sessions": READ_WRITE, "companion_memories": READ_WRITE, "user_deep_pass": READ_WRITE,
     "user_usage": READ_WRITE, "user_model_usage": READ_WRITE, "provider_blocks": READ_WRITE,
     "user_consolidation": READ_WRITE,  # a view: user_deep_pass by the previous release's name (migration 0022)

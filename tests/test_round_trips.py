@@ -41,6 +41,14 @@ def wire(providers, database_url, env):
         db.reset()
 
 
+def warm() -> None:
+    """A warm container: it has read the embedding space and its calibration (eros.calibrated keeps them a minute:
+    a round trip a minute, not a turn; test_a_cold_container_reads_the_embedding_space_once counts it)."""
+    from eros import calibrated, providers
+
+    calibrated.guard(providers.embedder().model)
+
+
 @pytest.fixture(params=[False, True], ids=["no limits", "spend limits"])
 def limits(request, env):
     if request.param:
@@ -49,7 +57,8 @@ def limits(request, env):
 
 
 def counted(wire: RoundTrips, *args) -> tuple[chat.TurnResult, int]:
-    """One turn (``take_turn``'s arguments) and the round trips it made."""
+    """One turn (``take_turn``'s arguments) and the round trips it made, in a warm container."""
+    warm()
     wire.reset()
     result = chat.take_turn(*args)
     return result, wire.count
@@ -94,6 +103,7 @@ def test_a_turn_and_its_replay(wire, limits, db):
 
 def test_a_turns_statements_are_calls_of_functions_that_keep_their_plans(limits, providers, db):
     session = chat_store.create_session("alice", "luna")["id"]
+    warm()
     with capture_statements() as sent:
         chat.take_turn("alice", session, "I adopted a cat named Miso", "t-1")
         chat.take_turn("alice", session, "I adopted a cat named Miso", "t-1")  # the replay
@@ -112,6 +122,7 @@ def test_a_retry_of_a_turn_the_model_failed(wire, limits, providers, db):
     fake_llm, _ = providers
     session = chat_store.create_session("alice", "luna")["id"]
     fake_llm.push(Status(503))
+    warm()
     wire.reset()
     with pytest.raises(chat.TurnFailed):
         chat.take_turn("alice", session, "are you there?", "t-1")
@@ -142,3 +153,19 @@ def test_a_turn_the_spend_limits_refuse(wire, env):
     with pytest.raises(OverLimit):
         chat.take_turn("alice", session, "hello again", None)
     assert 0 < wire.count <= REFUSED
+
+
+def test_a_cold_container_reads_the_embedding_space_once(wire, db):
+    """Issue 30: the turn checks that its embedder is the stored vectors' model and uses that model's thresholds;
+    what the database says of them costs a container's first turn one round trip, and no turn after it (until
+    eros.calibrated.TTL_SECS have passed)."""
+    from eros import calibrated
+
+    session = chat_store.create_session("alice", "luna")["id"]
+    calibrated.reset()  # a new container
+    wire.reset()
+    first = chat.take_turn("alice", session, "I adopted a cat named Miso", "t-1")
+    assert not first.replayed and wire.count == TURN + 1
+    wire.reset()
+    second = chat.take_turn("alice", session, "Miso knocked my plant over", "t-2")
+    assert not second.replayed and wire.count == TURN

@@ -20,7 +20,8 @@ USER_TABLES = {"chat_sessions", "chat_messages", "companion_memories", "persona_
                "user_usage", "user_model_usage", "relationship_terms"}
 # Reference data: on every shard. A user's own characters (migration 0030) are persona rows too: few and small,
 # replicated with the app's, written through the database's functions only.
-SHARED_TABLES = {"personas", "persona_versions", "provider_blocks", "schema_migrations", "schema_objects"}
+SHARED_TABLES = {"personas", "persona_versions", "provider_blocks", "schema_migrations", "schema_objects",
+                 "embedding_space", "embedding_calibrations"}  # the deployment's embedding model (migration 0032)
 # Cross-user by design, each with why. On a sharded database these run on every shard (a fan-out) or per shard.
 CROSS_USER = {
     "dreaming._CLAIM_TEMPLATE": "the sweeper claims idle sessions of everyone: run per shard (the follow-on claim "
@@ -32,6 +33,10 @@ CROSS_USER = {
     "usage.calls_by_user": "the operators' report over every user: summed over shards",
     "usage.tokens_by_user": "the same report's token totals",
     "grants.grant_app_role": "the app role's grants, on whole tables: DDL, not a statement on anyone's rows",
+    "embedding.holds": "whether any vector of the deployment's recorded model is left, asked only when another "
+                       "model is configured: every shard",
+    "embedding.keep_embedding_space": "the same question, asked by the trigger only when a vector of another "
+                                      "model than the recorded one is written: every shard",
 }
 # Not scoped by the user yet: each finds its rows by an id (a session, a memory, a claim) that its caller got
 # from a user-scoped statement, so it is correct on one database, but a sharded one would have to ask every

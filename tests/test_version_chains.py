@@ -37,10 +37,12 @@ from test_migrations import fresh_database  # noqa: F401 -- the fixture
 
 from eros import db as eros_db
 from eros.db import one
-from eros.providers.offline import hash_embed
+from eros.providers.offline import HashingEmbedder, hash_embed
 from eros.store import account
 from eros.store import deep_pass as deep_store
 from eros.store import memories as memory_store
+
+OFFLINE = HashingEmbedder.model  # the configured embedder's model: what an edit through the API embeds with
 
 
 def vector(text: str) -> list[float]:
@@ -72,7 +74,7 @@ class Chain:
 
 
 def edited(user: str, memory_id: UUID, text: str) -> UUID:
-    new = memory_store.edit_memory(user, memory_id, {"content": text}, vector(text), "offline")
+    new = memory_store.edit_memory(user, memory_id, {"content": text}, vector(text), OFFLINE)
     assert new is not None
     return new["id"]
 
@@ -84,10 +86,10 @@ def history(user: str, memory_id: UUID) -> list[Any]:
 
 
 def a_chain(user: str) -> Chain:
-    v0 = memory_store.add_memory(user, "Lives in Shanghai", "fact", 0.7, vector("Lives in Shanghai"), "offline")["id"]
+    v0 = memory_store.add_memory(user, "Lives in Shanghai", "fact", 0.7, vector("Lives in Shanghai"), OFFLINE)["id"]
     v1 = edited(user, v0, "Lives in Tokyo")
     v2 = edited(user, v1, "Lives in Osaka")
-    z = memory_store.add_memory(user, "Lives in Kyoto", "fact", 0.6, vector("Lives in Kyoto"), "offline")["id"]
+    z = memory_store.add_memory(user, "Lives in Kyoto", "fact", 0.6, vector("Lives in Kyoto"), OFFLINE)["id"]
     return Chain(user, [v0, v1, v2], z, {v0: "F", v1: "F", v2: "F", z: "Z"})
 
 
@@ -109,7 +111,7 @@ def op_edit(db, c: Chain) -> None:
         return
     text = f"Lives in city {len(c.fact)}"
     try:
-        new = memory_store.edit_memory(c.user, head, {"content": text}, vector(text), "offline")
+        new = memory_store.edit_memory(c.user, head, {"content": text}, vector(text), OFFLINE)
     except memory_store.NotCurrent:
         return
     if new is not None:

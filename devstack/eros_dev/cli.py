@@ -1,5 +1,5 @@
 """The ``eros`` command: serve (the local stack) and stop it, migrate, token, chat, sweep, invoke, doctor,
-forget, usage, backfill-episodes. Every failure is one line on stderr (EROS_DEBUG=1 shows the traceback)."""
+calibrate, forget, usage, backfill-episodes. Every failure is one line on stderr (EROS_DEBUG=1 shows the traceback)."""
 
 from __future__ import annotations
 
@@ -338,7 +338,8 @@ def _looks_like(event: object) -> tuple[str, str] | None:
 
 
 def cmd_doctor(args) -> int:
-    """What ``GET /v1/health/deep`` checks, from here: the database, the schema and each provider."""
+    """What ``GET /v1/health/deep`` checks, from here: the database, the schema, each provider and the embedder's
+    similarity thresholds (eros.calibrated)."""
     import json
 
     from eros.health import deep_report
@@ -349,9 +350,68 @@ def cmd_doctor(args) -> int:
     if args.json:
         print(json.dumps(report, default=str, indent=2))
     else:
+        marks = {"ok": "ok  ", "warning": "WARN"}  # a warning works, but wants a look; it does not fail the check
         for name, check in report["checks"].items():
-            print(f"{'ok ' if check['status'] == 'ok' else 'BAD'} {name:<9} {check['detail']}")
+            print(f"{marks.get(check['status'], 'BAD ')} {name:<11} {check['detail']}")
     return 0 if report["status"] == "ok" else 1
+
+
+def cmd_calibrate(args) -> int:
+    """The similarity thresholds and score weights for the stored vectors' embedding model, derived from this
+    deployment's own memories without labels (eros.calibrated.calibrate), stored unless ``--dry-run``, and shown
+    beside the defaults and what the engine used until now."""
+    import json
+
+    from eros import calibrated
+
+    _database()
+    with _answer_only(), _quiet():
+        try:
+            done = calibrated.calibrate(dry_run=args.dry_run, limit=args.sample)
+        except calibrated.TooFew as exc:
+            raise CliError(f"{exc}; nothing was stored (run it again once dreaming has written more memories)"
+                           ) from None
+        except ValueError as exc:
+            raise CliError(f"the derived thresholds are not usable ({exc}); nothing was stored") from None
+    report = _calibrated(done)
+    if args.json:
+        print(json.dumps(report, default=str, indent=2))
+        return 0
+    verb = "would store (--dry-run: nothing stored)" if args.dry_run else "stored"
+    print(f"{report['model']}: thresholds from {report['pairs']:,} memories' nearest neighbours of the same user and"
+          f" category; {verb}")
+    print(f"{'setting':<26} {'default':>8} {'used until now':>22} {'chosen':>8}")
+    for knob in report["knobs"]:
+        before = f"{knob['before']} ({knob['before_source']})"
+        print(f"{knob['variable']:<26} {knob['default']:>8} {before:>22} {knob['chosen']:>8}")
+    for note in report["notes"]:
+        print(f"note: {note}")
+    return 0
+
+
+def _calibrated(done) -> dict:
+    from eros import calibrated, calibration
+
+    chosen, before = done.calibration, done.before
+    knobs = [{"knob": name, "variable": calibrated.ENV_NAMES[name], "default": getattr(calibration.REFERENCE, name),
+              "before": before.values[name], "before_source": before.sources[name], "chosen": getattr(chosen, name)}
+             for name in calibrated.KNOBS]
+    overridden = [k["variable"] for k in knobs if k["before_source"] == "env"]
+    notes = list(done.notes)
+    if overridden:
+        notes.append(f"set in the environment, so still used instead of the chosen value: {', '.join(overridden)}")
+    return {"model": chosen.model, "pairs": done.pairs, "stored": done.stored is not None,
+            "calibrated_at": done.stored["created_at"] if done.stored else None, "knobs": knobs, "notes": notes}
+
+
+def _sample(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    if not 50 <= n <= 20000:
+        raise argparse.ArgumentTypeError(f"{n} is not between 50 and 20000")
+    return n
 
 
 def cmd_forget(args) -> int:
@@ -689,7 +749,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("event", help="a JSON event file (events/ has one for each function)")
     p.set_defaults(func=cmd_invoke)
 
-    p = sub.add_parser("doctor", help="check the database, the schema version and the providers (exit 1 if not ok)")
+    p = sub.add_parser("calibrate", help="derive the similarity thresholds for the embedding model from this"
+                                         " deployment's memories, store them and show what was chosen")
+    p.add_argument("--dry-run", action="store_true", help="show what would be chosen; store nothing")
+    p.add_argument("--sample", type=_sample, default=3000,
+                   help="the most memories whose nearest neighbour is read (50 to 20000; default 3000)")
+    p.add_argument("--json", action="store_true", help="the report as JSON")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("doctor", help="check the database, the schema version, the providers and the embedder's"
+                                      " calibration (exit 1 if a check failed)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_doctor)
 

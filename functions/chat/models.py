@@ -200,16 +200,44 @@ class HealthReport(ApiModel):
 
 
 class Check(ApiModel):
-    status: Literal["ok", "failed"]
+    status: Literal["ok", "warning", "failed"] = Field(
+        description="warning: works, but needs an operator's look (an embedder with no calibration)")
     detail: str
     ms: float
     age_s: float = Field(description="seconds since the check ran: 0, but for the providers' checks, which a "
                                      "container makes at most once per DEEP_HEALTH_CACHE_SECS")
 
 
+class Calibration(ApiModel):
+    """The similarity thresholds and score weights the engine uses for the embedding model (issue 30)."""
+    model: str = Field(description="the model they are for: the stored vectors' (the configured embedder's before "
+                                   "any vector is stored)")
+    source: Literal["env", "calibrated", "shipped", "default"] = Field(
+        description="env: every one set in the environment; calibrated: stored by `eros calibrate`; shipped: "
+                    "measured for this model and shipped with the build; default: none for this model, the "
+                    "defaults tuned on e5 (a warning)")
+    base: Literal["calibrated", "shipped", "default"] = Field(
+        description="where the values the environment does not set come from")
+    values: dict[str, float] = Field(description="dedupe_similarity, demote_similarity, lexical_weight, "
+                                                 "importance_weight, deep_pass_similarity")
+    sources: dict[str, Literal["env", "calibrated", "shipped", "default"]] = Field(
+        description="where each value comes from")
+    sample: int = Field(description="calibrated: the memories it was derived from")
+    refused: str | None = Field(description="a stored calibration that failed validation (not used), and why")
+    calibrated_at: str | None = Field(description="calibrated: when `eros calibrate` stored it")
+    configured_model: str = Field(description="the configured embedder's model")
+    stored_model: str | None = Field(description="the model the stored vectors came from (null: none stored yet)")
+    stored_dimension: int | None
+    mismatch: bool = Field(description="the stored vectors came from another model than the configured embedder's: "
+                                       "turns and dreaming are refused until EMBED_MODEL is that model again")
+
+
 class DeepHealth(ApiModel):
-    status: Literal["ok", "failed"]
-    checks: dict[str, Check] = Field(description="database, schema, llm, embedder")
+    status: Literal["ok", "failed"] = Field(description="failed when any check failed (a warning does not fail)")
+    checks: dict[str, Check] = Field(description="database, schema, chat, extraction, embedder, calibration")
+    calibration: Calibration | None = Field(
+        description="the embedder's similarity thresholds and where they come from (null when the embedder or the "
+                    "database cannot be read)")
 
 
 class PersonaView(ApiModel):

@@ -47,6 +47,63 @@ class AppendedMessage(BaseModel):
     """
 
 
+class Calibration(BaseModel):
+    """
+    The similarity thresholds and score weights the engine uses for the embedding model (issue 30).
+    """
+
+    model: Annotated[str, Field(title="Model")]
+    """
+    the model they are for: the stored vectors' (the configured embedder's before any vector is stored)
+    """
+    source: Annotated[
+        Literal["env", "calibrated", "shipped", "default"], Field(title="Source")
+    ]
+    """
+    env: every one set in the environment; calibrated: stored by `eros calibrate`; shipped: measured for this model and shipped with the build; default: none for this model, the defaults tuned on e5 (a warning)
+    """
+    base: Annotated[Literal["calibrated", "shipped", "default"], Field(title="Base")]
+    """
+    where the values the environment does not set come from
+    """
+    values: Annotated[dict[str, float], Field(title="Values")]
+    """
+    dedupe_similarity, demote_similarity, lexical_weight, importance_weight, deep_pass_similarity
+    """
+    sources: Annotated[
+        dict[str, Literal["env", "calibrated", "shipped", "default"]],
+        Field(title="Sources"),
+    ]
+    """
+    where each value comes from
+    """
+    sample: Annotated[int, Field(title="Sample")]
+    """
+    calibrated: the memories it was derived from
+    """
+    refused: Annotated[str | None, Field(title="Refused")]
+    """
+    a stored calibration that failed validation (not used), and why
+    """
+    calibrated_at: Annotated[str | None, Field(title="Calibrated At")]
+    """
+    calibrated: when `eros calibrate` stored it
+    """
+    configured_model: Annotated[str, Field(title="Configured Model")]
+    """
+    the configured embedder's model
+    """
+    stored_model: Annotated[str | None, Field(title="Stored Model")]
+    """
+    the model the stored vectors came from (null: none stored yet)
+    """
+    stored_dimension: Annotated[int | None, Field(title="Stored Dimension")]
+    mismatch: Annotated[bool, Field(title="Mismatch")]
+    """
+    the stored vectors came from another model than the configured embedder's: turns and dreaming are refused until EMBED_MODEL is that model again
+    """
+
+
 class CallsUsage(BaseModel):
     purpose: Annotated[
         Literal["chat", "extraction", "deep_pass", "curation"], Field(title="Purpose")
@@ -65,7 +122,10 @@ class CallsUsage(BaseModel):
 
 
 class Check(BaseModel):
-    status: Annotated[Literal["ok", "failed"], Field(title="Status")]
+    status: Annotated[Literal["ok", "warning", "failed"], Field(title="Status")]
+    """
+    warning: works, but needs an operator's look (an embedder with no calibration)
+    """
     detail: Annotated[str, Field(title="Detail")]
     ms: Annotated[float, Field(title="Ms")]
     age_s: Annotated[float, Field(title="Age S")]
@@ -125,9 +185,16 @@ class DayUsage(BaseModel):
 
 class DeepHealth(BaseModel):
     status: Annotated[Literal["ok", "failed"], Field(title="Status")]
+    """
+    failed when any check failed (a warning does not fail)
+    """
     checks: Annotated[dict[str, Check], Field(title="Checks")]
     """
-    database, schema, llm, embedder
+    database, schema, chat, extraction, embedder, calibration
+    """
+    calibration: Calibration | None
+    """
+    the embedder's similarity thresholds and where they come from (null when the embedder or the database cannot be read)
     """
 
 

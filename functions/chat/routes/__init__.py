@@ -45,7 +45,8 @@ deployment that cannot be used (the function's log names the variable); `provide
 deployment whose provider secret lacks a key \
 (`/v1/health` names the key); `provider_misconfigured`, a provider that refuses the deployment's key (401), has \
 no credit (402) or does not serve the configured model (the message names `CHAT_MODEL`, `EXTRACT_MODEL` or \
-`EMBED_MODEL`; `eros doctor` and `/v1/health/deep` check each); `database_busy`: the change conflicted with \
+`EMBED_MODEL`; `eros doctor` and `/v1/health/deep` check each), or an embedder of another model than the one \
+the stored memories were embedded with (`eros doctor` names both); `database_busy`: the change conflicted with \
 another each of the three times it was tried, and nothing of it was written |
 | 504 | `model_timeout` | `retryable: true` |
 | 500 | `internal_error` | a bug; `request_id` names the request in the logs |

@@ -33,7 +33,9 @@ def health() -> Response[HealthReport]:
                         "container: meanwhile it answers the provider checks it made last, with their age, so "
                         "repeating it cannot make the deployment pay. Needs a token; the provider calls are the "
                         "deployment's, no user's usage (`eros doctor` runs the same checks, always calling the "
-                        "providers).",
+                        "providers). The `calibration` check and section say where the embedder's similarity "
+                        "thresholds come from: a warning (not a failure) when its model has none, a failure when the "
+                        "stored vectors came from another model than the configured embedder's.",
             responses=documented((200, "every check passed"),
                                  (503, "a check failed: the report (a DeepHealth, not an error) says which, and why")))
 def deep_health() -> Response[DeepHealth]:

@@ -8,7 +8,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, Field
 
-from . import clock, prompt, recall
+from . import calibrated, clock, prompt, recall
 from .config import Settings, settings
 from .context import MEMORY_DATA, RecalledMemory, remember
 from .errors import ClientError, ModelFailed, NotFound, provider_status
@@ -159,9 +159,11 @@ def _answer(cfg: Settings, user_id: str, session: SessionWithPersona, content: s
     deadline = Deadline.after(cfg.turn_budget_secs)
     stage, paid = "embed", []
     try:
+        calibrated.guard(embedder().model)  # compared with the stored vectors, then stored beside them
         query = embedder().embed([content], "query", deadline=deadline)
         paid.append(usage_store.Call.of("chat", query))
-        remembered = remember(user_id, session["instance_id"], query.vectors[0], history=history, message=content)
+        remembered = remember(user_id, session["instance_id"], query.vectors[0], history=history, message=content,
+                              model=query.model)
         messages = prompt.build_messages(session["system_prompt"], remembered.section, history, content)
         stage = "chat"
         completion = chat_client().complete(cfg.chat_model, messages, max_tokens=cfg.chat_max_tokens,

@@ -52,10 +52,11 @@ class Remembered:
 
 
 def remember(user_id: str, instance_id: UUID, query: list[float], *, history: list[Message],
-             message: str) -> Remembered:
-    """Recall for ``message`` (embedded as ``query``) in the persona instance's context, ``history`` being the
-    prompt's last messages (recalled text that repeats them is left out), and render the prompt's section."""
-    memories = recall.recall(user_id, instance_id, query, history=history, message=message)
+             message: str, model: str | None = None) -> Remembered:
+    """Recall for ``message`` (embedded as ``query``, by ``model``) in the persona instance's context, ``history``
+    being the prompt's last messages (recalled text that repeats them is left out), and render the prompt's
+    section."""
+    memories = recall.recall(user_id, instance_id, query, history=history, message=message, model=model)
     recalled = [RecalledMemory(id=m["id"], layer=layer, category=m["category"], content=m["content"],
                                occurred_at=event_time_text(m["occurred_at"], m["occurred_precision"]),
                                occurred_precision=m["occurred_precision"], score=m["score"], parts=ScoreParts.of(m))
@@ -94,7 +95,8 @@ def context_for(user_id: str, session_id: UUID, content: str, *, store: bool = F
             raise NotFound("session not found")
         instance_id, history = session["instance_id"], session.get("history", [])
     query = ingest.embed(user_id, [content])
-    remembered = remember(user_id, instance_id, query.vectors[0], history=history, message=content)
+    remembered = remember(user_id, instance_id, query.vectors[0], history=history, message=content,
+                          model=query.model)
     stored = None
     if plan:  # the message as an appended one, its utterance with the embedding paid for above (unless a retry)
         stored = ingest.record(user_id, session_id, plan, query.vectors if plan.to_embed() else [], query.model)[0]

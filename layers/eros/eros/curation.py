@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from . import usage
+from . import calibrated, usage
 from .config import settings
 from .errors import ModelFailed, NotFound
 from .memory import EventTime, MemoryLayer
@@ -85,6 +85,7 @@ def _embed(user_id: str, content: str, input_type: InputType = "document") -> Em
     window and budget; refused with OverLimit before the call), and counted after it."""
     with usage.admitted(user_id, usage_store.embedding_reserve(content)) as paid:
         try:
+            calibrated.guard(embedder().model)  # compared with and stored beside the stored vectors
             vectors = embedder().embed([content], input_type, deadline=Deadline.after(settings().turn_budget_secs))
         except ProviderError as exc:
             failed = ModelFailed(exc)

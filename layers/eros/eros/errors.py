@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from .providers.base import (
+    EmbedderMismatch,
     ModelNotFound,
     ProviderConfigurationError,
     ProviderError,
@@ -63,6 +64,9 @@ class ModelFailed(ClientError):
         if isinstance(cause, ProviderNotConfigured):  # the deployment has no key for it
             code, message, retryable = ("provider_not_configured", "the service has no model provider configured: "
                                         "its operator must set the provider keys", False)
+        elif isinstance(cause, EmbedderMismatch):  # the operator changed EMBED_MODEL under stored vectors
+            code, message, retryable = ("provider_misconfigured", "the configured embedder is not the model the "
+                                        "stored memories were embedded with: its operator must fix it", False)
         elif isinstance(cause, ModelNotFound) or (isinstance(cause, ProviderConfigurationError)
                                                   and status in _MISCONFIGURED):
             # A 403 stays a model_error: OpenRouter also answers 403 to a message its moderation flags.

@@ -63,10 +63,15 @@ def _dreaming() -> dict:
 
 
 def deep_report(*, fresh: bool = False) -> dict:
-    """Each check's status ("ok" or "failed"), a line of detail, how long it took and its age (``age_s``: 0 but
-    for the providers' checks a container kept; ``fresh``: none is kept); ``status`` is "ok" when all are."""
-    checks = {"database": _check(_database), "schema": _check(_schema), **_provider_checks(fresh)}
-    return {"status": "ok" if all(c["status"] == "ok" for c in checks.values()) else "failed", "checks": checks}
+    """Each check's status ("ok", "warning" or "failed"), a line of detail, how long it took and its age (``age_s``:
+    0 but for the providers' checks a container kept; ``fresh``: none is kept); ``status`` is "ok" when none
+    failed (a warning, such as an uncalibrated embedder, does not fail it). ``calibration``: what the engine's
+    similarity thresholds are for the embedder, and where they come from (eros.calibrated)."""
+    found: dict[str, Any] = {}
+    checks = {"database": _check(_database), "schema": _check(_schema), **_provider_checks(fresh),
+              "calibration": _check(lambda: _calibration(found))}
+    return {"status": "failed" if any(c["status"] == "failed" for c in checks.values()) else "ok", "checks": checks,
+            "calibration": found.get("report")}
 
 
 _probed: dict[str, Any] = {}  # this container's last provider checks: when, with which clients, what they said
@@ -96,10 +101,13 @@ def _provider_checks(fresh: bool) -> dict[str, dict]:
     return checks
 
 
-def _check(probe: Callable[[], str]) -> dict:
+def _check(probe: Callable[[], str | tuple[str, str]]) -> dict:
+    """Run ``probe``: its detail (and status, when it says one: "warning"), or "failed" with the error's first
+    line."""
     started = time.perf_counter()
     try:
-        detail, status = probe(), "ok"
+        said = probe()
+        detail, status = (said, "ok") if isinstance(said, str) else said
     except (psycopg.Error, ConfigurationError, ProviderError, SchemaMismatch) as exc:
         detail, status = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", "failed"
     return {"status": status, "detail": detail, "ms": round((time.perf_counter() - started) * 1000, 1), "age_s": 0.0}
@@ -150,3 +158,40 @@ def _embedder() -> str:
         raise ModelNotFound(f"{exc.hint()} ({client.describe()}, HTTP {exc.status})", status=exc.status,
                             model=model) from None
     return f"EMBED_MODEL {model!r} at {client.describe()}: {len(vectors.vectors[0])}-d vector"
+
+
+def _calibration(found: dict[str, Any]) -> tuple[str, str]:
+    """The similarity thresholds for the embedder (eros.calibrated): "failed" when the stored vectors came from
+    another model than the configured embedder's (turns and dreaming are refused then), "warning" when the model
+    has no calibration (e5's defaults on another model's cosines) or a stored one is refused; ``found["report"]``
+    gets the details."""
+    from . import calibrated
+
+    configured = calibrated.configured_model()
+    used = calibrated.effective(model=None)
+    space, other = used.space, calibrated.mismatch(configured)
+    found["report"] = used.describe() | {
+        "configured_model": configured, "stored_model": space["model"] if space else None,
+        "stored_dimension": space["dimension"] if space else None, "mismatch": other is not None}
+    if space and other:
+        return (f"the stored vectors were embedded by {space['model']!r} ({space['dimension']}-d), but the configured"
+                f" embedder is {configured!r}: turns and dreaming are refused until EMBED_MODEL is"
+                f" {space['model']!r} again (re-embedding the stored memories is not available yet)", "failed")
+    values = ", ".join(f"{calibrated.ENV_NAMES[k]}={v:g}" for k, v in used.values.items())
+    env = [calibrated.ENV_NAMES[k] for k, s in used.sources.items() if s == "env"]
+    overridden = f"; from the environment: {', '.join(env)}" if env and used.source != "env" else ""
+    stored = "" if space else " (no vector stored yet)"
+    refused = f"; {used.refused}" if used.refused else ""
+    if used.source == "env":
+        line, status = f"{used.model!r}: every threshold set in the environment ({values})", "ok"
+    elif used.source == "calibrated":
+        at = str(used.stored["created_at"])[:19].replace("T", " ") if used.stored else "?"
+        line, status = (f"{used.model!r}: calibrated by `eros calibrate` at {at} from {used.sample:,} memories"
+                        f" ({values}){overridden}"), "ok"
+    elif used.source == "shipped":
+        line, status = f"{used.model!r}: the calibration this build ships ({values}){overridden}", "ok"
+    else:
+        line, status = (f"{used.model!r} has NO calibration: its similarity thresholds are the defaults tuned on"
+                        f" e5, which may not fit its cosines ({values}){overridden}; run `eros calibrate` once it"
+                        f" has a few hundred memories"), "warning"
+    return line + stored + refused, "warning" if used.refused else status

@@ -26,7 +26,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, Field
 
-from . import clock, usage
+from . import calibrated, clock, usage
 from .config import settings
 from .errors import ClientError, ModelFailed, NotFound
 from .observability import logger, metrics, tracer
@@ -223,6 +223,7 @@ def embed(user_id: str, texts: list[str], *, limited: bool = True) -> Embeddings
         usage.admitted(user_id, reserve) if limited else contextlib.nullcontext([]))
     with admission as paid:
         try:
+            calibrated.guard(embedder().model)  # compared with and stored beside the stored vectors
             embedded = embedder().embed(texts, "query", deadline=Deadline.after(settings().turn_budget_secs))
         except ProviderError as exc:
             failed = ModelFailed(exc)

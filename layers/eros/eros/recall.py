@@ -19,6 +19,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, Field
 
+from . import calibrated
 from .config import RecallKnobs, settings
 from .memory import CATEGORIES, MemoryLayer
 from .store import recall as recall_store
@@ -109,14 +110,18 @@ def most_recalled(p: RecallKnobs) -> int:
 
 def recall(user_id: str, instance_id: UUID | None, query: list[float], *, history: Iterable[Mapping[str, Any]] = (),
            message: str | None = None, now: datetime | None = None,
-           knobs: RecallKnobs | None = None) -> Recalled:
+           knobs: RecallKnobs | None = None, model: str | None = None) -> Recalled:
     """The memories to put in front of the persona for this message.
 
     ``history`` are the prompt's history messages and ``message`` the one being answered: recalled
     text that repeats any of them is not injected again. ``now`` defaults to the database's time;
-    rows created after it are not recalled.
+    rows created after it are not recalled. ``model`` embedded ``query`` (refused if the stored vectors are of another
+    model: ``EmbedderMismatch``); the thresholds and weights the environment or ``knobs`` do not set are the stored
+    vectors' model's (eros.calibrated).
     """
-    p = knobs or settings().recall
+    if model is not None:
+        calibrated.guard(model)
+    p = calibrated.effective(settings(), knobs=knobs, model=model).recall
     k, cap = _quota(p)
     rel_k = p.relationship_top_k if instance_id is not None else 0
     # Over-fetch: hygiene may drop a few rows, and the prompt should still get its full quota.

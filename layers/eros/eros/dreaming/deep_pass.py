@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from .. import usage
+from .. import calibrated, usage
 from ..config import Settings
 from ..extraction import when
 from ..model_answers import handle, json_values
@@ -223,7 +223,9 @@ def run(cfg: Settings, user_id: str, claim_token: datetime, time_budget_secs: fl
 
 def _run(cfg: Settings, job: jobs.Job, time_budget_secs: float) -> jobs.JobResult:
     user_id, lease = job.row["user_id"], job.row["lease"]
-    snap = deep_pass_store.snapshot(user_id, cfg.deep_pass_max_rows, cfg.deep_pass_similarity)
+    # The cluster cut on the stored vectors' scale (eros.calibrated: DEEP_PASS_SIMILARITY, else their model's).
+    similarity = calibrated.effective(cfg).deep_pass_similarity
+    snap = deep_pass_store.snapshot(user_id, cfg.deep_pass_max_rows, similarity)
     chosen = clusters(snap.rows, snap.pairs, cfg.deep_pass_max_shown)
     found = {"clusters": len(chosen), "shown": sum(map(len, chosen))}
     if not chosen:  # nothing alike: no provider call at all

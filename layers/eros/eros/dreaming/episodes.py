@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .. import clock, usage
+from .. import calibrated, clock, usage
 from .. import extraction as extraction_prompt
 from ..config import Settings
 from ..extraction import windows
@@ -76,6 +76,7 @@ def backfill(cfg: Settings, user_id: str | None = None, limit: int = 100, now: d
 
 def _episode(cfg: Settings, session: dict[str, Any], done: Backfilled, time_budget_secs: float) -> str:
     user, session_id = session["user_id"], session["id"]
+    calibrated.guard(embedder().model)  # an episode's vector beside the stored ones: the same model, or nothing paid
     _, messages = dreaming_store.transcript(user, session_id, None, 0, MESSAGES_PER_INVOCATION)
     read: list[Message] = [m for m in messages if m["id"] <= session["extraction_watermark"]]
     if not read:

@@ -26,7 +26,13 @@ from typing import Any, Literal, Protocol
 from .. import clock
 from ..config import Settings
 from ..observability import logger, metrics
-from ..providers import ModelNotFound, ProviderConfigurationError, ProviderError, ProviderUnavailable
+from ..providers import (
+    EmbedderMismatch,
+    ModelNotFound,
+    ProviderConfigurationError,
+    ProviderError,
+    ProviderUnavailable,
+)
 from ..store import blocks as provider_blocks
 from ..store import claims
 from ..store import usage as usage_store
@@ -269,7 +275,9 @@ def describe_failure(exc: BaseException, step: str | None = None) -> str:
     body (it can echo user content)."""
     status = getattr(exc, "status", None)
     where = f" from the {step}" if step else ""
-    what = f": {exc.hint()}" if isinstance(exc, ModelNotFound) else ""
+    # Our own words, with the names of settings: a model the provider does not serve, two embedding models
+    what = (f": {exc.hint()}" if isinstance(exc, ModelNotFound)
+            else f": {exc}" if isinstance(exc, EmbedderMismatch) else "")
     return f"{type(exc).__name__}{f' (HTTP {status})' if status else ''}{where}{what}"
 
 

@@ -21,7 +21,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
-from .. import clock, usage
+from .. import calibrated, clock, usage
 from .. import extraction as extraction_prompt
 from ..config import Settings
 from ..extraction import Candidate, Episode, windows
@@ -89,6 +89,11 @@ def _extract(cfg: Settings, job: jobs.Job, time_budget_secs: float) -> jobs.JobR
     shown = extraction_prompt.handles(dreaming_store.touched_memories(user, session_id, session["extraction_watermark"],
                                                                       extraction_prompt.MAX_KNOWN))
     context = dreaming_store.episode_context(user, session_id)
+    # Before any paid call: what this embedder writes could not be stored beside vectors of another model (a
+    # configuration fault: dreaming holds until EMBED_MODEL is the stored vectors' again).
+    job.step = "embedder"
+    calibrated.guard(embedder().model)
+    job.step = "llm"
     deadline = Deadline.after(time_budget_secs)
     answers = _answers(cfg, earlier, parts, shown, context, deadline, job)
     provider_blocks.unblock("llm")  # it answered: whatever block it had is over

@@ -17,6 +17,7 @@ from ..credentials import with_provider_keys
 from ..observability import logger
 from .base import (
     Deadline,
+    EmbedderMismatch,
     ModelNotFound,
     ProviderConfigurationError,
     ProviderError,
@@ -31,9 +32,9 @@ from .llm import ChatClient
 if TYPE_CHECKING:  # imported where chosen: a deployed container never runs the offline models
     from .offline import HashingEmbedder, OfflineChat
 
-__all__ = ["Deadline", "ModelNotFound", "ProviderConfigurationError", "ProviderError", "ProviderNotConfigured",
-           "ProviderResponseError", "ProviderTimeout", "ProviderUnavailable", "chat_client", "embedder", "describe",
-           "running_offline"]
+__all__ = ["Deadline", "EmbedderMismatch", "ModelNotFound", "ProviderConfigurationError", "ProviderError",
+           "ProviderNotConfigured", "ProviderResponseError", "ProviderTimeout", "ProviderUnavailable", "chat_client",
+           "embedder", "describe", "running_offline"]
 
 
 @lru_cache(maxsize=1)

@@ -66,6 +66,19 @@ class ProviderNotConfigured(ProviderConfigurationError, ConfigurationError):
     as for a key the provider refuses; ``/v1/health`` says which key is missing."""
 
 
+class EmbedderMismatch(ProviderConfigurationError):
+    """The configured embedder is not the model that embedded the deployment's stored vectors (engine.embedding_space,
+    migration 0032): a cosine between vectors of two models means nothing, so nothing is compared or written with
+    it (eros.calibrated.guard). Like any configuration fault: a turn answers 503 ``provider_misconfigured``,
+    dreaming holds its work, and ``/v1/health/deep`` and ``eros doctor`` name both models."""
+
+    def __init__(self, stored: str, configured: str):
+        super().__init__(f"the stored vectors were embedded by {stored!r}, but the configured embedder is"
+                         f" {configured!r}: vectors of two models cannot be compared; set EMBED_MODEL back to"
+                         f" {stored!r} (a re-embedding of the stored memories is not available yet)")
+        self.stored, self.configured = stored, configured
+
+
 class ModelNotFound(ProviderConfigurationError):
     """The provider does not serve the model we name: a 404 (Ollama's and vLLM's answer for an unknown model, OpenAI's
     and OpenRouter's for a model with no endpoint, and any server's for a base URL that is not its API), or a 400

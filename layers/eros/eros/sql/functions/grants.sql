@@ -10,6 +10,10 @@
 --                                       the user's existing instance (store/chat.py); persona_id cannot change
 --   relationship_terms                  SELECT, INSERT, DELETE: written by the trigger of migration 0027 as the
 --                                       role that writes the memory; a term row is never changed
+--   embedding_space                     SELECT, INSERT, UPDATE: embedding.sql's trigger records the first vector's
+--                                       model as the role that writes it, and the next one once none of it is
+--                                       left; the runtime never removes the row
+--   embedding_calibrations              SELECT, INSERT: `eros calibrate` adds a row; a row is never changed
 --   every other table                   SELECT, INSERT, UPDATE, DELETE (sessions, memories, dreaming and usage
 --                                       state are updated in place); a later migration's table gets the same by
 --                                       0006's default privileges until a line here narrows it
@@ -27,6 +31,8 @@ BEGIN
     REVOKE UPDATE ON engine.chat_messages FROM eros_app;
     REVOKE UPDATE ON engine.persona_instances FROM eros_app;
     REVOKE UPDATE ON engine.relationship_terms FROM eros_app;
+    REVOKE DELETE ON engine.embedding_space FROM eros_app;
+    REVOKE UPDATE, DELETE ON engine.embedding_calibrations FROM eros_app;
     GRANT UPDATE (user_id) ON engine.persona_instances TO eros_app;
 END
 $$;
