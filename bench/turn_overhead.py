@@ -661,9 +661,9 @@ def fakes_installed(embedder: FakeEmbedder, chat: FakeChat):
                for module in (eros.chat, eros.context, eros.ingest, eros.providers)
                for name, fake in (("chat_client", chat), ("embedder", embedder)) if hasattr(module, name)]
     found = {f"{module.__name__}.{name}" for module, name, _ in changes}
-    if not {"eros.chat.chat_client", "eros.chat.embedder"} <= found:
-        raise SystemExit(f"eros.chat no longer has chat_client/embedder (found {sorted(found)}): update "
-                         "fakes_installed()")
+    if not {"eros.chat.chat_client", "eros.providers.embedder"} <= found:
+        raise SystemExit(f"eros.chat or eros.providers no longer has chat_client/embedder (found {sorted(found)}):"
+                         " update fakes_installed()")
     return patched(*changes)
 
 

@@ -155,7 +155,8 @@ def clean_schema() -> str:
     seeded = json.dumps([p["id"] for p in personas()])
     return ";".join([*(f"DELETE FROM engine.{table}" for table in (
         "companion_memories", "chat_messages", "chat_sessions", "user_deep_pass", "persona_instances",
-        "provider_blocks", "user_usage", "user_model_usage", "embedding_space", "embedding_calibrations")),
+        "provider_blocks", "user_usage", "user_model_usage", "user_reembedding", "embedding_space",
+        "embedding_calibrations")),
         "DELETE FROM engine.personas WHERE owner_id IS NOT NULL"
         f" OR id NOT IN (SELECT jsonb_array_elements_text('{seeded}'::jsonb))",
         "DELETE FROM engine.persona_versions WHERE version > 1",

@@ -423,27 +423,24 @@ def test_a_model_the_server_does_not_serve_holds_dreaming_names_the_setting_and_
     assert health.report()["dreaming"] == {"status": "ok"}
 
 
-def test_an_embedder_of_another_model_than_the_stored_vectors_holds_dreaming_before_any_call(db, env, stack, clock,
-                                                                                              fake_llm, fake_voyage):
+def test_an_embedder_of_another_model_than_the_stored_vectors_is_a_re_embedding_not_a_mixture(db, env, stack, clock,
+                                                                                               fake_llm, fake_voyage):
     """Issue 30: a changed EMBED_MODEL extracted sessions into vectors of a new model beside the stored ones (and
-    compared the two). Now the job holds before any provider call, as any configuration fault does, and says which
-    two models; once EMBED_MODEL is the stored vectors' again, the sessions are extracted."""
+    compared the two). Now the sessions are extracted with the stored vectors' model (the same server serves both)
+    while every row is re-embedded with the new one, and after the switch every vector is the new model's."""
     ids = sessions(db, 2)
     db.execute("INSERT INTO engine.companion_memories (user_id, content, embedding, category, metadata)"
                " VALUES ('alice', 'Lives in Tokyo', %s, 'fact', '{\"embed_model\": \"text-embedding-3-small\"}')",
                (Vector([1.0] + [0.0] * 511),))
-    calls = (fake_llm.calls, fake_voyage.calls)
     _, outcomes = tick(clock)
-    assert [(o["outcome"], o["fault"]) for o in outcomes] == [("blocked", "configuration")] * 2
-    [blocked] = health.report()["dreaming"]["blocked"]
-    assert blocked["provider"] == "embedder" and "EmbedderMismatch" in blocked["error"]
-    assert "embedded by 'text-embedding-3-small', but the configured embedder is 'voyage-3.5-lite'" in blocked["error"]
-    assert (fake_llm.calls, fake_voyage.calls) == calls  # nothing paid
-    assert all(s["attempts"] == 0 and s["retries"] == 0 and s["extracted_at"] is None for s in state(db, ids))
-
-    fake_voyage.served = {"text-embedding-3-small"}
-    env(EMBED_MODEL="text-embedding-3-small")
-    for _ in range(4):  # the next probe gets through, and the sweep after it takes the rest
+    assert [o["outcome"] for o in outcomes] == ["extracted"] * 2
+    asked = [(r["json"]["model"], r["json"]["input_type"]) for r in fake_voyage.requests]
+    assert set(asked) == {("text-embedding-3-small", "document")}  # compared and stored with the stored model
+    for _ in range(3):  # the re-embedding the extraction started: the users' jobs, then the switch
         clock.advance()
         tick(clock)
+    assert db.execute("SELECT model, next_model FROM engine.embedding_space").fetchone() == {
+        "model": "voyage-3.5-lite", "next_model": None}
+    assert {r["model"] for r in db.execute("SELECT metadata->>'embed_model' AS model"
+                                           " FROM engine.companion_memories")} == {"voyage-3.5-lite"}
     assert all(s["extracted_at"] is not None and s["attempts"] == 0 for s in state(db, ids))

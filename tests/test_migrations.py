@@ -162,6 +162,7 @@ APP_TABLE_PRIVILEGES = {
     "embedding_space": {"SELECT", "INSERT", "UPDATE"},  # sql/functions/embedding.sql's trigger records the model
     "embedding_calibrations": {"SELECT", "INSERT"},  # `eros calibrate` adds a row; none is ever changed
     "chat_sessions": READ_WRITE, "companion_memories": READ_WRITE, "user_deep_pass": READ_WRITE,
+    "user_reembedding": READ_WRITE,
     "user_usage": READ_WRITE, "user_model_usage": READ_WRITE, "provider_blocks": READ_WRITE,
     "user_consolidation": READ_WRITE,  # a view: user_deep_pass by the previous release's name (migration 0022)
 }

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.unit
 STORES = ROOT / "layers" / "eros" / "eros" / "store"
 FUNCTIONS = ROOT / "layers" / "eros" / "eros" / "sql" / "functions"
 USER_TABLES = {"chat_sessions", "chat_messages", "companion_memories", "persona_instances", "user_deep_pass",
-               "user_usage", "user_model_usage", "relationship_terms"}
+               "user_usage", "user_model_usage", "relationship_terms", "user_reembedding"}
 # Reference data: on every shard. A user's own characters (migration 0030) are persona rows too: few and small,
 # replicated with the app's, written through the database's functions only.
 SHARED_TABLES = {"personas", "persona_versions", "provider_blocks", "schema_migrations", "schema_objects",
@@ -35,6 +35,14 @@ CROSS_USER = {
     "grants.grant_app_role": "the app role's grants, on whole tables: DDL, not a statement on anyone's rows",
     "embedding.holds": "whether any vector of the deployment's recorded model is left, asked only when another "
                        "model is configured: every shard",
+    "reembedding._CLAIM": "the sweeper claims users due a re-embedding after a change of embedder: run per shard",
+    "reembedding._BEGIN": "a change of embedder queues every user that has rows: run on every shard",
+    "reembedding._PROGRESS": "how far a re-embedding is, over the whole deployment: summed over shards",
+    "reembedding.switch": "the switch to the new model's vectors: the deployment's, on every shard at once",
+    "reembedding.cancel": "a re-embedding stopped: every shard",
+    "reembedding.late_rows": "rows of any user written since their user's job was done, before the switch: per shard",
+    "reembedding.any_pending": "whether any user's job is left: every shard",
+    "reembedding.redrive": "an operator re-drives every given-up user: every shard",
     "embedding.keep_embedding_space": "the same question, asked by the trigger only when a vector of another "
                                       "model than the recorded one is written: every shard",
 }
@@ -99,7 +107,7 @@ def _strings(node: ast.AST) -> list[str]:
 
 # ``store.claims`` writes a dreaming job's lease, backoff and give-up once for every job table: its statements
 # say ``engine.{table}``, and name the user as any other (``user_id = %(user_id)s``).
-JOB_TABLES = {"chat_sessions", "user_deep_pass"}
+JOB_TABLES = {"chat_sessions", "user_deep_pass", "user_reembedding"}
 
 
 def tables(sql: str) -> set[str]:
@@ -132,9 +140,10 @@ def test_every_statement_on_a_users_data_names_the_user():
 
 
 def test_every_job_table_is_a_table_of_a_users_data():
-    from eros.store import claims, deep_pass, dreaming
+    from eros.store import claims, deep_pass, dreaming, reembedding
 
-    specs = [v for module in (dreaming, deep_pass) for v in vars(module).values() if isinstance(v, claims.JobTable)]
+    specs = [v for module in (dreaming, deep_pass, reembedding) for v in vars(module).values()
+             if isinstance(v, claims.JobTable)]
     assert {spec.table for spec in specs} == JOB_TABLES
     assert sum("engine.{table}" in sql for owner, sql in statements() if owner.startswith("claims.")) >= 6
 

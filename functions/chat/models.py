@@ -401,6 +401,7 @@ class Erased(ApiModel):
     persona_instances: int
     deep_pass: int = Field(description="the user's deep-pass (per-user consolidation) record")
     personas: int = Field(0, description="characters the user made, with every version")
+    reembedding: int = Field(0, description="the user's re-embedding job, while a change of embedder is under way")
     usage_days: int = Field(description="days of token usage and turn counts")
     usage_by_model: int = Field(description="rows of usage per day, purpose and model")
     exports: int = Field(description="export files not yet expired")
@@ -420,9 +421,9 @@ class ExportLink(ApiModel):
 
 
 class CallsUsage(ApiModel):
-    purpose: Literal["chat", "extraction", "deep_pass", "curation"] = Field(
+    purpose: Literal["chat", "extraction", "deep_pass", "curation", "reembedding"] = Field(
         description="chat: turns (reply and query embedding); extraction and deep_pass: dreaming; curation: the "
-                    "memory API's embeddings")
+                    "memory API's embeddings; reembedding: a change of embedder re-embedding the user's memories")
     model: str
     calls: int
     input_tokens: int

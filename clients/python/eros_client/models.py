@@ -106,10 +106,11 @@ class Calibration(BaseModel):
 
 class CallsUsage(BaseModel):
     purpose: Annotated[
-        Literal["chat", "extraction", "deep_pass", "curation"], Field(title="Purpose")
+        Literal["chat", "extraction", "deep_pass", "curation", "reembedding"],
+        Field(title="Purpose"),
     ]
     """
-    chat: turns (reply and query embedding); extraction and deep_pass: dreaming; curation: the memory API's embeddings
+    chat: turns (reply and query embedding); extraction and deep_pass: dreaming; curation: the memory API's embeddings; reembedding: a change of embedder re-embedding the user's memories
     """
     model: Annotated[str, Field(title="Model")]
     calls: Annotated[int, Field(title="Calls")]
@@ -245,6 +246,10 @@ class Erased(BaseModel):
     personas: Annotated[int | None, Field(title="Personas")] = 0
     """
     characters the user made, with every version
+    """
+    reembedding: Annotated[int | None, Field(title="Reembedding")] = 0
+    """
+    the user's re-embedding job, while a change of embedder is under way
     """
     usage_days: Annotated[int, Field(title="Usage Days")]
     """

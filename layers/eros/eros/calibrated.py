@@ -46,6 +46,10 @@ ENV_NAMES = {name: RecallKnobs.model_fields[name].alias or name for name in RECA
     "deep_pass_similarity": "DEEP_PASS_SIMILARITY"}
 
 TTL_SECS = 60.0  # what a container keeps of the database's answer
+# ... while a re-embedding is under way (migration 0033): its switch changes the model every container embeds with,
+# and a container must learn that within a turn or two (a write of the old model's vector after the switch is
+# refused by the trigger; a read-only comparison would be of two models for as long as this).
+SWITCHING_TTL_SECS = 1.0
 
 
 class Thresholds(BaseModel):
@@ -139,7 +143,8 @@ def _state(model: str | None) -> dict[str, Any]:
     key = model or ""
     with _lock:
         kept = _kept.get(key)
-        if kept and now - kept.at < TTL_SECS:
+        switching = bool(kept and kept.state["space"] and kept.state["space"].get("next_model"))
+        if kept and now - kept.at < (SWITCHING_TTL_SECS if switching else TTL_SECS):
             return kept.state
     state = embedding_store.state(model)
     with _lock:
@@ -152,6 +157,60 @@ def configured_model() -> str:
     from . import providers
 
     return providers.embedder().model
+
+
+def embedder() -> Any:
+    """The embedder to embed with now, for a vector that is compared with the stored ones or stored beside them:
+    the configured one, or, while the stored vectors are of another model (a re-embedding toward the configured
+    model is under way: eros.dreaming.reembedding), a client of that model, so that recall keeps working and never
+    compares two models. ``EmbedderMismatch`` when no client of the stored model can be made (another provider)."""
+    from . import providers
+
+    configured = providers.embedder()
+    recorded = mismatch(configured.model)
+    if recorded is None:
+        stored = _state(configured.model)["space"]  # what mismatch read: no round trip more
+        if stored and stored.get("next_model") and stored["model"] == configured.model:
+            stop_reembedding(configured.model)  # the configuration is back to the stored vectors' model
+        return configured
+    if recorded.get("next_model") != configured.model:
+        start_reembedding(configured.model)  # the first container that embeds with the new configuration starts it
+    previous = providers.embedder_of(recorded["model"])
+    if previous is None:
+        raise EmbedderMismatch(recorded["model"], configured.model)
+    return previous
+
+
+def start_reembedding(model: str) -> int | None:
+    """Start re-embedding every stored row with ``model`` (eros.dreaming.reembedding does it, user by user): the
+    users queued, or None when it was started already (by another container) or ``model`` is the stored one."""
+    from .store import reembedding as reembedding_store
+
+    users = reembedding_store.begin(model, EMBED_DIM)
+    reset()
+    if users is not None:
+        logger.warning("re-embedding started: the configured embedder is not the stored vectors' model",
+                       extra={"to": model, "users": users})
+    return users
+
+
+def stop_reembedding(model: str) -> None:
+    """Stop a re-embedding toward a model no longer configured (the configuration is back to ``model``, the stored
+    vectors')."""
+    from .store import reembedding as reembedding_store
+
+    if reembedding_store.cancel(model):
+        logger.warning("re-embedding stopped: the configured embedder is the stored vectors' model again",
+                       extra={"model": model})
+    reset()
+
+
+def target_embedder(model: str) -> Any:
+    """The configured embedder, if it is of ``model`` (a re-embedding's target); None if the configuration changed."""
+    from . import providers
+
+    configured = providers.embedder()
+    return configured if configured.model == model else None
 
 
 def space() -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ from .config import Settings, settings
 from .context import MEMORY_DATA, RecalledMemory, remember
 from .errors import ClientError, ModelFailed, NotFound, provider_status
 from .observability import logger, metrics, tracer
-from .providers import Deadline, ProviderError, chat_client, embedder
+from .providers import Deadline, ProviderError, chat_client
 from .providers.embed import Embeddings
 from .providers.llm import Completion
 from .store import chat as chat_store
@@ -159,8 +159,8 @@ def _answer(cfg: Settings, user_id: str, session: SessionWithPersona, content: s
     deadline = Deadline.after(cfg.turn_budget_secs)
     stage, paid = "embed", []
     try:
-        calibrated.guard(embedder().model)  # compared with the stored vectors, then stored beside them
-        query = embedder().embed([content], "query", deadline=deadline)
+        # compared with the stored vectors, then stored beside them: their model's embedder
+        query = calibrated.embedder().embed([content], "query", deadline=deadline)
         paid.append(usage_store.Call.of("chat", query))
         remembered = remember(user_id, session["instance_id"], query.vectors[0], history=history, message=content,
                               model=query.model)

@@ -16,7 +16,7 @@ from .config import settings
 from .errors import ModelFailed, NotFound
 from .memory import EventTime, MemoryLayer
 from .observability import logger
-from .providers import Deadline, ProviderError, embedder
+from .providers import Deadline, ProviderError
 from .providers.embed import Embeddings, InputType
 from .recall import ScoreParts
 from .store import memories as memory_store
@@ -85,8 +85,9 @@ def _embed(user_id: str, content: str, input_type: InputType = "document") -> Em
     window and budget; refused with OverLimit before the call), and counted after it."""
     with usage.admitted(user_id, usage_store.embedding_reserve(content)) as paid:
         try:
-            calibrated.guard(embedder().model)  # compared with and stored beside the stored vectors
-            vectors = embedder().embed([content], input_type, deadline=Deadline.after(settings().turn_budget_secs))
+            # compared with and stored beside the stored vectors: their model's embedder
+            vectors = calibrated.embedder().embed([content], input_type,
+                                                  deadline=Deadline.after(settings().turn_budget_secs))
         except ProviderError as exc:
             failed = ModelFailed(exc)
             logger.warning("a memory's embedding failed", extra={"error_type": type(exc).__name__,

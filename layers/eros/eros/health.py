@@ -174,9 +174,27 @@ def _calibration(found: dict[str, Any]) -> tuple[str, str]:
         "configured_model": configured, "stored_model": space["model"] if space else None,
         "stored_dimension": space["dimension"] if space else None, "mismatch": other is not None}
     if space and other:
+        from .store import reembedding as reembedding_store
+
+        progress = reembedding_store.progress() or {}
+        found["report"]["reembedding"] = {k: progress.get(k) for k in (
+            "next_model", "users", "users_pending", "users_failed", "rows_done", "rows_pending")}
+        from . import providers
+
+        reachable = providers.embedder_of(space["model"]) is not None
+        meanwhile = (f"turns, recall and dreaming go on with {space['model']!r} until the switch" if reachable else
+                     f"turns and dreaming are refused until then: {space['model']!r} cannot be reached with this"
+                     f" configuration (set EMBED_MODEL to it again to stop the re-embedding)")
+        if progress.get("next_model") == configured:
+            failed = f", {progress['users_failed']} given up" if progress["users_failed"] else ""
+            return (f"re-embedding the stored vectors of {space['model']!r} with {configured!r}:"
+                    f" {progress['rows_done']:,} rows done, {progress['rows_pending']:,} to go"
+                    f" ({progress['users_pending']:,} of {progress['users']:,} users pending{failed}); {meanwhile}",
+                    "warning" if reachable else "failed")
         return (f"the stored vectors were embedded by {space['model']!r} ({space['dimension']}-d), but the configured"
-                f" embedder is {configured!r}: turns and dreaming are refused until EMBED_MODEL is"
-                f" {space['model']!r} again (re-embedding the stored memories is not available yet)", "failed")
+                f" embedder is {configured!r}: the next turn or extraction starts re-embedding them with it;"
+                f" {meanwhile}",
+                "warning" if reachable else "failed")
     values = ", ".join(f"{calibrated.ENV_NAMES[k]}={v:g}" for k, v in used.values.items())
     env = [calibrated.ENV_NAMES[k] for k, s in used.sources.items() if s == "env"]
     overridden = f"; from the environment: {', '.join(env)}" if env and used.source != "env" else ""

@@ -30,7 +30,7 @@ from . import calibrated, clock, usage
 from .config import settings
 from .errors import ClientError, ModelFailed, NotFound
 from .observability import logger, metrics, tracer
-from .providers import Deadline, ProviderError, embedder
+from .providers import Deadline, ProviderError
 from .providers.embed import Embeddings
 from .store import chat as chat_store
 from .store import usage as usage_store
@@ -223,8 +223,9 @@ def embed(user_id: str, texts: list[str], *, limited: bool = True) -> Embeddings
         usage.admitted(user_id, reserve) if limited else contextlib.nullcontext([]))
     with admission as paid:
         try:
-            calibrated.guard(embedder().model)  # compared with and stored beside the stored vectors
-            embedded = embedder().embed(texts, "query", deadline=Deadline.after(settings().turn_budget_secs))
+            # compared with and stored beside the stored vectors: their model's embedder
+            embedded = calibrated.embedder().embed(texts, "query",
+                                                   deadline=Deadline.after(settings().turn_budget_secs))
         except ProviderError as exc:
             failed = ModelFailed(exc)
             logger.warning("a message's embedding failed", extra={"error_type": type(exc).__name__,

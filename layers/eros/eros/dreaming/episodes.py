@@ -26,7 +26,7 @@ from .. import extraction as extraction_prompt
 from ..config import Settings
 from ..extraction import windows
 from ..observability import logger, metrics
-from ..providers import Deadline, ProviderError, chat_client, embedder
+from ..providers import Deadline, ProviderError, chat_client
 from ..store import dreaming as dreaming_store
 from ..store import usage as usage_store
 from ..store.rows import Message
@@ -76,7 +76,7 @@ def backfill(cfg: Settings, user_id: str | None = None, limit: int = 100, now: d
 
 def _episode(cfg: Settings, session: dict[str, Any], done: Backfilled, time_budget_secs: float) -> str:
     user, session_id = session["user_id"], session["id"]
-    calibrated.guard(embedder().model)  # an episode's vector beside the stored ones: the same model, or nothing paid
+    calibrated.embedder()  # an episode's vector beside the stored ones: their model's embedder, or nothing paid
     _, messages = dreaming_store.transcript(user, session_id, None, 0, MESSAGES_PER_INVOCATION)
     read: list[Message] = [m for m in messages if m["id"] <= session["extraction_watermark"]]
     if not read:
@@ -96,7 +96,7 @@ def _episode(cfg: Settings, session: dict[str, Any], done: Backfilled, time_budg
         return "no_episode"
     if parsed.episode is None:
         return "refused" if parsed.episode_refused else "no_episode"
-    vectors = embedder().embed([parsed.episode.content], "document", deadline=deadline)
+    vectors = calibrated.embedder().embed([parsed.episode.content], "document", deadline=deadline)
     done.embedding_calls += 1
     usage.spend(user, usage_store.Call.of("extraction", vectors), held_by=("session", session_id))
     written = dreaming_store.add_episode(session, {

@@ -89,6 +89,7 @@ class JobResult:
     merged: int = 0  # a deep pass: rows merged into a kept twin (reason 'duplicate')
     superseded: int = 0  # rows replaced by a newer one (reason 'changed')
     ignored: int = 0  # named by the model but not applicable
+    switch: str | None = None  # a re-embedding: the switch's outcome when its job was the last one pending
 
 
 # Each kind's lifecycle metrics, by (kind, outcome or event), spelled out: alarms and the dashboard read them

@@ -27,7 +27,7 @@ from ..config import Settings
 from ..extraction import Candidate, Episode, windows
 from ..memory import event_time
 from ..observability import logger, metrics
-from ..providers import Deadline, chat_client, embedder
+from ..providers import Deadline, chat_client
 from ..store import blocks as provider_blocks
 from ..store import dreaming as dreaming_store
 from ..store import usage as usage_store
@@ -92,7 +92,7 @@ def _extract(cfg: Settings, job: jobs.Job, time_budget_secs: float) -> jobs.JobR
     # Before any paid call: what this embedder writes could not be stored beside vectors of another model (a
     # configuration fault: dreaming holds until EMBED_MODEL is the stored vectors' again).
     job.step = "embedder"
-    calibrated.guard(embedder().model)
+    calibrated.embedder()  # the stored vectors' model can be embedded with, or nothing is paid
     job.step = "llm"
     deadline = Deadline.after(time_budget_secs)
     answers = _answers(cfg, earlier, parts, shown, context, deadline, job)
@@ -189,7 +189,7 @@ def _rows(decided: extraction_prompt.Plan, answers: Answers, context: EpisodeCon
     texts = [c.content for c, _ in decided.new] + ([episode.content] if episode else [])
     if not texts:
         return [], None
-    vectors = embedder().embed(texts, "document", deadline=deadline)
+    vectors = calibrated.embedder().embed(texts, "document", deadline=deadline)
     usage.spend(session["user_id"], usage_store.Call.of("extraction", vectors),
                 held_by=("session", session["id"]))
     metadata = {"model": answers.model, "embed_model": vectors.model}

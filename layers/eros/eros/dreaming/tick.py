@@ -21,7 +21,7 @@ from ..observability import logger, metrics
 from ..store import blocks as provider_blocks
 from ..store import claims
 from ..store import dreaming as dreaming_store
-from . import deep_pass, jobs, session
+from . import deep_pass, jobs, reembedding, session
 
 
 @dataclass
@@ -34,6 +34,9 @@ class SweepResult:
     users_claimed: int = 0  # the deep pass: users claimed and invoked (kind "deep_pass") after the sessions
     deep_pass_invoked: int = 0
     deep_pass_invoke_failures: int = 0
+    reembedding_claimed: int = 0  # a change of embedder: users claimed and invoked (kind "reembedding"), last
+    reembedding_invoked: int = 0
+    reembedding: str | None = None  # the switch's outcome ('switched', 'waiting', 'stale'), when no job was due
     budget: int = 0  # jobs this tick could claim: the extract function's capacity less what is in flight
     in_flight: int = 0  # jobs claimed by earlier ticks and not stale yet
     blocked: list[str] | None = None  # providers that refused our credentials (only a probe is claimed)
@@ -130,10 +133,22 @@ def sweep(cfg: Settings, invoke: jobs.Invoker, *, now: Callable[[], datetime] | 
                       min(cfg.deep_pass_tick_cap, budget - result.claimed))
         result.users_claimed, result.deep_pass_invoked = users.claimed, users.invoked
         result.deep_pass_invoke_failures = users.invoke_failures
+        _reembed(cfg, invoke, now, out_of_time, budget - result.claimed - result.users_claimed, result)
     result.messages_expired = expire_transcripts(cfg, moment)
     _metrics(result, len(blocks), backlog_age)
     logger.info("sweep done", extra=asdict(result))
     return result
+
+
+def _reembed(cfg: Settings, invoke: jobs.Invoker, now: Callable[[], datetime], out_of_time: Callable[[], bool],
+             limit: int, result: SweepResult) -> None:
+    """A change of embedder (eros.dreaming.reembedding, started by the first container that embeds with it): claim
+    users' jobs with what is left of the budget, and switch once none is pending (the sweeper calls no provider: a
+    row written since its user was done queues its user again)."""
+    users = drain(reembedding.REEMBEDDING, cfg, invoke, now, out_of_time, limit)
+    result.reembedding_claimed, result.reembedding_invoked = users.claimed, users.invoked
+    if users.claimed == 0:
+        result.reembedding = reembedding.switch_when_done()
 
 
 def _metrics(result: SweepResult, blocked: int, backlog_age: float) -> None:

@@ -64,6 +64,22 @@ def embedder() -> VoyageEmbedder | HashingEmbedder:
     return HashingEmbedder()
 
 
+def embedder_of(model: str) -> VoyageEmbedder | HashingEmbedder | None:
+    """A client of ``model`` like the configured embedder (the same server and key) or, for the offline stand-in's
+    model, the stand-in (local runs only): what embeds with the stored vectors' model while a re-embedding toward
+    the configured one is under way. None when neither fits."""
+    configured = embedder()
+    if model == configured.model:
+        return configured
+    from .offline import HashingEmbedder
+
+    if model == HashingEmbedder.model:
+        return None if with_provider_keys(settings()).provider_secret_arn else HashingEmbedder()
+    if isinstance(configured, VoyageEmbedder):
+        return configured.of(model)
+    return None
+
+
 def _refuse_offline_in_deployment(s, key: str) -> None:
     if s.provider_secret_arn:
         raise ProviderNotConfigured(f"the provider secret has no {key}: put it in (docs/DEPLOY.md); offline "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -34,6 +35,12 @@ class VoyageEmbedder:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._client = httpx.Client(transport=transport, verify=tls_context())
+
+    def of(self, model: str) -> VoyageEmbedder:
+        """A client of another model on the same server, with the same key and connections."""
+        twin = copy.copy(self)
+        twin.model = model
+        return twin
 
     def describe(self) -> str:
         return f"voyage embeddings ({self.model}, {EMBED_DIM}-d) at {self.base_url}"

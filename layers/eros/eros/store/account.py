@@ -70,6 +70,7 @@ _ERASE = (
     # so that its rowcount counts them as the DELETEs' do.
     ("personas", "SELECT 1 FROM generate_series(1, engine.erase_user_personas(%(user)s))"),
     ("deep_pass", "DELETE FROM engine.user_deep_pass WHERE user_id = %(user)s"),
+    ("reembedding", "DELETE FROM engine.user_reembedding WHERE user_id = %(user)s"),
 )
 # Usage goes in a statement of its own, after the transaction: a chat turn locks its user's usage rows and
 # then the session (store.chat.open_turn, record_turn), so an erasure holding the sessions must not wait
@@ -154,6 +155,7 @@ _STORED = ("SELECT (SELECT count(*) FROM engine.companion_memories WHERE user_id
            " (SELECT count(*) FROM engine.persona_instances WHERE user_id = %(user)s) AS persona_instances,"
            " (SELECT count(*) FROM engine.personas WHERE owner_id = %(user)s) AS personas,"
            " (SELECT count(*) FROM engine.user_deep_pass WHERE user_id = %(user)s) AS deep_pass,"
+           " (SELECT count(*) FROM engine.user_reembedding WHERE user_id = %(user)s) AS reembedding,"
            " (SELECT count(*) FROM engine.user_usage WHERE user_id = %(user)s) AS usage_days,"
            " (SELECT count(*) FROM engine.user_model_usage WHERE user_id = %(user)s) AS usage_by_model")
 

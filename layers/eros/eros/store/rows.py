@@ -215,6 +215,12 @@ class UserClaim(TypedDict):
     claim_token: datetime  # the claim's user_deep_pass.claimed_at
 
 
+class ReembeddingJob(ClaimedJob):
+    """A claimed user's re-embedding row (``store.reembedding.USERS``)."""
+    model: str  # the model the user's rows are re-embedded with
+    rows_done: int
+
+
 class ClaimedUser(ClaimedJob):
     """A claimed user's consolidation row (``store.deep_pass.USERS``)."""
     changed_at: datetime

@@ -31,8 +31,8 @@ def next_day(moment: datetime) -> datetime:
 # Why a provider call was made (migration 0009): a turn's reply and query embedding are "chat"; the
 # memory API's embeddings "curation"; dreaming's calls "extraction" or "deep_pass". The last two are what
 # user_usage counts as dream_tokens, the first two as chat_tokens (engine.spend, migration 0016).
-Purpose = Literal["chat", "extraction", "deep_pass", "curation"]
-PURPOSES: tuple[Purpose, ...] = ("chat", "extraction", "deep_pass", "curation")
+Purpose = Literal["chat", "extraction", "deep_pass", "curation", "reembedding"]
+PURPOSES: tuple[Purpose, ...] = ("chat", "extraction", "deep_pass", "curation", "reembedding")
 
 
 class ProviderAnswer(Protocol):
@@ -161,6 +161,7 @@ def held_until(user_id: str, now: datetime, daily_budget: int) -> datetime | Non
 _HELD_BY = {
     "session": "SELECT 1 FROM engine.chat_sessions h WHERE h.id = %(held)s AND h.user_id = %(user)s FOR KEY SHARE",
     "deep_pass": "SELECT 1 FROM engine.user_deep_pass h WHERE h.user_id = %(held)s FOR KEY SHARE",
+    "reembedding": "SELECT 1 FROM engine.user_reembedding h WHERE h.user_id = %(held)s FOR KEY SHARE",
 }
 
 
