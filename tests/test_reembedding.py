@@ -170,3 +170,16 @@ def test_erasure_takes_the_users_job_and_going_back_to_the_recorded_model_cancel
     assert status == 200 and body["recalled"]
     assert space(db) == {"model": OLD, "next_model": None}  # that turn's container stopped the re-embedding
     assert db.execute("SELECT count(*) AS n FROM engine.user_reembedding").fetchone()["n"] == 0
+
+
+def test_health_shows_how_far_a_re_embedding_is(stored, configured):
+    from eros.health import deep_report
+
+    calibrated.embedder()  # a turn's first step: it starts the re-embedding
+    report = deep_report(fresh=True)
+    check = report["checks"]["calibration"]
+    assert check["status"] == "warning" and report["status"] == "ok", check
+    assert f"re-embedding the stored vectors of '{OLD}' with '{NEW}': 0 rows done" in check["detail"]
+    assert "turns, recall and dreaming go on with" in check["detail"]
+    progress = report["calibration"]["reembedding"]
+    assert progress["next_model"] == NEW and progress["users_pending"] == 2 and progress["rows_pending"] > 0

@@ -208,6 +208,16 @@ class Check(ApiModel):
                                      "container makes at most once per DEEP_HEALTH_CACHE_SECS")
 
 
+class Reembedding(ApiModel):
+    """How far a change of embedder is (eros.dreaming.reembedding)."""
+    next_model: str | None = Field(description="the model the stored vectors are being re-embedded with")
+    users: int | None
+    users_pending: int | None
+    users_failed: int | None = Field(description="users whose job was given up on (`eros doctor` says why)")
+    rows_done: int | None
+    rows_pending: int | None
+
+
 class Calibration(ApiModel):
     """The similarity thresholds and score weights the engine uses for the embedding model (issue 30)."""
     model: str = Field(description="the model they are for: the stored vectors' (the configured embedder's before "
@@ -229,7 +239,8 @@ class Calibration(ApiModel):
     stored_model: str | None = Field(description="the model the stored vectors came from (null: none stored yet)")
     stored_dimension: int | None
     mismatch: bool = Field(description="the stored vectors came from another model than the configured embedder's: "
-                                       "turns and dreaming are refused until EMBED_MODEL is that model again")
+                                       "a re-embedding toward it runs (`reembedding` says how far)")
+    reembedding: Reembedding | None = Field(None, description="while a change of embedder is under way")
 
 
 class DeepHealth(ApiModel):

@@ -47,63 +47,6 @@ class AppendedMessage(BaseModel):
     """
 
 
-class Calibration(BaseModel):
-    """
-    The similarity thresholds and score weights the engine uses for the embedding model (issue 30).
-    """
-
-    model: Annotated[str, Field(title="Model")]
-    """
-    the model they are for: the stored vectors' (the configured embedder's before any vector is stored)
-    """
-    source: Annotated[
-        Literal["env", "calibrated", "shipped", "default"], Field(title="Source")
-    ]
-    """
-    env: every one set in the environment; calibrated: stored by `eros calibrate`; shipped: measured for this model and shipped with the build; default: none for this model, the defaults tuned on e5 (a warning)
-    """
-    base: Annotated[Literal["calibrated", "shipped", "default"], Field(title="Base")]
-    """
-    where the values the environment does not set come from
-    """
-    values: Annotated[dict[str, float], Field(title="Values")]
-    """
-    dedupe_similarity, demote_similarity, lexical_weight, importance_weight, deep_pass_similarity
-    """
-    sources: Annotated[
-        dict[str, Literal["env", "calibrated", "shipped", "default"]],
-        Field(title="Sources"),
-    ]
-    """
-    where each value comes from
-    """
-    sample: Annotated[int, Field(title="Sample")]
-    """
-    calibrated: the memories it was derived from
-    """
-    refused: Annotated[str | None, Field(title="Refused")]
-    """
-    a stored calibration that failed validation (not used), and why
-    """
-    calibrated_at: Annotated[str | None, Field(title="Calibrated At")]
-    """
-    calibrated: when `eros calibrate` stored it
-    """
-    configured_model: Annotated[str, Field(title="Configured Model")]
-    """
-    the configured embedder's model
-    """
-    stored_model: Annotated[str | None, Field(title="Stored Model")]
-    """
-    the model the stored vectors came from (null: none stored yet)
-    """
-    stored_dimension: Annotated[int | None, Field(title="Stored Dimension")]
-    mismatch: Annotated[bool, Field(title="Mismatch")]
-    """
-    the stored vectors came from another model than the configured embedder's: turns and dreaming are refused until EMBED_MODEL is that model again
-    """
-
-
 class CallsUsage(BaseModel):
     purpose: Annotated[
         Literal["chat", "extraction", "deep_pass", "curation", "reembedding"],
@@ -182,21 +125,6 @@ class DayUsage(BaseModel):
     """
     estimated_cost: Annotated[float, Field(title="Estimated Cost")]
     calls: Annotated[list[CallsUsage], Field(title="Calls")]
-
-
-class DeepHealth(BaseModel):
-    status: Annotated[Literal["ok", "failed"], Field(title="Status")]
-    """
-    failed when any check failed (a warning does not fail)
-    """
-    checks: Annotated[dict[str, Check], Field(title="Checks")]
-    """
-    database, schema, chat, extraction, embedder, calibration
-    """
-    calibration: Calibration | None
-    """
-    the embedder's similarity thresholds and where they come from (null when the embedder or the database cannot be read)
-    """
 
 
 class Deleted(BaseModel):
@@ -574,6 +502,25 @@ class PurposeUsage(BaseModel):
     estimated_cost: Annotated[float, Field(title="Estimated Cost")]
 
 
+class Reembedding(BaseModel):
+    """
+    How far a change of embedder is (eros.dreaming.reembedding).
+    """
+
+    next_model: Annotated[str | None, Field(title="Next Model")]
+    """
+    the model the stored vectors are being re-embedded with
+    """
+    users: Annotated[int | None, Field(title="Users")]
+    users_pending: Annotated[int | None, Field(title="Users Pending")]
+    users_failed: Annotated[int | None, Field(title="Users Failed")]
+    """
+    users whose job was given up on (`eros doctor` says why)
+    """
+    rows_done: Annotated[int | None, Field(title="Rows Done")]
+    rows_pending: Annotated[int | None, Field(title="Rows Pending")]
+
+
 class ScoreParts(BaseModel):
     """
     Why a ranked memory is where it is: its score is similarity + recency + importance + lexical - demotion.
@@ -719,6 +666,82 @@ class Appended(BaseModel):
     utterances: Annotated[int, Field(title="Utterances")]
     """
     user messages this request added to the relationship layer
+    """
+
+
+class Calibration(BaseModel):
+    """
+    The similarity thresholds and score weights the engine uses for the embedding model (issue 30).
+    """
+
+    model: Annotated[str, Field(title="Model")]
+    """
+    the model they are for: the stored vectors' (the configured embedder's before any vector is stored)
+    """
+    source: Annotated[
+        Literal["env", "calibrated", "shipped", "default"], Field(title="Source")
+    ]
+    """
+    env: every one set in the environment; calibrated: stored by `eros calibrate`; shipped: measured for this model and shipped with the build; default: none for this model, the defaults tuned on e5 (a warning)
+    """
+    base: Annotated[Literal["calibrated", "shipped", "default"], Field(title="Base")]
+    """
+    where the values the environment does not set come from
+    """
+    values: Annotated[dict[str, float], Field(title="Values")]
+    """
+    dedupe_similarity, demote_similarity, lexical_weight, importance_weight, deep_pass_similarity
+    """
+    sources: Annotated[
+        dict[str, Literal["env", "calibrated", "shipped", "default"]],
+        Field(title="Sources"),
+    ]
+    """
+    where each value comes from
+    """
+    sample: Annotated[int, Field(title="Sample")]
+    """
+    calibrated: the memories it was derived from
+    """
+    refused: Annotated[str | None, Field(title="Refused")]
+    """
+    a stored calibration that failed validation (not used), and why
+    """
+    calibrated_at: Annotated[str | None, Field(title="Calibrated At")]
+    """
+    calibrated: when `eros calibrate` stored it
+    """
+    configured_model: Annotated[str, Field(title="Configured Model")]
+    """
+    the configured embedder's model
+    """
+    stored_model: Annotated[str | None, Field(title="Stored Model")]
+    """
+    the model the stored vectors came from (null: none stored yet)
+    """
+    stored_dimension: Annotated[int | None, Field(title="Stored Dimension")]
+    mismatch: Annotated[bool, Field(title="Mismatch")]
+    """
+    the stored vectors came from another model than the configured embedder's: a re-embedding toward it runs (`reembedding` says how far)
+    """
+    reembedding: Reembedding | None = None
+    """
+    while a change of embedder is under way
+    """
+
+
+class DeepHealth(BaseModel):
+    status: Annotated[Literal["ok", "failed"], Field(title="Status")]
+    """
+    failed when any check failed (a warning does not fail)
+    """
+    checks: Annotated[dict[str, Check], Field(title="Checks")]
+    """
+    database, schema, chat, extraction, embedder, calibration
+    """
+    calibration: Calibration | None
+    """
+    the embedder's similarity thresholds and where they come from (null when the embedder or the database cannot be read)
     """
 
 
