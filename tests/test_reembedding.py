@@ -183,3 +183,25 @@ def test_health_shows_how_far_a_re_embedding_is(stored, configured):
     assert "turns, recall and dreaming go on with" in check["detail"]
     progress = report["calibration"]["reembedding"]
     assert progress["next_model"] == NEW and progress["users_pending"] == 2 and progress["rows_pending"] > 0
+
+
+def test_a_turn_that_embedded_with_the_old_model_just_before_the_switch_is_a_retryable_503(stored, monkeypatch):
+    """What the trigger refuses after a switch (SQLSTATE EM001) reaches a client as 'retry', never a 500."""
+    import psycopg
+
+    from eros.db import embedding_switched
+    from eros.store import chat as chat_store
+
+    with pytest.raises(psycopg.DatabaseError) as refused:
+        stored.execute("DO $$ BEGIN RAISE EXCEPTION 'switched' USING ERRCODE = 'EM001'; END $$")
+    stored.rollback() if not stored.autocommit else None
+    assert embedding_switched(refused.value)
+
+    def switched_meanwhile(*args, **kwargs):
+        raise refused.value
+
+    monkeypatch.setattr(chat_store, "record_turn", switched_meanwhile)
+    api = Api()
+    sid = api.session()
+    status, body = api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "Where do I live?"})
+    assert (status, body["code"], body["retryable"]) == (503, "database_busy", True), body

@@ -17,6 +17,7 @@ from aws_lambda_powertools.logging import correlation_paths
 
 from eros import errors, json_body, snapstart, tracing
 from eros.config import SettingsError, settings
+from eros.db import embedding_switched
 from eros.observability import logger, metrics
 
 from routes import account, health, imports, memories, personas, sessions
@@ -90,6 +91,10 @@ def _misconfigured(error: SettingsError) -> tuple[str, str]:
 
 @app.exception_handler(Exception)
 def unexpected(error: Exception):
+    if embedding_switched(error):  # a re-embedding switched models under this request: nothing was written
+        logger.warning("the embedding model was switched while the request ran")
+        return _error(503, "the memory's embedding model was switched while this request ran; nothing of it was"
+                      " written: retry", "database_busy", retryable=True)
     logger.exception("unhandled error")
     return _error(500, "internal error", request_id=app.lambda_context.aws_request_id)
 

@@ -113,6 +113,17 @@ def one(cursor: psycopg.Cursor[Any]) -> Any:
     return row
 
 
+# The SQLSTATE of sql/functions/embedding.sql's refusal: a vector of another model than the recorded one. After a
+# re-embedding's switch (eros.dreaming.reembedding) a request that embedded with the old model just before meets it:
+# nothing of it was written, and a retry embeds with the new model.
+EMBEDDING_SWITCHED = "EM001"
+
+
+def embedding_switched(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database refusing a vector of a model it no longer records (a retry will do)."""
+    return getattr(exc, "sqlstate", None) == EMBEDDING_SWITCHED
+
+
 @contextmanager
 def transaction() -> Iterator[Connection]:
     conn = connection()

@@ -25,6 +25,7 @@ from typing import Any, Literal, Protocol
 
 from .. import clock
 from ..config import Settings
+from ..db import embedding_switched
 from ..observability import logger, metrics
 from ..providers import (
     EmbedderMismatch,
@@ -173,6 +174,9 @@ def run(kind: Kind, cfg: Settings, key: Mapping[str, Any], claim_token: datetime
     except ProviderError as exc:
         return failed(cfg, job, exc)
     except Exception as exc:  # a crash in our code on this job: count it, then let it be seen
+        if embedding_switched(exc):  # a re-embedding switched models under it: nothing written, the world's turn
+            return failed(cfg, job, ProviderUnavailable("the stored vectors were switched to another embedding"
+                                                        " model while the job ran; it is retried with it"))
         logger.exception(f"{kind.noun} crashed", extra={"user_id": row["user_id"], "error": describe_failure(exc)})
         try:
             failed(cfg, job, exc)
