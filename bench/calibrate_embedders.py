@@ -231,9 +231,9 @@ def knobs_for(defaults, cal):
                                        "lexical_year_weight": cal.lexical_year_weight})
 
 
-def measure(name: str, memories: list[dict], queries: list[dict], conn, arms: dict, defaults, max_shown: int
-            ) -> dict[str, dict[str, float]]:
-    """The figures of one embedder under each arm's calibration."""
+def measure(name: str, memories: list[dict], queries: list[dict], conn, arms: dict, defaults, max_shown: int,
+            extra: dict | None = None) -> dict[str, dict]:
+    """The figures of one embedder under each arm's calibration; for each of ``extra`` (experiments) the main four."""
     instances = load_database(conn, memories)
     uuid_of = {m["id"]: row_uuid(m["id"]) for m in memories}
     user_of = {m["id"]: m["user_id"] for m in memories}
@@ -264,6 +264,56 @@ def measure(name: str, memories: list[dict], queries: list[dict], conn, arms: di
                                   "in_prompt"],
                               "MRR": runners["none"].run(knobs, of)["mrr"]}
         print(f"{name} {arm}: {out[arm]}", file=sys.stderr)
+    if extra:
+        from eros import calibration
+
+        for cut in DEEP_PASS_PROBES:
+            mapped = calibration.map_threshold(cut, extra["_reference_quantiles"], extra["_quantiles"])
+            out[f"deep {cut:g}"] = {"cut": mapped, **deep_pass_figures(pairs, chain_of, mapped, max_shown)}
+    for arm, cal in (extra or {}).items():
+        if arm.startswith("_"):
+            continue
+        knobs = knobs_for(defaults, cal)
+        none = runners["none"].run(knobs)
+        out[arm] = {"cur>old oracle": runners["oracle"].run(knobs)["cur>old"], "cur>old net": none["cur>old"],
+                    "stable kept": runners["none"].run(knobs, tagged("stable"))["in_prompt"], "MRR": none["mrr"],
+                    "calibration": cal}
+    return out
+
+
+# --- experiments (--experiments): other label-free calibrations, and what labels could reach -------------
+def top1_query_cosines(memories: list[dict], queries: list[dict]) -> list[float]:
+    """Each query's cosine to its nearest profile memory of its user (label-free: a deployment has the messages)."""
+    rows: dict[str, list[dict]] = {}
+    for m in profile_rows(memories):
+        rows.setdefault(m["user_id"], []).append(m)
+    return [max(_dot(q["raw"], m["raw"]) for m in rows[q["user_id"]]) for q in queries if rows.get(q["user_id"])]
+
+
+def _scaled(cal, factor: float, name: str):
+    return dc_replace(cal, model=name, lexical_weight=cal.lexical_weight * factor,
+                      importance_weight=cal.importance_weight * factor, demote_penalty=cal.demote_penalty * factor,
+                      recency_weight=cal.recency_weight * factor, lexical_year_weight=cal.lexical_year_weight * factor)
+
+
+def variants(calibration, cal, grid: tuple, ref_grid: tuple, top1: list[float], ref_top1: tuple) -> dict:
+    """Other ways to calibrate, all label-free, and a label-tuned grid around ``cal`` (the ceiling)."""
+    def iqr(g):
+        return calibration._at_share(g, 0.75) - calibration._at_share(g, 0.25)
+
+    def q90q10(g):
+        return calibration._spread(g)
+
+    out: dict = {"_quantiles": grid, "_reference_quantiles": ref_grid}
+    out |= {"iqr spread": _scaled(cal, (iqr(grid) / iqr(ref_grid)) / (q90q10(grid) / q90q10(ref_grid)), "iqr"),
+           "no weight scaling": _scaled(cal, 1 / (q90q10(grid) / q90q10(ref_grid)), "unscaled")}
+    by_query = calibration.calibrate(cal.model, top1, reference_quantiles=ref_top1)
+    out["top-1 query cosines"] = dc_replace(by_query, dedupe_similarity=cal.dedupe_similarity,
+                                            deep_pass_similarity=cal.deep_pass_similarity)
+    for share in (0.1, 0.2, 0.3, 0.45, 0.6):
+        for factor in (0.5, 1.0, 2.0):
+            out[f"grid demote q{share * 100:.0f}, weights x{factor:g}"] = _scaled(
+                dc_replace(cal, demote_similarity=round(calibration._at_share(grid, share), 4)), factor, "grid")
     return out
 
 
@@ -280,6 +330,70 @@ def _cell(key: str, v: float) -> str:
     return f"{v:.1%}"
 
 
+# Deep-pass cuts on e5's scale, tighter than its 0.75 (at which e5 puts nearly every pair of a user's rows of this
+# dev set in one cluster), mapped to each model: does the mapping carry the clusters' precision?
+DEEP_PASS_PROBES = (0.85, 0.9, 0.93)
+EXPERIMENT_FIGURES = ("cur>old oracle", "cur>old net", "stable kept", "MRR")
+
+
+def _experiments(names: list[str], results: dict) -> list[str]:
+    """The --experiments tables: each variant's figures, and the label-tuned grid's best against calibrate()'s."""
+    if not any(len(results[n]["figures"]) > 2 for n in names):
+        return []
+    lines = ["", "## Experiments: other label-free calibrations", "",
+             "*iqr spread*: the weights scaled by the ratio of q75 - q25 instead of q90 - q10; *no weight scaling*: "
+             "calibrate()'s thresholds with e5's weights; *top-1 query cosines*: the demotion cut and the weights "
+             "mapped through the distribution of each question's cosine to its nearest memory (the near-duplicate "
+             "and deep-pass cuts as calibrate()'s).", "",
+             "| embedder | calibration | demote | lexical weight | demote penalty | "
+             + " | ".join(EXPERIMENT_FIGURES) + " |", "| --- | --- | --- | --- | --- |" + " --- |" * 4]
+    for name in names:
+        figures = results[name]["figures"]
+        others = [a for a in figures if a not in ("before", "after") and not a.startswith(("grid", "deep"))]
+        for arm in ["after"] + others:
+            f, c = figures[arm], figures[arm].get("calibration", results[name]["calibration"])
+            lines.append(f"| {name} | {'calibrate()' if arm == 'after' else arm} | {c.demote_similarity:.4f} | "
+                         f"{c.lexical_weight:.4g} | {c.demote_penalty:.4g} | "
+                         + " | ".join(_cell(k, f[k]) for k in EXPERIMENT_FIGURES) + " |")
+    lines += ["", "## Experiments: the deep pass at tighter cuts", "",
+              "e5's 0.75 lies below every e5 neighbour cosine of this dev set: nearly every pair of a user's rows is "
+              "at or above it, so the deep pass shows one cluster of the 40 most recent rows, on every model once "
+              "mapped, and the figures above say little. Here e5 cuts that do separate, mapped to each model through "
+              "the quantiles: cluster precision / chain recall (pairs at the cut).", "",
+              "| embedder | " + " | ".join(f"e5 {c:g}: cut, precision / recall (pairs)" for c in DEEP_PASS_PROBES)
+              + " |",
+              "| --- |" + " --- |" * len(DEEP_PASS_PROBES)]
+    for name in names:
+        figures = results[name]["figures"]
+        lines.append(f"| {name} | " + " | ".join(
+            f"{figures[f'deep {c:g}']['cut']:.3f}: {_cell('p', figures[f'deep {c:g}']['cluster precision'])} / "
+            f"{_cell('p', figures[f'deep {c:g}']['chain recall'])} ({figures[f'deep {c:g}']['cut pairs']})"
+            for c in DEEP_PASS_PROBES) + " |")
+    lines += ["", "## Experiments: what labels could reach (a grid around calibrate()'s choice)", "",
+              "The demotion cut at the model's neighbour-cosine quantiles 10-60 % and every weight x0.5, x1, x2 "
+              "(15 settings), judged WITH the labels: the best cur>old net among the settings that keep stable "
+              "kept and MRR (within 0.01) no lower than calibrate()'s, and the best of each figure alone. If even "
+              "these stay more than 3 points from e5, no threshold or weight closes the gap: the model does.", "",
+              "| embedder | setting | " + " | ".join(EXPERIMENT_FIGURES) + " |",
+              "| --- | --- |" + " --- |" * 4]
+    for name in names:
+        figures = results[name]["figures"]
+        grid = {a: f for a, f in figures.items() if a.startswith("grid")}
+        after = figures["after"]
+        ok = {a: f for a, f in grid.items()
+              if f["stable kept"] >= after["stable kept"] and f["MRR"] >= after["MRR"] - 0.01}
+        rows = [("calibrate()", after)]
+        if ok:
+            best = max(ok, key=lambda a: (ok[a]["cur>old net"], ok[a]["MRR"]))
+            rows.append((f"best net within floors: {best[5:]}", ok[best]))
+        for k in EXPERIMENT_FIGURES:
+            top = max(grid, key=lambda a, _k=k: (grid[a][_k], grid[a]["MRR"]))
+            rows.append((f"best {k}: {top[5:]}", grid[top]))
+        for label, f in rows:
+            lines.append(f"| {name} | {label} | " + " | ".join(_cell(k, f[k]) for k in EXPERIMENT_FIGURES) + " |")
+    return lines
+
+
 def _shipped(calibration, cal) -> bool:
     known = calibration.SHIPPED.get(cal.model)
     return known is not None and dc_replace(known, source=cal.source) == cal
@@ -290,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default=str(DATA))
     ap.add_argument("--embedders", default=",".join(EMBEDDERS), help=f"comma-separated, from {', '.join(EMBEDDERS)}"
                     f" ({REFERENCE_NAME} is always measured first: it is the reference)")
+    ap.add_argument("--experiments", action="store_true",
+                    help="also other label-free calibrations (spread measures, top-1 query cosines) and a label-tuned "
+                         "grid around calibrate()'s choice (what the thresholds could reach at best)")
     ap.add_argument("--users", default="", help="comma-separated user ids: only these users' rows and queries")
     ap.add_argument("--dir", default="/tmp/eros-bench-calibrate", help="embedded Postgres folder (kept)")
     add_database_url_option(ap)
@@ -330,6 +447,7 @@ def run(args: argparse.Namespace, names: list[str], command: str) -> str:
     reference = dc_replace(calibration.REFERENCE, deep_pass_similarity=settings.deep_pass_similarity)
     results: dict[str, dict] = {}
     ref_quantiles: tuple[float, ...] = ()
+    ref_top1: tuple[float, ...] = ()
     for name in names:
         model = attach_vectors(name, memories, queries, data)
         cosines = neighbour_cosines(memories)
@@ -338,8 +456,13 @@ def run(args: argparse.Namespace, names: list[str], command: str) -> str:
             ref_quantiles = grid
         cal = calibration.calibrate(model, cosines, reference=reference, reference_quantiles=ref_quantiles)
         arms = {"before": dc_replace(reference, model=model), "after": cal}
+        extra = None
+        if args.experiments:
+            top1 = top1_query_cosines(memories, queries)
+            ref_top1 = calibration.quantiles(top1) if name == REFERENCE_NAME else ref_top1
+            extra = variants(calibration, cal, grid, ref_quantiles, top1, ref_top1)
         results[name] = {"model": model, "sample": len(cosines), "quantiles": grid, "calibration": cal,
-                         "figures": measure(name, memories, queries, conn, arms, defaults, max_shown)}
+                         "figures": measure(name, memories, queries, conn, arms, defaults, max_shown, extra)}
     conn.close()
     return render(data, names, memories, queries, results, header, time.perf_counter() - started)
 
@@ -394,6 +517,7 @@ def render(data: Path, names: list[str], memories: list[dict], queries: list[dic
     for name in names:
         grid = results[name]["quantiles"]
         lines.append(f"| {name} | " + " | ".join(f"{grid[i]:.3f}" for i in range(0, 21, 2)) + " |")
+    lines += _experiments(names, results)
     from eros import calibration
 
     measured = tuple(round(v, 4) for v in results[REFERENCE_NAME]["quantiles"])
