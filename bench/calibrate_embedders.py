@@ -31,6 +31,7 @@ Per embedder:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -387,11 +388,15 @@ def _experiments(names: list[str], results: dict) -> list[str]:
             best = max(ok, key=lambda a: (ok[a]["cur>old net"], ok[a]["MRR"]))
             rows.append((f"best net within floors: {best[5:]}", ok[best]))
         for k in EXPERIMENT_FIGURES:
-            top = max(grid, key=lambda a, _k=k: (grid[a][_k], grid[a]["MRR"]))
+            top = max(grid, key=functools.partial(_by, grid, k))
             rows.append((f"best {k}: {top[5:]}", grid[top]))
         for label, f in rows:
             lines.append(f"| {name} | {label} | " + " | ".join(_cell(k, f[k]) for k in EXPERIMENT_FIGURES) + " |")
     return lines
+
+
+def _by(grid: dict, key: str, arm: str) -> tuple[float, float]:
+    return grid[arm][key], grid[arm]["MRR"]
 
 
 def _shipped(calibration, cal) -> bool:

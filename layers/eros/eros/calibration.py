@@ -16,9 +16,9 @@ of the two distributions' spreads (the inter-quantile range q90 - q10), so that 
 share of the gaps between candidates. The near-duplicate cut is kept above the sample's closest pair.
 
 Measured (bench/calibrate_embedders.py, bench/results/calibrate_embedders.md): on MiniLM this takes the net's
-gain in cur>old from 0 to about 12 points and stable kept from 75 % to 82 %; on its own language (English) MiniLM
-then is within a point of e5 or above it on every figure. Other spread measures (q75 - q25) and mapping through each question's
-top-1 cosine instead were no better there.
+gain in cur>old from 0 to about 12 points and stable kept from 75 % to 82 %; on its own language (English)
+MiniLM then is within a point of e5 or above it on every figure. Other spread measures (q75 - q25) and mapping
+through each question's top-1 cosine instead were no better there.
 """
 
 from __future__ import annotations
