@@ -127,7 +127,8 @@ def test_a_shipped_calibration_is_used_for_its_model(db, monkeypatch):
     shipped = Calibration(OFFLINE, source="shipped", **KNOB_VALUES)
     monkeypatch.setitem(calibration.SHIPPED, OFFLINE, shipped)
     used = calibrated.effective()
-    assert used.source == "shipped" and used.values == KNOB_VALUES and used.deep_pass_similarity == 0.7
+    assert used.source == "shipped" and used.values == KNOB_VALUES | {
+        k: getattr(REFERENCE, k) for k in calibrated.SCALED} and used.deep_pass_similarity == 0.7
     assert (used.recall.dedupe_similarity, used.recall.lexical_weight) == (0.9, 0.03)
 
 
@@ -145,8 +146,20 @@ def test_a_stored_calibration_wins_over_the_shipped_one_and_the_environment_over
     assert used.values["dedupe_similarity"] == 0.9 and used.sources["dedupe_similarity"] == "calibrated"
     assert used.source == "calibrated"  # not every knob is the environment's
 
-    env(RECALL_DEDUPE_SIMILARITY="0.99", RECALL_DEMOTE_SIMILARITY="0.85", RECALL_IMPORTANCE_WEIGHT="0.05")
+    env(RECALL_DEDUPE_SIMILARITY="0.99", RECALL_DEMOTE_SIMILARITY="0.85", RECALL_IMPORTANCE_WEIGHT="0.05",
+        RECALL_DEMOTE_PENALTY="0.01", RECALL_DECAY_LAMBDA="0.002", RECALL_LEXICAL_YEAR_WEIGHT="0.05")
     assert calibrated.effective().source == "env"
+
+
+def test_a_row_stored_before_migration_0034_gets_the_other_weights_scaled_as_its_lexical_one(db):
+    """save() writes no demote_penalty, recency_weight or lexical_year_weight, as a row stored before 0034 has none:
+    they are e5's scaled by the row's lexical ratio (0.03 / 0.01), and recall uses them."""
+    save(db)
+    used = calibrated.effective()
+    assert used.source == "calibrated"
+    assert {k: round(used.values[k], 6) for k in calibrated.SCALED} == {
+        "demote_penalty": 0.03, "recency_weight": 0.006, "lexical_year_weight": 0.15}
+    assert (used.recall.demote_penalty, round(used.recall.lam, 6)) == (pytest.approx(0.03), 0.006)
 
 
 def test_recall_drops_near_duplicates_at_the_calibrated_cut(db, env):
@@ -241,7 +254,8 @@ def test_calibrate_says_what_it_chose_beside_the_defaults(db, env, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"{OFFLINE}: thresholds from 180 memories") and out[0].endswith("stored")
     assert out[1].split() == ["setting", "default", "used", "until", "now", "chosen"]
-    assert [line.split()[0] for line in out[2:7]] == [calibrated.ENV_NAMES[k] for k in calibrated.KNOBS]
+    assert [line.split()[0] for line in out[2:2 + len(calibrated.KNOBS)]] == [calibrated.ENV_NAMES[k]
+                                                                            for k in calibrated.KNOBS]
     assert out[4].split()[1:3] == ["0.01", "0.02"] and "(env)" in out[4]
     assert out[-1] == "note: set in the environment, so still used instead of the chosen value: RECALL_LEXICAL_WEIGHT"
 

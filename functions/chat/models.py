@@ -229,7 +229,8 @@ class Calibration(ApiModel):
     base: Literal["calibrated", "shipped", "default"] = Field(
         description="where the values the environment does not set come from")
     values: dict[str, float] = Field(description="dedupe_similarity, demote_similarity, lexical_weight, "
-                                                 "importance_weight, deep_pass_similarity")
+                                                 "importance_weight, demote_penalty, recency_weight (recency's "
+                                                 "lambda), lexical_year_weight, deep_pass_similarity")
     sources: dict[str, Literal["env", "calibrated", "shipped", "default"]] = Field(
         description="where each value comes from")
     sample: int = Field(description="calibrated: the memories it was derived from")

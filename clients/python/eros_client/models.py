@@ -690,7 +690,7 @@ class Calibration(BaseModel):
     """
     values: Annotated[dict[str, float], Field(title="Values")]
     """
-    dedupe_similarity, demote_similarity, lexical_weight, importance_weight, deep_pass_similarity
+    dedupe_similarity, demote_similarity, lexical_weight, importance_weight, demote_penalty, recency_weight (recency's lambda), lexical_year_weight, deep_pass_similarity
     """
     sources: Annotated[
         dict[str, Literal["env", "calibrated", "shipped", "default"]],

@@ -40,10 +40,14 @@ from .providers.base import EmbedderMismatch
 Source = Literal["env", "calibrated", "shipped", "default"]
 
 # The knobs a calibration sets, and the environment variable that overrides each.
-RECALL_KNOBS = ("dedupe_similarity", "demote_similarity", "lexical_weight", "importance_weight")
+RECALL_KNOBS = ("dedupe_similarity", "demote_similarity", "lexical_weight", "importance_weight", "demote_penalty",
+                "recency_weight", "lexical_year_weight")
 KNOBS = (*RECALL_KNOBS, "deep_pass_similarity")
-ENV_NAMES = {name: RecallKnobs.model_fields[name].alias or name for name in RECALL_KNOBS} | {
+# A calibration's name for a knob -> RecallKnobs' field, where they differ.
+FIELDS = {name: {"recency_weight": "lam"}.get(name, name) for name in RECALL_KNOBS}
+ENV_NAMES = {name: RecallKnobs.model_fields[FIELDS[name]].alias or name for name in RECALL_KNOBS} | {
     "deep_pass_similarity": "DEEP_PASS_SIMILARITY"}
+SCALED = ("demote_penalty", "recency_weight", "lexical_year_weight")  # the weights migration 0034 added
 
 TTL_SECS = 60.0  # what a container keeps of the database's answer
 # ... while a re-embedding is under way (migration 0033): its switch changes the model every container embeds with,
@@ -64,6 +68,9 @@ class Thresholds(BaseModel):
     deep_pass_similarity: float = Field(gt=0, le=1)
     lexical_weight: float = Field(ge=0, le=1)
     importance_weight: float = Field(ge=0, le=1)
+    demote_penalty: float = Field(calibration.REFERENCE.demote_penalty, ge=0, le=1)
+    recency_weight: float = Field(calibration.REFERENCE.recency_weight, ge=0, le=10)
+    lexical_year_weight: float = Field(calibration.REFERENCE.lexical_year_weight, ge=0, le=1)
 
     @model_validator(mode="after")
     def _ordered(self) -> Thresholds:
@@ -260,14 +267,15 @@ def effective(cfg: Settings | None = None, *, knobs: RecallKnobs | None = None, 
         target = configured_model()
         state = _state(target)
     base, chosen, stored, refused = _base(target, state["calibration"])
-    explicit = {name for name in RECALL_KNOBS if name in knobs.model_fields_set}
+    explicit = {name for name in RECALL_KNOBS if FIELDS[name] in knobs.model_fields_set}
     if "deep_pass_similarity" in cfg.model_fields_set:
         explicit.add("deep_pass_similarity")
-    values = {name: (getattr(knobs, name) if name in RECALL_KNOBS else cfg.deep_pass_similarity)
+    values = {name: (getattr(knobs, FIELDS[name]) if name in RECALL_KNOBS else cfg.deep_pass_similarity)
                     if name in explicit else getattr(chosen, name) for name in KNOBS}
     sources: dict[str, Source] = {name: "env" if name in explicit else base for name in KNOBS}
-    recall = knobs if all(values[n] == getattr(knobs, n) for n in RECALL_KNOBS) else RecallKnobs.model_validate(
-        knobs.model_dump() | {n: values[n] for n in RECALL_KNOBS})
+    # Validated by Thresholds already (a caller's explicit knobs, as a bench sweep's, are kept as given).
+    recall = knobs if all(values[n] == getattr(knobs, FIELDS[n]) for n in RECALL_KNOBS) else \
+        knobs.model_copy(update={FIELDS[n]: values[n] for n in RECALL_KNOBS})
     return Effective(target, base, values, sources, recall, values["deep_pass_similarity"], space=state["space"],
                      stored=stored, refused=refused, sample=chosen.sample)
 
@@ -277,9 +285,11 @@ def _base(model: str, row: dict[str, Any] | None) -> tuple[Source, calibration.C
     refused = None
     if row is not None:
         try:
-            validated(row)
+            ratio = float(row["lexical_weight"]) / calibration.REFERENCE.lexical_weight
+            full = {**row, **{n: getattr(calibration.REFERENCE, n) * ratio for n in SCALED if row.get(n) is None}}
+            validated(full)  # a row stored before migration 0034: its three weights scaled as its lexical one
             return "calibrated", calibration.Calibration(
-                model, **{n: float(row[n]) for n in KNOBS}, source="calibrated", sample=int(row["sample"])), row, None
+                model, **{n: float(full[n]) for n in KNOBS}, source="calibrated", sample=int(row["sample"])), row, None
         except (ValueError, KeyError, TypeError) as exc:
             refused = f"the calibration stored for {model!r} (id {row.get('id')}) is not used: {exc}"
             logger.error("a stored calibration is refused", extra={"model": model, "error": refused})

@@ -29,10 +29,11 @@ def save_calibration(calibration: Calibration, dimension: int) -> dict[str, Any]
     c = calibration
     return one(connection().execute(
         "INSERT INTO engine.embedding_calibrations (model, dimension, dedupe_similarity, demote_similarity,"
-        " deep_pass_similarity, lexical_weight, importance_weight, source, sample)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING to_jsonb(embedding_calibrations) AS row",
+        " deep_pass_similarity, lexical_weight, importance_weight, demote_penalty, recency_weight,"
+        " lexical_year_weight, source, sample)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING to_jsonb(embedding_calibrations) AS row",
         (c.model, dimension, c.dedupe_similarity, c.demote_similarity, c.deep_pass_similarity, c.lexical_weight,
-         c.importance_weight, c.source, c.sample)))["row"]
+         c.importance_weight, c.demote_penalty, c.recency_weight, c.lexical_year_weight, c.source, c.sample)))["row"]
 
 
 # Each sampled active profile memory's cosine to its nearest neighbour among the active profile memories of the
