@@ -295,13 +295,17 @@ def calibrated_check() -> dict:
     return deep_report(fresh=True)["checks"]["calibration"]
 
 
-def test_health_warns_about_an_uncalibrated_embedder_without_failing(db):
+def test_health_warns_about_an_uncalibrated_embedder_without_failing(db, monkeypatch):
     from eros.health import deep_report
 
     report = deep_report(fresh=True)
+    check = report["checks"]["calibration"]  # the offline stand-in: e5's defaults on purpose, no warning
+    assert check["status"] == "ok" and "the offline stand-in" in check["detail"], check
+    monkeypatch.setattr(calibrated, "configured_model", lambda: "text-embedding-3-small")
+    report = deep_report(fresh=True)
     check = report["checks"]["calibration"]
     assert report["status"] == "ok" and check["status"] == "warning"
-    assert f"'{OFFLINE}' has NO calibration" in check["detail"] and "eros calibrate" in check["detail"]
+    assert "'text-embedding-3-small' has NO calibration" in check["detail"] and "eros calibrate" in check["detail"]
     assert "(no vector stored yet)" in check["detail"]
     assert report["calibration"]["source"] == "default" and report["calibration"]["mismatch"] is False
 

@@ -79,6 +79,7 @@ _STATIC = Calibration("tokenlearn-static-model-0.1.1/static-10k-64d-int8", dedup
 _HASH = Calibration("offline/lexical-hash-512", dedupe_similarity=0.7746, demote_similarity=0.0712,
                     deep_pass_similarity=0.01, lexical_weight=0.0397, importance_weight=0.1985, source="shipped",
                     sample=1548, demote_penalty=0.0397, recency_weight=0.00794, lexical_year_weight=0.1985)
+OFFLINE_MODEL = _HASH.model  # the offline stand-in's embedder (eros.providers.offline): e5's defaults, on purpose
 SHIPPED: dict[str, Calibration] = {
     REFERENCE_MODEL: REFERENCE,
     _MINILM.model: _MINILM, "all-MiniLM-L6-v2": _MINILM, "sentence-transformers/all-MiniLM-L6-v2": _MINILM,

@@ -165,7 +165,7 @@ def _calibration(found: dict[str, Any]) -> tuple[str, str]:
     another model than the configured embedder's (turns and dreaming are refused then), "warning" when the model
     has no calibration (e5's defaults on another model's cosines) or a stored one is refused; ``found["report"]``
     gets the details."""
-    from . import calibrated
+    from . import calibrated, calibration
 
     configured = calibrated.configured_model()
     used = calibrated.effective(model=None)
@@ -208,6 +208,9 @@ def _calibration(found: dict[str, Any]) -> tuple[str, str]:
                         f" ({values}){overridden}"), "ok"
     elif used.source == "shipped":
         line, status = f"{used.model!r}: the calibration this build ships ({values}){overridden}", "ok"
+    elif used.model == calibration.OFFLINE_MODEL:
+        line, status = (f"{used.model!r} (the offline stand-in): e5's defaults, on purpose: calibrated, the stand-in"
+                        f" lost stable facts (bench/results/calibrate_embedders.md) ({values}){overridden}"), "ok"
     else:
         line, status = (f"{used.model!r} has NO calibration: its similarity thresholds are the defaults tuned on"
                         f" e5, which may not fit its cosines ({values}){overridden}; run `eros calibrate` once it"
