@@ -81,6 +81,6 @@ def test_the_recall_defaults_are_defined_once():
     assert Settings().recall == RecallKnobs() == Settings.from_env({}).recall
     defaults = [p for p in inspect.signature(recall_store.ranked).parameters.values()
                 if p.default is not inspect.Parameter.empty]
-    # Only what is asked (the message's text) and which rows (a persona's, a date, a search's category
-    # filter), never a ranking knob.
-    assert [p.name for p in defaults] == ["message", "instance_id", "now", "category"]
+    # Only what is asked (the message's text), which rows (a persona's, a date, a search's category
+    # filter) and the query's model (the guard against comparing two models), never a ranking knob.
+    assert [p.name for p in defaults] == ["message", "instance_id", "now", "category", "model"]

@@ -205,3 +205,21 @@ def test_a_turn_that_embedded_with_the_old_model_just_before_the_switch_is_a_ret
     sid = api.session()
     status, body = api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "Where do I live?"})
     assert (status, body["code"], body["retryable"]) == (503, "database_busy", True), body
+
+
+def test_a_search_embedded_with_a_model_the_store_no_longer_records_is_refused_not_compared(stored):
+    """A container that has not yet seen a switch (it asks again within a second) embeds a search with the old model:
+    the statement refuses it (EM001, a retryable 503) before it reads a row, instead of comparing two models."""
+    import psycopg
+
+    from eros.memory import MemoryLayer
+    from eros.db import embedding_switched
+    from eros.store import recall as recall_store
+
+    query = hash_embed("dog")
+    rows = recall_store.ranked(MemoryLayer.PROFILE, settings().recall, "alice", query, k=3, cap=None, model=OLD)
+    assert rows  # the recorded model: compared as ever
+    stored.execute("UPDATE engine.embedding_space SET model = %s", (NEW,))  # what a switch leaves
+    with pytest.raises(psycopg.DatabaseError) as refused:
+        recall_store.ranked(MemoryLayer.PROFILE, settings().recall, "alice", query, k=3, cap=None, model=OLD)
+    assert embedding_switched(refused.value)

@@ -33,16 +33,17 @@ def search(user_id: str, query: str, *, layer: MemoryLayer | None, category: str
     importance, recency, words in common and demotion; no per-category quota: that shapes a prompt, not an
     answer), best first, each a listed memory plus ``score`` and its parts. The relationship layer is a
     persona's: it is searched when ``persona_id`` names one of the user's; a category filter is the profile's."""
-    knobs = settings().recall
     instance = memory_store.instance_of(user_id, persona_id) if persona_id else None
     if persona_id and instance is None:
         raise NotFound(f"no conversation with persona {persona_id!r}")
     layers = [MemoryLayer.PROFILE] if layer is None or layer is MemoryLayer.PROFILE else []
     if instance is not None and layer in (None, MemoryLayer.RELATIONSHIP) and category is None:
         layers.append(MemoryLayer.RELATIONSHIP)
-    vector = _embed(user_id, query, "query").vectors[0]
+    embedded = _embed(user_id, query, "query")
+    knobs = calibrated.effective(settings(), model=embedded.model).recall  # the thresholds of that model's scale
     ranked = sorted((row for each in layers for row in recall_store.ranked(
-        each, knobs, user_id, vector, k=k, cap=None, message=query, instance_id=instance, category=category)),
+        each, knobs, user_id, embedded.vectors[0], k=k, cap=None, message=query, instance_id=instance,
+        category=category, model=embedded.model)),
         key=lambda row: (-row["score"], str(row["id"])))[:k]
     memories = memory_store.by_ids(user_id, [row["id"] for row in ranked])
     return [memories[row["id"]] | {"score": row["score"], "parts": ScoreParts.of(row)}

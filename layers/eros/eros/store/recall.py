@@ -38,6 +38,8 @@ _CANDIDATES = ("SELECT * FROM engine.{function}(%(user)s::text, %(instance)s::uu
                " NULL::bit(512), %(message)s::text,"
                f" %(now)s::timestamptz, {_KNOBS}, %(profile_k)s::int, %(profile_cap)s::int,"
                " %(relationship_k)s::int, %(dedupe)s::float8)")
+# ... refused (SQLSTATE EM001) when the query's model is not the stored vectors' (sql/functions/embedding.sql).
+_RANKED_EMBEDDED_WITH = _RANKED + " WHERE engine.embedded_with(%(model)s::text)"
 TURN_RECALL = _CANDIDATES.format(function="turn_recall_v2")
 # The same rows, through the SQL function the planner inlines: EXPLAIN of this shows the plan turn_recall keeps.
 CANDIDATES = _CANDIDATES.format(function="recall_candidates_v2")
@@ -60,23 +62,24 @@ def _cap(k: int, cap: int | None) -> int:
 
 def ranked(layer: MemoryLayer, knobs: RecallKnobs, user_id: str, query: list[float], *, k: int,
            cap: int | None, message: str | None = None, instance_id: UUID | None = None, now: datetime | None = None,
-           category: str | None = None) -> list[RankedMemory]:
+           category: str | None = None, model: str | None = None) -> list[RankedMemory]:
     """The layer's top ``k`` rows by ``knobs.strategy``'s score, at most ``cap`` per category (None: no cap).
 
     ``query`` is the embedding of the message and ``message`` the message itself, for the lexical part (None:
     similarity alone). One round trip. Rows carry their embedding, distance, decay, the score parts
     (similarity, recency_term, importance_term, lexical_term, demotion) and score. ``now`` None means the
     database's statement time. Only the profile layer is demoted, and only when ``knobs.demoting``;
-    ``category`` keeps the profile's rows of one category (a search's filter). (A turn recalls through
-    ``candidates``, which ranks each layer with this same function.)
+    ``category`` keeps the profile's rows of one category (a search's filter); ``model``, the one that embedded
+    ``query``: refused (EM001) if the stored vectors are another's. (A turn recalls through ``candidates``, which
+    ranks each layer with this same function; its write of the message is refused the same way.)
     """
     if k <= 0 or (layer is MemoryLayer.RELATIONSHIP and instance_id is None):
         return []
     values = _values(knobs, user_id, query, message, instance_id, now, demoting=knobs.demoting) | {
-        "layer": layer.value, "category": category, "k": k, "cap": _cap(k, cap)}
+        "layer": layer.value, "category": category, "k": k, "cap": _cap(k, cap), "model": model}
     # Binary results: the embeddings come back as packed floats, not 512 numbers in text to parse.
     with connection().cursor(binary=True) as cur:
-        return cur.execute(_RANKED, values).fetchall()
+        return cur.execute(_RANKED_EMBEDDED_WITH if model else _RANKED, values).fetchall()
 
 
 def candidates(knobs: RecallKnobs, user_id: str, query: list[float], *, k: int, cap: int | None,
