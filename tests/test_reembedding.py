@@ -212,8 +212,8 @@ def test_a_search_embedded_with_a_model_the_store_no_longer_records_is_refused_n
     the statement refuses it (EM001, a retryable 503) before it reads a row, instead of comparing two models."""
     import psycopg
 
-    from eros.memory import MemoryLayer
     from eros.db import embedding_switched
+    from eros.memory import MemoryLayer
     from eros.store import recall as recall_store
 
     query = hash_embed("dog")
