@@ -61,6 +61,39 @@ def _key(table: JobTable, job: Mapping[str, Any]) -> dict[str, Any]:
     return {k: job[k] for k in ("user_id", *table.key)}
 
 
+def user_claim(table: LiteralString, due: LiteralString, order: LiteralString) -> LiteralString:
+    """The claim statement of a kind that keeps one job row per user (a deep pass, a re-embedding): the ``due`` rows
+    of ``table`` (engine.<name>), oldest by ``order`` first, that are free or claimed so long ago that the worker is
+    presumed dead (``%(stale_before)s``) and not backing off from a failure, stamped with the application clock
+    (``%(now)s``: the claim token). Taking a claim counts nothing; re-taking a stale one whose worker had started
+    (the lease is set) counts the user's own attempt (the worker died on it), one never started is our backlog (a
+    retry, the world's fault): migration 0005 says why. The picked users are a MATERIALIZED CTE for the reason
+    store.dreaming's claim gives: an ``IN (SELECT ... LIMIT ... SKIP LOCKED)`` can be rescanned by the plan and then
+    claims every due user, whatever the limit."""
+    return f"""
+WITH picked AS MATERIALIZED (
+    SELECT user_id FROM {table}
+    WHERE {due}
+      AND (claimed_at IS NULL OR claimed_at < %(stale_before)s)
+      AND (next_attempt_at IS NULL OR next_attempt_at <= %(now)s)
+    ORDER BY {order}
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {table} u
+SET claimed_at = %(now)s,
+    started_at = NULL,
+    attempts = u.attempts + (u.started_at IS NOT NULL)::int,
+    retries = u.retries + (u.claimed_at IS NOT NULL AND u.started_at IS NULL)::int,
+    error = CASE WHEN u.started_at IS NOT NULL THEN 'the worker did not finish (its claim went stale)'
+                 WHEN u.claimed_at IS NOT NULL THEN 'no worker started the claim before it went stale'
+                 ELSE u.error END
+FROM picked
+WHERE u.user_id = picked.user_id
+RETURNING u.user_id, u.claimed_at AS claim_token
+"""
+
+
 def claim(table: JobTable, limit: int, now: datetime | None = None, **cutoffs: datetime) -> list[dict]:
     """Claim up to ``limit`` jobs the kind's claim finds due by ``cutoffs``; ``now`` (default: the application's
     clock) stamps the claim: it is the claim token."""

@@ -19,37 +19,12 @@ from .rows import UserClaim
 
 _TICK = timedelta(microseconds=1)  # timestamptz resolution
 
-# Due: the memory changed since the last pass. Quiet: not changed for a while (a pass per burst of
-# sessions, not per session). Free, or claimed so long ago that the worker is presumed dead; not
-# backing off from a failure. The claim is stamped with the application clock the cut-offs come from
-# (as ``store.dreaming``'s claim is). Taking a claim counts nothing; re-taking a stale one whose worker had started
-# (the lease is set) counts the user's own attempt (the worker died on it), one never started is our
-# backlog (a retry, the world's fault). Migration 0005 says why. The picked users are a MATERIALIZED
-# CTE for the reason store.dreaming's claim gives: an ``IN (SELECT ... LIMIT ... SKIP LOCKED)`` can be
-# rescanned by the plan and then claims every due user, whatever the limit.
-_CLAIM = """
-WITH picked AS MATERIALIZED (
-    SELECT user_id FROM engine.user_deep_pass
-    WHERE (consolidated_at IS NULL OR consolidated_at < changed_at)
-      AND changed_at < %(quiet_before)s
-      AND (claimed_at IS NULL OR claimed_at < %(stale_before)s)
-      AND (next_attempt_at IS NULL OR next_attempt_at <= %(now)s)
-    ORDER BY changed_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE engine.user_deep_pass u
-SET claimed_at = %(now)s,
-    started_at = NULL,
-    attempts = u.attempts + (u.started_at IS NOT NULL)::int,
-    retries = u.retries + (u.claimed_at IS NOT NULL AND u.started_at IS NULL)::int,
-    error = CASE WHEN u.started_at IS NOT NULL THEN 'the worker did not finish (its claim went stale)'
-                 WHEN u.claimed_at IS NOT NULL THEN 'no worker started the claim before it went stale'
-                 ELSE u.error END
-FROM picked
-WHERE u.user_id = picked.user_id
-RETURNING u.user_id, u.claimed_at AS claim_token
-"""
+# Due: the memory changed since the last pass. Quiet: not changed for a while (a pass per burst of sessions, not
+# per session). The rest of the claim is every per-user kind's (store.claims.user_claim).
+_CLAIM = claims.user_claim(
+    "engine.user_deep_pass",
+    due="(consolidated_at IS NULL OR consolidated_at < changed_at) AND changed_at < %(quiet_before)s",
+    order="changed_at")
 # The claim's cut-offs: quiet_before (not changed since), stale_before (a claim older is presumed dead). A user
 # given up on is stamped consolidated: the next memory change makes the pass due again (it re-drives itself).
 USERS = claims.JobTable("user_deep_pass", _CLAIM, reads=("changed_at",),

@@ -19,30 +19,8 @@ from ..db import connection, one, transaction
 from . import claims
 from .rows import ClaimedJob, UserClaim
 
-# Due: not done, free or claimed so long ago that the worker is presumed dead, not backing off. The same shape
-# and the same counting of a stale claim as the deep pass's (store.deep_pass says why).
-_CLAIM = """
-WITH picked AS MATERIALIZED (
-    SELECT user_id FROM engine.user_reembedding
-    WHERE done_at IS NULL
-      AND (claimed_at IS NULL OR claimed_at < %(stale_before)s)
-      AND (next_attempt_at IS NULL OR next_attempt_at <= %(now)s)
-    ORDER BY queued_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE engine.user_reembedding u
-SET claimed_at = %(now)s,
-    started_at = NULL,
-    attempts = u.attempts + (u.started_at IS NOT NULL)::int,
-    retries = u.retries + (u.claimed_at IS NOT NULL AND u.started_at IS NULL)::int,
-    error = CASE WHEN u.started_at IS NOT NULL THEN 'the worker did not finish (its claim went stale)'
-                 WHEN u.claimed_at IS NOT NULL THEN 'no worker started the claim before it went stale'
-                 ELSE u.error END
-FROM picked
-WHERE u.user_id = picked.user_id
-RETURNING u.user_id, u.claimed_at AS claim_token
-"""
+# Due: not done. The rest of the claim is every per-user kind's (store.claims.user_claim).
+_CLAIM = claims.user_claim("engine.user_reembedding", due="done_at IS NULL", order="queued_at")
 # A user given up on is stamped done with the error kept: the switch then waits for its rows (``progress`` counts
 # them), and `eros reembed --redrive` (``redrive``) queues it again.
 USERS = claims.JobTable("user_reembedding", _CLAIM, pending="done_at IS NULL", reads=("model", "rows_done"),
