@@ -223,3 +223,28 @@ def test_a_search_embedded_with_a_model_the_store_no_longer_records_is_refused_n
     with pytest.raises(psycopg.DatabaseError) as refused:
         recall_store.ranked(MemoryLayer.PROFILE, settings().recall, "alice", query, k=3, cap=None, model=OLD)
     assert embedding_switched(refused.value)
+
+
+def test_a_turns_recall_embedded_with_a_model_the_store_no_longer_records_is_refused_not_compared(stored):
+    """The same for a turn's recall (engine.turn_recall_v3), and so for a read-only context, the one path that writes
+    no vector: in the second before a container sees a switch it answers a retryable 503, never a ranking that
+    compared two models' vectors."""
+    import psycopg
+
+    from eros.db import embedding_switched
+    from eros.store import recall as recall_store
+
+    query = hash_embed("dog")
+    rows = recall_store.candidates(settings().recall, "alice", query, k=3, cap=None, relationship_k=0,
+                                   instance_id=None, dedupe=0.97, model=OLD)
+    assert rows  # the recorded model: ranked as ever
+    api = Api()
+    sid = api.session()
+    assert api.call("POST", f"/v1/sessions/{sid}/context", {"content": "Where do I live?"})[0] == 200  # cached: OLD
+    stored.execute("UPDATE engine.embedding_space SET model = %s", (NEW,))  # what a switch leaves
+    with pytest.raises(psycopg.DatabaseError) as refused:
+        recall_store.candidates(settings().recall, "alice", query, k=3, cap=None, relationship_k=0,
+                                instance_id=None, dedupe=0.97, model=OLD)
+    assert embedding_switched(refused.value)
+    status, body = api.call("POST", f"/v1/sessions/{sid}/context", {"content": "Where do I live?"})
+    assert (status, body["code"], body["retryable"]) == (503, "database_busy", True), body

@@ -110,7 +110,7 @@ def test_a_turns_statements_are_calls_of_functions_that_keep_their_plans(limits,
     called = [re.fullmatch(r"SELECT (?:\* FROM )?engine\.(\w+)\(.*\)(?: AS \w+)?", str(sql), re.S) for sql, _ in sent]
     assert all(called), [str(sql)[:80] for (sql, _), match in zip(sent, called, strict=True) if not match]
     names = [match[1] for match in called if match]
-    assert names == ["open_turn_v2", "turn_recall_v2", "record_turn", "open_turn_v2"]
+    assert names == ["open_turn_v2", "turn_recall_v3", "record_turn", "open_turn_v2"]
     kept = db.execute("SELECT p.proname AS name, l.lanname AS language, p.proconfig AS config FROM pg_proc p"
                       " JOIN pg_language l ON l.oid = p.prolang WHERE p.pronamespace = 'engine'::regnamespace"
                       " AND p.proname = ANY (%s)", (names,)).fetchall()

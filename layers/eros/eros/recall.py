@@ -128,7 +128,8 @@ def recall(user_id: str, instance_id: UUID | None, query: list[float], *, histor
     # The SQL's cost is the scan of the user's rows, not the length of the answer. Both layers, and the
     # near-duplicates among them, in one statement.
     rows = recall_store.candidates(p, user_id, query, k=2 * k, cap=2 * cap if cap else None, relationship_k=2 * rel_k,
-                                   instance_id=instance_id, dedupe=p.dedupe_similarity, message=message, now=now)
+                                   instance_id=instance_id, dedupe=p.dedupe_similarity, message=message, now=now,
+                                   model=model)
     hygiene = Hygiene([m["content"] for m in history] + ([message] if message else []))
     return Recalled(profile=hygiene.take([r for r in rows if r["layer"] == MemoryLayer.PROFILE], k, cap),
                     relationship=hygiene.take([r for r in rows if r["layer"] == MemoryLayer.RELATIONSHIP], rel_k))

@@ -22,7 +22,7 @@ from .rows import RankedMemory, RecallCandidate
 
 # The statements are in the database (sql/functions/recall.sql, whose comments say why each part is shaped so):
 # engine.recall_layer_v2() ranks one layer, engine.recall_candidates_v2() both layers for a turn, and
-# engine.turn_recall_v2() is recall_candidates_v2() with its plan kept by the database connection (a turn then skips
+# engine.turn_recall_v3() is recall_candidates_v2() with its plan kept by the database connection (a turn then skips
 # the ~2 ms of parsing and planning that a 7 KB statement costs). Values only are bound; nothing is formatted
 # into SQL. The knobs travel as one engine.recall_knobs_v2 value, in that type's field order (its field sign_pool
 # is RECALL_POOL, the knob's name since migration 0025). The query's sign bits are no longer read (NULL).
@@ -40,7 +40,8 @@ _CANDIDATES = ("SELECT * FROM engine.{function}(%(user)s::text, %(instance)s::uu
                " %(relationship_k)s::int, %(dedupe)s::float8)")
 # ... refused (SQLSTATE EM001) when the query's model is not the stored vectors' (sql/functions/embedding.sql).
 _RANKED_EMBEDDED_WITH = _RANKED + " WHERE engine.embedded_with(%(model)s::text)"
-TURN_RECALL = _CANDIDATES.format(function="turn_recall_v2")
+# A turn's: refused the same way, by its last argument (engine.turn_recall_v3 checks it before it ranks).
+TURN_RECALL = _CANDIDATES.format(function="turn_recall_v3")[:-1] + ", %(model)s::text)"
 # The same rows, through the SQL function the planner inlines: EXPLAIN of this shows the plan turn_recall keeps.
 CANDIDATES = _CANDIDATES.format(function="recall_candidates_v2")
 
@@ -71,7 +72,7 @@ def ranked(layer: MemoryLayer, knobs: RecallKnobs, user_id: str, query: list[flo
     database's statement time. Only the profile layer is demoted, and only when ``knobs.demoting``;
     ``category`` keeps the profile's rows of one category (a search's filter); ``model``, the one that embedded
     ``query``: refused (EM001) if the stored vectors are another's. (A turn recalls through ``candidates``, which
-    ranks each layer with this same function; its write of the message is refused the same way.)
+    ranks each layer with this same function and is refused the same way.)
     """
     if k <= 0 or (layer is MemoryLayer.RELATIONSHIP and instance_id is None):
         return []
@@ -84,15 +85,16 @@ def ranked(layer: MemoryLayer, knobs: RecallKnobs, user_id: str, query: list[flo
 
 def candidates(knobs: RecallKnobs, user_id: str, query: list[float], *, k: int, cap: int | None,
                relationship_k: int, instance_id: UUID | None, dedupe: float, message: str | None = None,
-               now: datetime | None = None) -> list[RecallCandidate]:
-    """Both layers' rows in one round trip (engine.turn_recall_v2): the profile's top ``k`` (at most ``cap`` per
+               now: datetime | None = None, model: str | None = None) -> list[RecallCandidate]:
+    """Both layers' rows in one round trip (engine.turn_recall_v3): the profile's top ``k`` (at most ``cap`` per
     category) and then the relationship layer's top ``relationship_k`` of ``instance_id``, each as ``ranked``
     ranks them, without their embeddings, each with its ``layer`` and ``near``: the ids of the rows before it
-    that are at least ``dedupe`` cosine-similar to it."""
+    that are at least ``dedupe`` cosine-similar to it. ``model``, the one that embedded ``query``: refused (EM001)
+    if the stored vectors are another's (None: not checked)."""
     if instance_id is None:
         relationship_k = 0
     values = _values(knobs, user_id, query, message, instance_id, now, demoting=knobs.demoting) | {
         "profile_k": max(k, 0), "profile_cap": _cap(k, cap), "relationship_k": max(relationship_k, 0),
-        "dedupe": dedupe}
+        "dedupe": dedupe, "model": model}
     with connection().cursor(binary=True) as cur:
         return cur.execute(TURN_RECALL, values).fetchall()

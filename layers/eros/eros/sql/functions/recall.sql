@@ -6,7 +6,7 @@
 -- * engine.recall_layer_v2()      one layer's ranked rows: the statement itself (its formulas and what it reads
 --                                 are written above it), with engine.recall_older_v2(), its lexical path.
 -- * engine.recall_candidates_v2() both layers' rows and the near-duplicates among them (a turn's recall).
--- * engine.turn_recall_v2()       the same rows as recall_candidates_v2(), through a PL/pgSQL body whose plan the
+-- * engine.turn_recall_v3()       the same rows as recall_candidates_v2(), through a PL/pgSQL body whose plan the
 --                                 backend keeps: what a turn calls.
 -- (_v2: migration 0023's bound added three knobs, so the knobs' type and the functions that take it have new
 -- names; the previous release's engine.recall_layer, recall_candidates and turn_recall stay in the databases
@@ -14,8 +14,8 @@
 --
 -- The two statements are LANGUAGE sql, STABLE, with no SET clause and a single SELECT, so the planner inlines
 -- them into the query that calls them: EXPLAIN of a call shows the whole plan (the benches and the partitioned
--- schema's test read it), and turn_recall_v2's one statement is the whole recall, planned once per backend.
--- turn_recall_v2 forces the generic plan: the parameters only choose rows through the per-user indexes, which the
+-- schema's test read it), and turn_recall_v3's one statement is the whole recall, planned once per backend.
+-- turn_recall_v3 forces the generic plan: the parameters only choose rows through the per-user indexes, which the
 -- generic plan uses the same way for every user, and the custom plans the default mode tries first would each
 -- be planned in full (the planner cannot tell that the knobs' CASEs or a layer's UNION ALL branch that a value
 -- switches off cost nothing).
@@ -458,15 +458,21 @@ ORDER BY c.place
 $$;
 
 -- What a turn calls: recall_candidates_v2() through PL/pgSQL, whose one statement the backend plans once (generic
--- plan, see the top) and then only executes. Same arguments, same rows.
-CREATE OR REPLACE FUNCTION engine.turn_recall_v2(
+-- plan, see the top) and then only executes. Same arguments, same rows, and of_model, the model that embedded
+-- of_query: refused first (engine.embedded_with, SQLSTATE EM001, a retryable 503) when the stored vectors are of
+-- another model, so that a container which has not yet seen a re-embedding's switch (it asks again within a second)
+-- never ranks by comparing two models' vectors (_v3: of_model is a new argument; turn_recall_v2, without it, stays
+-- in the databases it was created in for the previous release's containers, README.md's _v2 rule).
+CREATE OR REPLACE FUNCTION engine.turn_recall_v3(
     of_user text, of_instance uuid, of_query vector, of_query_signs bit(512), of_message text, of_as_of timestamptz,
-    of_knobs engine.recall_knobs_v2, of_profile_k int, of_profile_cap int, of_relationship_k int, of_dedupe float8)
+    of_knobs engine.recall_knobs_v2, of_profile_k int, of_profile_cap int, of_relationship_k int, of_dedupe float8,
+    of_model text)
 RETURNS SETOF engine.recall_candidate
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
+    PERFORM engine.embedded_with(of_model);
     RETURN QUERY SELECT * FROM engine.recall_candidates_v2(of_user, of_instance, of_query, of_query_signs,
                                                            of_message, of_as_of,
                                                            of_knobs, of_profile_k, of_profile_cap,
