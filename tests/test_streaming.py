@@ -249,3 +249,31 @@ def test_the_stream_function_serves_its_route_only_and_only_to_a_verified_user(d
     anonymous = http_api_event("POST", f"/v1/sessions/{uuid.uuid4()}/turns/stream", {}, b'{"content":"hi"}', None)
     answer = module.lambda_handler(anonymous, LambdaContext("chat-stream"))
     assert answer.status_code == 401
+
+
+def test_a_turn_whose_answerer_died_is_answered_once_its_mark_expires_and_waited_for_until_then(providers, db, env,
+                                                                                                monkeypatch):
+    """The request answering a turn was killed (its Lambda timed out): its mark holds the turn for a minute, during
+    which a retry waits and then says to retry (409 turn_in_progress, retryable); after, a retry answers it."""
+    from datetime import timedelta
+
+    from eros import chat, clock
+    from eros.store import chat as chat_store
+
+    fake_llm, _ = providers
+    sid = chat_store.create_session("alice", "luna")["id"]
+    now = clock.now()
+    db.execute("INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id, metadata)"
+               " VALUES (%s, 'alice', 'user', 'hello?', 't-1', %s)",
+               (sid, json.dumps({"answering_until": (now + timedelta(seconds=30)).isoformat()})))
+    env(TURN_BUDGET_SECS=1)
+    monkeypatch.setattr(chat, "ANSWER_WAIT_MARGIN_SECS", 0.0)
+    with pytest.raises(chat.TurnInProgress) as waited:
+        chat.take_turn("alice", sid, "hello?", "t-1")
+    assert (waited.value.status, waited.value.code, waited.value.extra["retryable"]) == (409, "turn_in_progress", True)
+    assert chat_calls(fake_llm) == 0
+    db.execute("UPDATE engine.chat_messages SET metadata = %s WHERE session_id = %s",
+               (json.dumps({"answering_until": (now - timedelta(seconds=1)).isoformat()}), sid))
+    result = chat.take_turn("alice", sid, "hello?", "t-1")
+    assert result.reply == "fake reply" and not result.replayed and chat_calls(fake_llm) == 1
+    assert stored_messages(db, sid) == [("user", "hello?"), ("assistant", "fake reply")]
