@@ -59,14 +59,16 @@ def sessions() -> SessionList:
 @router.post("/v1/sessions/<session_id>/turns", operation_id="takeTurn", tags=["chat"], summary="one chat turn",
              description="The message is stored, claiming `client_turn_id` for it, before the model is called: a "
                          "retry or a concurrent duplicate with the same content gets the one reply (`replayed: "
-                         "true`; the model is called once); other content with that id is a 409 `turn_conflict` and "
-                         "calls no model. On a model failure the message is kept and the answer says whether a retry "
-                         "can help (`retryable`): after a 503 `model_unavailable` or a 504 `model_timeout`, retry with "
-                         "the same `client_turn_id`. A 409 `session_gone` means the user was erased while the turn "
+                         "true`; the model is called once: a duplicate sent while the first is still answered waits "
+                         "for its reply); other content with that id is a 409 `turn_conflict` and calls no model. On "
+                         "a model failure the message is kept and the answer says whether a retry can help "
+                         "(`retryable`): after a 503 `model_unavailable` or a 504 `model_timeout`, retry with the "
+                         "same `client_turn_id`. A 409 `session_gone` means the user was erased while the turn "
                          "ran: nothing was stored or counted.",
              responses=documented((200, "the reply"), (404, "no such session of this user"),
                                   (409, "turn_conflict: client_turn_id already used for another message; "
-                                         "session_gone: the user was erased while the turn ran"),
+                                         "turn_in_progress: another request is still answering this turn "
+                                         "(retryable); session_gone: the user was erased while the turn ran"),
                                    (429, "rate_limited or budget_exhausted: over a per-user limit (Retry-After)"),
                                    (502, "model_error: the provider refused the request (a 400/401/402/403, or an "
                                          "unusable answer): not retryable"),
