@@ -254,3 +254,34 @@ def test_the_wrapper_serves_invocations_as_lambda_runs_it(tmp_path):
         assert chunks == [sse("turn", {"client_turn_id": "t1", "request": request_id}),
                           sse("done", {"reply": event["body"]})]
         assert times[2] - times[1] >= 0.15  # the first event did not wait for the second
+
+
+@pytest.mark.e2e
+def test_sam_build_and_its_zip_keep_the_wrapper_executable(tmp_path):
+    """Lambda execs the wrapper: in the built function and in the zip `sam deploy` uploads, it must keep its mode.
+    The stream function alone is built (its CodeUri and handler from template.yaml; the layer is another test's)."""
+    import zipfile
+
+    import yaml
+    from samcli.lib.package.utils import make_zip_with_lambda_permissions  # type: ignore[import-untyped]
+    from test_template import CfnLoader
+
+    function = yaml.load((ROOT / "template.yaml").read_text(), Loader=CfnLoader)["Resources"]["ChatStreamFunction"]
+    wrapper = function["Properties"]["Environment"]["Variables"]["AWS_LAMBDA_EXEC_WRAPPER"].removeprefix("/var/task/")
+    (tmp_path / "template.yaml").write_text(yaml.safe_dump({
+        "AWSTemplateFormatVersion": "2010-09-09", "Transform": "AWS::Serverless-2016-10-31",
+        "Resources": {"ChatStreamFunction": {"Type": "AWS::Serverless::Function", "Properties": {
+            "Runtime": "python3.12", "Handler": function["Properties"]["Handler"],
+            "CodeUri": str(ROOT / function["Properties"]["CodeUri"])}}}}))
+    venv_bin = Path(sys.executable).parent  # sam looks for python3.12 on PATH: the virtualenv's is one
+    build = subprocess.run([str(venv_bin / "sam"), "build", "--template", str(tmp_path / "template.yaml"),
+                            "--build-dir", str(tmp_path / "build")], cwd=tmp_path, capture_output=True, text=True,
+                           env={**os.environ, "PATH": f"{venv_bin}:{os.environ['PATH']}",
+                                "SAM_CLI_TELEMETRY": "0"}, timeout=300)
+    assert build.returncode == 0, build.stderr[-2000:]
+    built = tmp_path / "build" / "ChatStreamFunction"
+    assert (built / wrapper).stat().st_mode & 0o111 == 0o111
+    archive = make_zip_with_lambda_permissions(str(tmp_path / "artifact"), str(built))
+    with zipfile.ZipFile(archive) as zipped:
+        mode = zipped.getinfo(wrapper).external_attr >> 16
+    assert stat.S_ISREG(mode) and mode & 0o111 == 0o111
