@@ -182,3 +182,21 @@ def test_without_jwt_issuer_the_local_dev_servers_verified_claims_are_the_answer
     assert stream_claims(event("Bearer x")) is None  # the dev server put no claims: not verified
     verified["requestContext"]["authorizer"]["jwt"]["claims"] = {"iss": "x"}
     assert stream_claims(verified) is None
+
+
+def test_the_stream_function_answers_401_for_a_refused_token_and_503_when_the_keys_cannot_be_fetched(issuer):
+    from eros_dev.lambda_runtime import LambdaContext, load_function
+
+    handler = load_function("chat", entry="stream").lambda_handler
+    turn = {"version": "2.0", "rawPath": "/v1/sessions/s-1/turns/stream", "body": "{}",
+            "requestContext": {"http": {"method": "POST", "path": "/v1/sessions/s-1/turns/stream"}, "stage": "$default",
+                               "requestId": "r-1"}}
+    refused = handler(turn | {"headers": {"authorization": f"Bearer {issuer.token(aud='x')}"}}, LambdaContext("s"))
+    assert (refused.status_code, json.loads(b"".join(refused.body))) == (401, {"message": "Unauthorized"})
+    token = issuer.token()
+    auth.reset()  # a new container: its first token makes it fetch the keys
+    issuer.close()
+    unavailable = handler(turn | {"headers": {"authorization": f"Bearer {token}"}}, LambdaContext("s"))
+    assert unavailable.status_code == 503
+    assert json.loads(b"".join(unavailable.body)) | {"message": ""} == {
+        "statusCode": 503, "code": "auth_unavailable", "retryable": True, "message": ""}

@@ -659,6 +659,23 @@ def test_http_api_sample_events_have_the_v2_shape(name, method, path, authorized
         assert "authorizer" not in event["requestContext"]
 
 
+def test_the_stream_sample_is_a_function_url_event_of_the_stream_route():
+    """What a function URL (AuthType NONE) sends: payload 2.0, no authorizer (the function checks the token), the
+    same body as the JSON turn's."""
+    from eros_dev.server import STREAM_ROUTE
+
+    event, turn = _event("chat_stream_turn"), _event("chat_turn")
+    context = event["requestContext"]
+    assert (event["version"], event["routeKey"], context["routeKey"], context["stage"]) == (
+        "2.0", "$default", "$default", "$default")
+    assert context["domainName"] == f"{context['domainPrefix']}.lambda-url.us-east-1.on.aws" == event["headers"]["host"]
+    assert context["http"]["method"] == "POST" and STREAM_ROUTE.match(event["rawPath"])
+    assert event["rawPath"] == context["http"]["path"] == turn["rawPath"] + "/stream"
+    assert "authorizer" not in context and event["headers"]["authorization"].startswith("Bearer ")
+    assert set(json.loads(event["body"])) == set(json.loads(turn["body"]))
+    assert int(event["headers"]["content-length"]) == len(event["body"].encode())
+
+
 def test_the_chat_turn_sample_posts_json_to_a_session():
     from uuid import UUID
 
