@@ -26,25 +26,32 @@ AUDIENCE = "app-client-1"
 
 
 class FakeIssuer:
-    """An OIDC issuer on loopback: ``{url}/.well-known/jwks.json`` serves the public half of ``keys`` (kid ->
-    private key); ``fetches`` counts the key set's downloads."""
+    """An OIDC issuer on loopback. With ``discovery`` (Okta-like) its discovery document names its key set at
+    ``{url}/keys``; without, it has none and the key set is at ``{url}/.well-known/jwks.json`` (Cognito's place).
+    The key set is the public half of ``keys`` (kid -> private key); ``fetches`` counts its downloads."""
 
-    def __init__(self):
+    def __init__(self, discovery: bool = True):
         self.keys = {"key-1": rsa.generate_private_key(public_exponent=65537, key_size=2048)}
         self.fetches = 0
         issuer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
-                if self.path != "/pool-1/.well-known/jwks.json":
+                keys_path = "/pool-1/keys" if discovery else "/pool-1/.well-known/jwks.json"
+                if discovery and self.path == "/pool-1/.well-known/openid-configuration":
+                    return self._json({"issuer": issuer.url, "jwks_uri": issuer.url + "/keys"})
+                if self.path != keys_path:
                     self.send_response(404)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
                 issuer.fetches += 1
-                body = json.dumps({"keys": [
+                self._json({"keys": [
                     {**jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key(), as_dict=True), "kid": kid,
-                     "alg": "RS256", "use": "sig"} for kid, key in issuer.keys.items()]}).encode()
+                     "alg": "RS256", "use": "sig"} for kid, key in issuer.keys.items()]})
+
+            def _json(self, document: dict):
+                body = json.dumps(document).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -69,9 +76,9 @@ class FakeIssuer:
         self.server.server_close()
 
 
-@pytest.fixture
-def issuer(env):
-    fake = FakeIssuer()
+@pytest.fixture(params=[True, False], ids=["discovery", "cognito-path"])
+def issuer(env, request):
+    fake = FakeIssuer(discovery=request.param)
     env(JWT_ISSUER=fake.url, JWT_AUDIENCE=f"other-app, {AUDIENCE}")
     auth.reset()
     yield fake

@@ -7,8 +7,11 @@ URL (template.yaml, ``ChatStreamFunction``; docs/DEPLOY.md, "Streaming front doo
 authorizer makes, so both front doors accept exactly the same tokens:
 
 * the signature: RS256 only (no ``none``, no HMAC: a token signed with the issuer's *public* key as an HMAC
-  secret is refused), with a key of the issuer's JWKS (``{issuer}/.well-known/jwks.json``) named by the token's
-  ``kid``; the key set is fetched once per container and again only for a ``kid`` it does not hold (a key rotation);
+  secret is refused), with a key of the issuer's JWKS named by the token's ``kid``. Where the keys are is the
+  issuer's OIDC discovery document's ``jwks_uri`` (``{issuer}/.well-known/openid-configuration``, as the HTTP
+  API's authorizer finds them; Okta's are not at the usual path), else ``{issuer}/.well-known/jwks.json``. Both are
+  fetched once per container; the key set again only for a ``kid`` it does not hold (a key rotation), at most
+  once in PyJWKClient's cooldown (30 s), so tokens naming made-up kids do not make the function fetch each time;
 * ``iss`` equal to the issuer; ``exp``, ``nbf`` and ``iat`` against the clock with a small leeway for clock skew;
 * the audience: one of ``JWT_AUDIENCE`` (comma-separated) in ``aud`` or, for a Cognito access token, which has
   no ``aud``, in ``client_id``. No audience configured: nothing is accepted.
@@ -20,7 +23,10 @@ the event's ``requestContext.authorizer.jwt.claims`` are the answer.
 
 from __future__ import annotations
 
+import json
 import threading
+import urllib.error
+import urllib.request
 from typing import Any
 
 import jwt
@@ -31,6 +37,7 @@ from .observability import logger
 
 ALGORITHMS = ["RS256"]
 LEEWAY_SECS = 30
+DISCOVERY_PATH = "/.well-known/openid-configuration"
 JWKS_PATH = "/.well-known/jwks.json"
 JWKS_TIMEOUT_SECS = 5
 JWKS_LIFESPAN_SECS = 3600
@@ -53,9 +60,30 @@ def jwks_client(issuer: str) -> jwt.PyJWKClient:
     """The issuer's key set client, one per container (its keys cached between invocations)."""
     with _clients_lock:
         if issuer not in _clients:
-            _clients[issuer] = jwt.PyJWKClient(issuer.rstrip("/") + JWKS_PATH, cache_keys=True,
-                                               lifespan=JWKS_LIFESPAN_SECS, timeout=JWKS_TIMEOUT_SECS)
+            _clients[issuer] = jwt.PyJWKClient(jwks_uri(issuer), cache_keys=True, lifespan=JWKS_LIFESPAN_SECS,
+                                               timeout=JWKS_TIMEOUT_SECS)
         return _clients[issuer]
+
+
+def jwks_uri(issuer: str) -> str:
+    """Where the issuer publishes its keys: its discovery document's ``jwks_uri``; the usual path when it has no
+    such document (404, or one without the field). An issuer that cannot be reached is IssuerUnavailable."""
+    base = issuer.rstrip("/")
+    try:
+        with urllib.request.urlopen(base + DISCOVERY_PATH, timeout=JWKS_TIMEOUT_SECS) as response:  # noqa: S310
+            document = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code >= 500:
+            logger.warning("the issuer's discovery document could not be fetched", extra={"status": exc.code})
+            raise IssuerUnavailable() from None
+        document = {}
+    except OSError as exc:  # unreachable, or timed out
+        logger.warning("the issuer's discovery document could not be fetched", extra={"error": type(exc).__name__})
+        raise IssuerUnavailable() from None
+    except ValueError:  # not JSON: no document
+        document = {}
+    found = document.get("jwks_uri") if isinstance(document, dict) else None
+    return found if isinstance(found, str) and found.startswith(("https://", "http://")) else base + JWKS_PATH
 
 
 def reset() -> None:
