@@ -10,6 +10,7 @@
     api.errors[request_id]               an invocation error: {"headers", "json"}
     api.init_errors                      init errors posted: [{"headers", "json"}]
     api.drop_after = n                   the response connection is reset after n chunks (a client gone mid-stream)
+    api.trace_id                         the Lambda-Runtime-Trace-Id /next hands out (None: no such header)
     api.wait(request_id)                 until that request's response, or error, has arrived
 """
 
@@ -55,7 +56,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(200, event, {
             "Lambda-Runtime-Aws-Request-Id": request_id, "Lambda-Runtime-Deadline-Ms": str(deadline),
             "Lambda-Runtime-Invoked-Function-Arn": "arn:aws:lambda:us-east-1:123456789012:function:stream",
-            "Lambda-Runtime-Trace-Id": "Root=1-67d1d9de-5f0a1b2c3d4e5f6a7b8c9d0e;Sampled=0"})
+            **({"Lambda-Runtime-Trace-Id": fake.trace_id} if fake.trace_id else {})})
 
     def do_POST(self):
         fake = self.server.fake
@@ -135,6 +136,7 @@ class FakeRuntimeApi:
         self.errors: dict[str, dict] = {}
         self.init_errors: list[dict] = []
         self.drop_after: int | None = None
+        self.trace_id: str | None = "Root=1-67d1d9de-5f0a1b2c3d4e5f6a7b8c9d0e;Sampled=0"
         self.handed: list[str] = []
         self._done = threading.Condition()
         self._closed = threading.Event()

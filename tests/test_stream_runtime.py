@@ -61,6 +61,10 @@ def test_a_streamed_answer_is_lambdas_streaming_response_each_chunk_sent_as_it_i
     assert seen["event"] == EVENT and seen["request_id"] == request_id
     assert seen["arn"].endswith(":function:stream") and 25_000 < seen["remaining"] <= 30_000
     assert seen["trace"].startswith("Root=1-")
+    with FakeRuntimeApi([EVENT]) as api:  # an invocation without a trace id does not keep the previous one's
+        api.trace_id = None
+        invoke_once(RuntimeApi(api.address), handler)
+    assert seen["trace"] is None
     headers = response["headers"]
     assert headers["content-type"] == PRELUDE_CONTENT_TYPE == "application/vnd.awslambda.http-integration-response"
     assert headers["lambda-runtime-function-response-mode"] == "streaming"

@@ -238,6 +238,8 @@ def invoke_once(api: RuntimeApi, handler: Handler, environ: dict[str, str] | Non
     request_id = headers["lambda-runtime-aws-request-id"]
     if headers.get("lambda-runtime-trace-id"):  # what the X-Ray SDK (Powertools' tracer) reads
         os.environ["_X_AMZN_TRACE_ID"] = headers["lambda-runtime-trace-id"]
+    else:  # never the previous invocation's
+        os.environ.pop("_X_AMZN_TRACE_ID", None)
     context = Context(request_id, int(headers.get("lambda-runtime-deadline-ms", "0")),
                       headers.get("lambda-runtime-invoked-function-arn", ""), environ,
                       _json_header(headers.get("lambda-runtime-client-context")),
