@@ -289,3 +289,37 @@ def test_sam_build_and_its_zip_keep_the_wrapper_executable(tmp_path):
     with zipfile.ZipFile(archive) as zipped:
         mode = zipped.getinfo(wrapper).external_attr >> 16
     assert stat.S_ISREG(mode) and mode & 0o111 == 0o111
+
+
+@pytest.mark.e2e
+def test_the_wrapper_runs_the_real_stream_function_from_its_task_root(db):
+    """The chat function's folder as Lambda's task root, the wrapper and our loop in their own process, the real
+    handler (functions/chat/stream.py and the app, routes and models beside it) on the function URL sample: the
+    turn's events streamed through the Runtime API and the turn stored. No JWT_ISSUER: the claims are where the
+    local dev server puts them (tests/test_events.py runs the in-function token check on the same path)."""
+    from test_events import seed_session_of_the_sample_events
+
+    from eros.streaming import events
+
+    sample = seed_session_of_the_sample_events(db)
+    event = json.loads((ROOT / "events" / "chat_stream_turn.json").read_text())
+    event["requestContext"]["authorizer"] = {"jwt": {"claims": {"sub": sample["user_id"]}, "scopes": None}}
+    with FakeRuntimeApi([event]) as api:
+        env = {**os.environ, "AWS_LAMBDA_RUNTIME_API": api.address, "_HANDLER": "stream.lambda_handler",
+               "LAMBDA_TASK_ROOT": str(ROOT / "functions" / "chat"), "AWS_LAMBDA_FUNCTION_NAME": "eros-stream",
+               "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        env.pop("JWT_ISSUER", None)
+        process = subprocess.Popen([str(ROOT / "functions" / "chat" / "stream-bootstrap"), "/var/runtime/bootstrap"],
+                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            api.wait(api.request_ids[0], timeout=60)
+        finally:
+            process.kill()
+            _, stderr = process.communicate()
+        response = api.responses.get(api.request_ids[0]) or {}
+    assert response.get("complete"), (api.errors, stderr.decode()[-3000:])
+    prelude, body, _ = prelude_and_body(response)
+    assert prelude["statusCode"] == 200 and prelude["headers"]["Content-Type"].startswith("text/event-stream")
+    sent = list(events(body))
+    assert sent[0][0] == "turn" and sent[-1][0] == "done" and sent[-1][1]["reply"]
+    assert db.execute("SELECT count(*) AS n FROM engine.chat_messages").fetchone()["n"] == 2
