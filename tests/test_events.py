@@ -94,6 +94,24 @@ def test_chat_stream_turn_event_through_the_stream_functions_runtime_as_lambda_r
     assert db.execute("SELECT count(*) AS n FROM engine.chat_messages").fetchone()["n"] == 2
 
 
+def test_chat_stream_turn_event_whose_stream_breaks_still_stores_the_reply(db):
+    """The Runtime API connection reset after the prelude and the first event (a client gone mid-reply): the loop
+    closes the turn's body, the turn finishes and stores its reply, so a retry can replay it."""
+    from fake_runtime_api import FakeRuntimeApi
+
+    from eros.stream_runtime import RuntimeApi, invoke_once
+
+    sample = seed_session_of_the_sample_events(db)
+    turn = event("chat_stream_turn.json")
+    turn["requestContext"]["authorizer"] = {"jwt": {"claims": {"sub": sample["user_id"]}, "scopes": None}}
+    with FakeRuntimeApi([turn]) as api:
+        api.drop_after = 2
+        assert invoke_once(RuntimeApi(api.address), load_function("chat", entry="stream").lambda_handler) is False
+        assert len(api.responses[api.request_ids[0]]["chunks"]) == 2
+    rows = db.execute("SELECT role, content FROM engine.chat_messages ORDER BY id").fetchall()
+    assert [r["role"] for r in rows] == ["user", "assistant"] and rows[1]["content"]
+
+
 def test_chat_turn_event_of_an_unknown_session_is_404(db):
     result = invoke("chat", event("chat_turn.json"))
     assert result["statusCode"] == 404
