@@ -173,6 +173,28 @@ def test_a_stream_that_breaks_mid_way_still_finishes_the_body(closable):
     assert drained == ([] if closable else [True])
 
 
+@pytest.mark.integration
+def test_a_body_whose_close_fails_after_a_broken_stream_does_not_stop_the_runtime(capsys):
+    class Failing:
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            time.sleep(0.01)
+            return b"data: x\n\n"
+
+        def close(self):
+            raise RuntimeError("the turn could not be stored")
+
+    with FakeRuntimeApi([EVENT, EVENT]) as api:
+        api.drop_after = 2
+        runtime = RuntimeApi(api.address)
+        assert invoke_once(runtime, lambda event, context: Streamed(200, STREAM_HEADERS, Failing())) is False
+        api.drop_after = None
+        assert invoke_once(runtime, lambda event, context: Streamed.whole(200, {}, "next")) is True
+    assert "the turn could not be stored" in capsys.readouterr().err
+
+
 class _no_close:  # noqa: N801 -- an iterator that hides its generator's close()
     def __init__(self, inner):
         self.inner = inner

@@ -190,9 +190,13 @@ def _chunk(data: bytes) -> bytes:
 
 
 def _close(body: Iterator[bytes]) -> None:
+    """Close the body (a no-op once it ended). Its failure is logged, not raised: the container serves on."""
     close = getattr(body, "close", None)
     if callable(close):
-        close()
+        try:
+            close()
+        except Exception:
+            traceback.print_exc(file=sys.stderr)
 
 
 def _finish(body: Iterator[bytes]) -> None:
