@@ -86,6 +86,7 @@ def _answered(stored: TurnMessages, content: str) -> bool:
     return "assistant" in stored and stored["user"]["content"] == content
 
 
+@tracer.capture_method(capture_response=False, capture_error=False)  # a reply is content
 def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str | None) -> TurnResult:
     """One chat turn: the message is stored (claiming its turn id) before any model call; a retry of an
     answered turn replays its reply; a model failure keeps the message and raises ``TurnFailed``.
@@ -102,6 +103,7 @@ def take_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str 
             return done.value
 
 
+@tracer.capture_method(capture_response=False, capture_error=False)
 def stream_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str | None) -> Iterator[Event]:
     """``take_turn`` as it happens (eros.streaming says how it is written): ``turn`` once the message is stored,
     ``delta`` for each piece of the reply as the model writes it, then ``done`` with ``take_turn``'s result. What
@@ -113,7 +115,6 @@ def stream_turn(user_id: str, session_id: UUID, content: str, client_turn_id: st
     yield "done", result.model_dump(mode="json")
 
 
-@tracer.capture_method(capture_response=False, capture_error=False)  # a reply is content
 def _turn(user_id: str, session_id: UUID, content: str, client_turn_id: str | None, *,
           streaming: bool) -> Generator[Event, None, TurnResult]:
     cfg = settings()
