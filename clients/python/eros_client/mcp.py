@@ -58,9 +58,9 @@ class Refused(Exception):
 
 
 class Forgotten(BaseModel):
-    """What forget_memory answers: the memory's id; it and its history are gone."""
+    """What forget_memory answers: the memory asked for, and every row deleted (its versions, newest first)."""
     id: UUID
-    deleted: bool = True
+    deleted: list[UUID]
 
 
 def _error(body: dict[str, Any]) -> CallToolResult:
@@ -142,6 +142,23 @@ def _edit(content: str | None, category: str | None, importance: float | None, o
     return changes
 
 
+async def _forget(api: AsyncClient, memory_id: UUID, include_history: bool) -> Forgotten:
+    """Delete the memory, or every version of it, newest first."""
+    versions = [memory_id]
+    if include_history:
+        versions = [v.id for v in reversed((await api.get_memory(memory_id)).history)] or [memory_id]
+    deleted = []
+    for version in versions:
+        try:
+            await api.delete_memory(version)
+        except ApiError as error:  # deleted meanwhile (another call, a merge): gone is what was asked
+            if error.code != "not_found" or version == memory_id:
+                raise
+        else:
+            deleted.append(version)
+    return Forgotten(id=memory_id, deleted=deleted)
+
+
 def _memory_tools(server: MemoryServer, api: AsyncClient) -> None:
     @server.tool(annotations=READ)
     async def search_memories(
@@ -199,10 +216,15 @@ def _memory_tools(server: MemoryServer, api: AsyncClient) -> None:
                                                          clear_occurred_at))
 
     @server.tool(annotations=DELETE)
-    async def forget_memory(memory_id: MemoryId) -> Forgotten:
-        """Delete a memory for good, with every older version of it (what the user asks to be forgotten)."""
-        await api.delete_memory(memory_id)
-        return Forgotten(id=memory_id)
+    async def forget_memory(
+            memory_id: MemoryId,
+            include_history: Annotated[bool, Field(
+                description="also delete every other version of it (what it replaced and what replaced it); "
+                            "false: this version alone, older ones stay history")] = True,
+    ) -> Forgotten:
+        """Forget a memory for good: by default the whole memory, every version of it (what a user who asks to
+        be forgotten means); answers every id deleted."""
+        return await _forget(api, memory_id, include_history)
 
     @server.tool(annotations=READ)
     async def memory_history(memory_id: MemoryId) -> models.MemoryWithHistory:
