@@ -232,6 +232,18 @@ def test_bad_input_is_answered_as_tool_errors_with_the_apis_code_and_the_server_
     run(["mcp", "alice", "--url", stack.url], body)
 
 
+def test_a_spend_limit_is_a_tool_error_with_when_to_try_again(stack, env):
+    env(TURNS_PER_MINUTE=1)  # a search embeds its query: it counts as a turn
+
+    async def body(session: ClientSession) -> None:
+        await call(session, "search_memories", query="cello")
+        limited = await refused(session, "search_memories", query="viola")  # Retry-After ~60 s: told, not waited
+        assert (limited["code"], limited["status"], limited["retryable"]) == ("rate_limited", 429, True)
+        assert 0 < limited["retry_after"] <= 60 and limited["limit"]
+        assert (await call(session, "list_memories"))["memories"] == []  # reads are not limited
+    run(["mcp", "alice", "--url", stack.url], body)
+
+
 def test_eros_mcp_against_an_api_with_a_users_token_refuses_garbage_and_expired_ones(stack):
     """`eros-mcp` is the entry for a deployed API: EROS_URL and the user's EROS_TOKEN (or a file with it)."""
     from eros.config import settings

@@ -274,8 +274,9 @@ def _token_from_env(environ: os._Environ[str] | dict[str, str]) -> Token:
 
 
 def serve(base_url: str, token: Token | Callable[[], str], *, timeout: float = 30.0) -> None:
-    """Serve the tools over stdio until the client closes stdin."""
-    build_server(AsyncClient(base_url, token, timeout=timeout), base_url).run("stdio")
+    """Serve the tools over stdio until the client closes stdin. A retryable refusal is tried again only when the
+    API asks for a short wait (at most 10 s): an agent waiting on a tool is better told ``retry_after``."""
+    build_server(AsyncClient(base_url, token, timeout=timeout, max_wait=10.0), base_url).run("stdio")
 
 
 def main(argv: list[str] | None = None) -> int:
