@@ -21,7 +21,8 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult
 
-pytestmark = pytest.mark.e2e  # subprocesses: the MCP server, over stdio
+# Subprocesses: the MCP server, over stdio.
+pytestmark = pytest.mark.e2e
 
 BIN = Path(sys.executable).parent
 TOOLS = {"search_memories", "list_memories", "add_memory", "edit_memory", "forget_memory", "memory_history",
@@ -311,3 +312,39 @@ def test_the_server_refuses_to_start_without_a_url_or_a_token():
     scheme = subprocess.run([str(BIN / "eros"), "mcp", "--url", "127.0.0.1:3000"], env=base, capture_output=True,
                             text=True, timeout=60)
     assert scheme.returncode == 2 and "http://" in scheme.stderr and not scheme.stdout
+
+
+def test_stdout_carries_json_rpc_alone(stack):
+    """stdout is the MCP channel: a log line or a banner there would break a client that does not skip it."""
+    import json
+    import subprocess
+
+    requests = [{"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                 "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                            "clientInfo": {"name": "test", "version": "0"}}},
+                {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                 "params": {"name": "add_memory", "arguments": {"content": "Swims at dawn", "category": "fact"}}},
+                {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                 "params": {"name": "memory_history", "arguments": {"memory_id": str(uuid.uuid4())}}}]
+    server = subprocess.Popen([str(BIN / "eros"), "mcp", "alice", "--url", stack.url], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert server.stdin is not None and server.stdout is not None
+    try:
+        answers = {}
+        for request in requests:  # one at a time: stdin closed early would cut the calls in flight
+            server.stdin.write(json.dumps(request) + "\n")
+            server.stdin.flush()
+            if "id" in request:
+                answer = json.loads(server.stdout.readline())  # the next line is JSON-RPC, nothing else
+                answers[answer["id"]] = answer
+        server.stdin.close()
+        assert server.wait(timeout=60) == 0
+        assert server.stdout.read() == ""
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert answers[2]["result"]["isError"] is False
+    assert answers[2]["result"]["structuredContent"]["content"] == "Swims at dawn"
+    assert answers[3]["result"]["isError"] is True
+    assert answers[3]["result"]["structuredContent"]["code"] == "not_found"
