@@ -26,7 +26,7 @@ pytestmark = pytest.mark.e2e
 
 BIN = Path(sys.executable).parent
 TOOLS = {"search_memories", "list_memories", "add_memory", "edit_memory", "forget_memory", "memory_history",
-         "list_sessions", "start_session", "get_context"}
+         "restore_memory", "list_sessions", "start_session", "get_context"}
 
 
 @asynccontextmanager
@@ -92,7 +92,7 @@ def test_the_tools_are_listed_with_typed_schemas_and_output_schemas(stack):
         categories = search["properties"]["category"]["anyOf"][0]["enum"]
         assert categories == ["fact", "preference", "event", "emotion", "relation"]
         assert listed["add_memory"].input_schema["required"] == ["content", "category"]
-        for name in ("edit_memory", "forget_memory", "memory_history"):
+        for name in ("edit_memory", "forget_memory", "memory_history", "restore_memory"):
             assert listed[name].input_schema["properties"]["memory_id"]["format"] == "uuid"
         assert listed["get_context"].input_schema["required"] == ["session_id", "message"]
         assert listed["search_memories"].annotations.read_only_hint is True  # type: ignore[union-attr]
@@ -134,12 +134,18 @@ def test_a_memory_is_added_found_edited_with_history_and_forgotten_through_the_t
         gone = await refused(session, "memory_history", memory_id=memory)  # the history went with it
         assert (gone["code"], gone["status"]) == ("not_found", 404)
 
-        # include_history=false: the API's own delete, that version alone; the one it replaced stays history.
+        # An edit undone: the older version is current again, the newer one history ('reverted').
         old = (await call(session, "add_memory", content="Lives in Lyon", category="fact"))["id"]
         new = (await call(session, "edit_memory", memory_id=old, content="Lives in Nantes"))["id"]
+        restored = await call(session, "restore_memory", memory_id=old)
+        assert (restored["id"], restored["superseded_at"]) == (old, None)
+        assert (await call(session, "memory_history", memory_id=new))["superseded_reason"] == "reverted"
+        again = await refused(session, "restore_memory", memory_id=old)
+        assert (again["code"], again["status"]) == ("memory_active", 409)
+        # include_history=false: the API's own delete, that version alone; the other one stays.
         assert (await call(session, "forget_memory", memory_id=new, include_history=False))["deleted"] == [new]
         kept = await call(session, "memory_history", memory_id=old)
-        assert kept["superseded_reason"] == "edited" and [v["id"] for v in kept["history"]] == [old]
+        assert kept["superseded_at"] is None and [v["id"] for v in kept["history"]] == [old]
     run(["mcp", "alice", "--url", stack.url], body)
 
 

@@ -232,6 +232,15 @@ def _memory_tools(server: MemoryServer, api: AsyncClient) -> None:
         with why (superseded_reason: changed, duplicate, reverted, edited, outdated)."""
         return await api.get_memory(memory_id)
 
+    @server.tool(annotations=WRITE)
+    async def restore_memory(
+            memory_id: Annotated[UUID, Field(description="an older version's id (from memory_history)")],
+    ) -> models.MemoryWithHistory:
+        """Undo a change: an older version of a memory is current again ("I still live in Berlin"), and the
+        version that had replaced it becomes history (reason 'reverted'). Refused (memory_active) when the memory
+        is current already."""
+        return await api.restore_memory(memory_id)
+
 
 def _session_tools(server: MemoryServer, api: AsyncClient) -> None:
     @server.tool(annotations=READ)
