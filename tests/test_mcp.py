@@ -315,6 +315,11 @@ def test_the_server_refuses_to_start_without_a_url_or_a_token():
     no_token = subprocess.run([str(BIN / "eros-mcp"), "--url", "http://127.0.0.1:9"], env=base,
                               capture_output=True, text=True, timeout=60)
     assert no_token.returncode == 1 and "EROS_TOKEN" in no_token.stderr and not no_token.stdout
+    unreadable = subprocess.run([str(BIN / "eros-mcp"), "--url", "http://127.0.0.1:9"],
+                                env={**base, "EROS_TOKEN_FILE": "/nonexistent/token"}, capture_output=True,
+                                text=True, timeout=60)
+    assert unreadable.returncode == 1 and "/nonexistent/token" in unreadable.stderr
+    assert "Traceback" not in unreadable.stderr and not unreadable.stdout
     scheme = subprocess.run([str(BIN / "eros"), "mcp", "--url", "127.0.0.1:3000"], env=base, capture_output=True,
                             text=True, timeout=60)
     assert scheme.returncode == 2 and "http://" in scheme.stderr and not scheme.stdout

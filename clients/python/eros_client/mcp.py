@@ -19,14 +19,14 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
 import httpx
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp_types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
@@ -104,8 +104,8 @@ class MemoryServer(MCPServer[Any]):
                 return _error(cause.body)
             if isinstance(cause, ApiError):
                 return _error(_api_error(cause))
-            if isinstance(cause, ValidationError):
-                return _error(_invalid_arguments(name, cause))
+            if isinstance(cause, ValidationError) and not isinstance(exc, UnexpectedToolError):
+                return _error(_invalid_arguments(name, cause))  # the arguments (inside a tool: a crash)
             if isinstance(cause, httpx.TransportError):
                 return _error({"code": "api_unreachable", "retryable": True,
                                "message": f"cannot reach the eros API at {self.base_url} ({type(cause).__name__})"})
@@ -277,12 +277,15 @@ def _token_from_env(environ: os._Environ[str] | dict[str, str]) -> Token:
         def read() -> str:  # read on every call: a token refreshed in the file is used at once
             with open(path, encoding="utf-8") as file:
                 return file.read().strip()
-        read()
+        try:
+            read()
+        except OSError as exc:
+            raise SystemExit(f"eros-mcp: EROS_TOKEN_FILE {path!r} cannot be read ({exc.strerror})") from None
         return read
     raise SystemExit("eros-mcp: no token: set EROS_TOKEN (the user's bearer token) or EROS_TOKEN_FILE")
 
 
-def serve(base_url: str, token: Token | Callable[[], str], *, timeout: float = 30.0) -> None:
+def serve(base_url: str, token: Token, *, timeout: float = 30.0) -> None:
     """Serve the tools over stdio until the client closes stdin. A retryable refusal is tried again only when the
     API asks for a short wait (at most 10 s): an agent waiting on a tool is better told ``retry_after``."""
     build_server(AsyncClient(base_url, token, timeout=timeout, max_wait=10.0), base_url).run("stdio")
