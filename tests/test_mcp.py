@@ -325,7 +325,7 @@ def test_the_server_refuses_to_start_without_a_url_or_a_token():
     assert scheme.returncode == 2 and "http://" in scheme.stderr and not scheme.stdout
 
 
-def test_stdout_carries_json_rpc_alone(stack):
+def test_stdout_carries_json_rpc_alone(stack, tmp_path):
     """stdout is the MCP channel: a log line or a banner there would break a client that does not skip it."""
     import json
     import subprocess
@@ -338,24 +338,27 @@ def test_stdout_carries_json_rpc_alone(stack):
                  "params": {"name": "add_memory", "arguments": {"content": "Swims at dawn", "category": "fact"}}},
                 {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
                  "params": {"name": "memory_history", "arguments": {"memory_id": str(uuid.uuid4())}}}]
-    server = subprocess.Popen([str(BIN / "eros"), "mcp", "alice", "--url", stack.url], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert server.stdin is not None and server.stdout is not None
-    try:
-        answers = {}
-        for request in requests:  # one at a time: stdin closed early would cut the calls in flight
-            server.stdin.write(json.dumps(request) + "\n")
-            server.stdin.flush()
-            if "id" in request:
-                answer = json.loads(server.stdout.readline())  # the next line is JSON-RPC, nothing else
-                answers[answer["id"]] = answer
-        server.stdin.close()
-        assert server.wait(timeout=60) == 0
-        assert server.stdout.read() == ""
-    finally:
-        if server.poll() is None:
-            server.kill()
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as stderr:
+        server = subprocess.Popen([str(BIN / "eros"), "mcp", "alice", "--url", stack.url], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=stderr, text=True)
+        assert server.stdin is not None and server.stdout is not None
+        try:
+            answers = {}
+            for request in requests:  # one at a time: stdin closed early would cut the calls in flight
+                server.stdin.write(json.dumps(request) + "\n")
+                server.stdin.flush()
+                if "id" in request:
+                    answer = json.loads(server.stdout.readline())  # the next line is JSON-RPC, nothing else
+                    answers[answer["id"]] = answer
+            server.stdin.close()
+            assert server.wait(timeout=60) == 0
+            assert server.stdout.read() == ""
+        finally:
+            if server.poll() is None:
+                server.kill()
     assert answers[2]["result"]["isError"] is False
     assert answers[2]["result"]["structuredContent"]["content"] == "Swims at dawn"
     assert answers[3]["result"]["isError"] is True
     assert answers[3]["result"]["structuredContent"]["code"] == "not_found"
+    assert f"alice's memories at {stack.url}" in log.read_text()  # what people read goes to stderr

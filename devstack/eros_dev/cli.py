@@ -696,6 +696,8 @@ def cmd_mcp(args) -> int:
     except httpx.HTTPError as exc:  # not fatal: the assistant may start before `make run`
         print(f"eros mcp: nothing answers at {url} ({type(exc).__name__}): start the local stack with `make run`;"
               " until then every tool answers api_unreachable", file=sys.stderr, flush=True)
+    else:  # the assistant's log of the server (its stderr) says whose memories, from where
+        print(f"eros mcp: {args.user}'s memories at {url}, as MCP tools over stdio", file=sys.stderr, flush=True)
     # A token made for each call, short-lived: an assistant that runs for days never holds an expired one.
     serve(url, lambda: issue_token(args.user, cfg, key, ttl_secs=300))
     return 0
