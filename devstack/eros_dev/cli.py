@@ -1,4 +1,4 @@
-"""The ``eros`` command: serve (the local stack) and stop it, migrate, token, chat, sweep, invoke, doctor,
+"""The ``eros`` command: serve (the local stack) and stop it, migrate, token, chat, mcp, sweep, invoke, doctor,
 calibrate, forget, usage, backfill-episodes. Every failure is one line on stderr (EROS_DEBUG=1 shows the traceback)."""
 
 from __future__ import annotations
@@ -710,6 +710,38 @@ def cmd_chat(args) -> int:
     return 0
 
 
+def cmd_mcp(args) -> int:
+    """The memory API as MCP tools over stdio (eros_client.mcp), for USER, against the running local stack: what an
+    assistant on this machine starts (clients/python/README.md has the config). stdout is the MCP channel: every
+    word for people goes to stderr."""
+    import httpx
+
+    from eros.config import settings
+
+    from .tokens import issue_token, local_jwt_key
+
+    try:
+        from eros_client.mcp import serve
+    except ImportError:
+        raise CliError("the MCP SDK is not installed: pip install -e 'clients/python[mcp]' (`make venv` has it)") \
+            from None
+    cfg = settings()
+    url = (args.url or f"http://127.0.0.1:{cfg.port}").rstrip("/")
+    if not url.lower().startswith(("http://", "https://")):
+        raise BadInput(f"--url {url!r} needs its scheme: http:// or https:// (e.g. --url http://{url})")
+    key = local_jwt_key()
+    try:
+        httpx.get(f"{url}/v1/health", timeout=3)
+    except httpx.HTTPError as exc:  # not fatal: the assistant may start before `make run`
+        print(f"eros mcp: nothing answers at {url} ({type(exc).__name__}): start the local stack with `make run`;"
+              " until then every tool answers api_unreachable", file=sys.stderr, flush=True)
+    else:  # the assistant's log of the server (its stderr) says whose memories, from where
+        print(f"eros mcp: {args.user}'s memories at {url}, as MCP tools over stdio", file=sys.stderr, flush=True)
+    # A token made for each call, short-lived: an assistant that runs for days never holds an expired one.
+    serve(url, lambda: issue_token(args.user, cfg, key, ttl_secs=300))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="eros", description="Dreaming memory for companion chat")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -737,6 +769,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--persona")
     p.add_argument("--url", help="the local stack's address; default http://127.0.0.1:PORT (3000)")
     p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("mcp", help="serve USER's memories as MCP tools over stdio (search, list, add, edit, forget,"
+                                   " history, context) for an assistant, against the running local stack")
+    p.add_argument("user", nargs="?", default="local-user")
+    p.add_argument("--url", help="the local stack's address; default http://127.0.0.1:PORT (3000)")
+    p.set_defaults(func=cmd_mcp)
 
     p = sub.add_parser("forget", help="erase everything stored about USER (what DELETE /v1/me does), after showing"
                                       " what that is and asking for the user id again")
