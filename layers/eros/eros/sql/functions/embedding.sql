@@ -39,8 +39,9 @@ CREATE OR REPLACE TRIGGER companion_memories_keep_embedding_space
     BEFORE INSERT OR UPDATE OF embedding ON engine.companion_memories
     FOR EACH ROW EXECUTE FUNCTION engine.keep_embedding_space();
 
--- A read's guard (store.recall.ranked, a memory search): its query vector was embedded by ``model``; true when that
--- is the recorded model (or none is recorded yet), else SQLSTATE EM001, as for a write. A container learns of a
+-- A read's guard (store.recall.ranked, a memory search; engine.turn_recall_v3, a turn's recall): its query vector was
+-- embedded by ``model``; true when that is the recorded model (or none is recorded yet, or no vector of it is left),
+-- else SQLSTATE EM001, as for a write. A container learns of a
 -- re-embedding's switch within a second (eros.calibrated); a search it embedded with the old model in that second
 -- is refused (a retryable 503) rather than compared with the new model's vectors. In a WHERE clause with no column
 -- of the rows it is evaluated once, before any row is read.
@@ -51,7 +52,9 @@ DECLARE
     recorded text;
 BEGIN
     SELECT s.model INTO recorded FROM engine.embedding_space s;
-    IF model IS NOT NULL AND recorded IS NOT NULL AND recorded <> model THEN
+    -- As the write's guard: no vector of the recorded model left (erased, a test's rows deleted) is nothing to mix.
+    IF model IS NOT NULL AND recorded IS NOT NULL AND recorded <> model
+       AND EXISTS (SELECT 1 FROM engine.companion_memories m WHERE m.metadata->>'embed_model' = recorded) THEN
         RAISE EXCEPTION 'the query was embedded by %, but the stored vectors are of %: vectors of two models cannot'
                         ' be compared', model, recorded
             USING ERRCODE = 'EM001', HINT = 'retry: the embedding model was switched while the request ran';
