@@ -35,6 +35,14 @@ def vectors_of(db, user: str) -> dict[str, tuple[list[float], object]]:
         " WHERE user_id = %s", (user,))}
 
 
+def switched(db) -> None:
+    """What a re-embedding's switch leaves: the new model recorded, and every vector the new model's."""
+    db.execute("UPDATE engine.embedding_space SET model = %s", (NEW,))
+    db.execute("UPDATE engine.companion_memories"
+               " SET metadata = jsonb_set(metadata, '{embed_model}', to_jsonb(%s::text))"
+               " WHERE metadata ? 'embed_model'", (NEW,))
+
+
 @pytest.fixture
 def stored(db):
     """Two users' memories, utterances and episodes, embedded by the offline model (the local stack without keys)."""
@@ -219,7 +227,7 @@ def test_a_search_embedded_with_a_model_the_store_no_longer_records_is_refused_n
     query = hash_embed("dog")
     rows = recall_store.ranked(MemoryLayer.PROFILE, settings().recall, "alice", query, k=3, cap=None, model=OLD)
     assert rows  # the recorded model: compared as ever
-    stored.execute("UPDATE engine.embedding_space SET model = %s", (NEW,))  # what a switch leaves
+    switched(stored)
     with pytest.raises(psycopg.DatabaseError) as refused:
         recall_store.ranked(MemoryLayer.PROFILE, settings().recall, "alice", query, k=3, cap=None, model=OLD)
     assert embedding_switched(refused.value)
@@ -241,7 +249,7 @@ def test_a_turns_recall_embedded_with_a_model_the_store_no_longer_records_is_ref
     api = Api()
     sid = api.session()
     assert api.call("POST", f"/v1/sessions/{sid}/context", {"content": "Where do I live?"})[0] == 200  # cached: OLD
-    stored.execute("UPDATE engine.embedding_space SET model = %s", (NEW,))  # what a switch leaves
+    switched(stored)
     with pytest.raises(psycopg.DatabaseError) as refused:
         recall_store.candidates(settings().recall, "alice", query, k=3, cap=None, relationship_k=0,
                                 instance_id=None, dedupe=0.97, model=OLD)
