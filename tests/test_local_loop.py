@@ -88,6 +88,60 @@ def test_eros_chat_names_a_server_that_is_not_the_api(local_server, capsys):
                     "personas: is it the eros API? (--url, or the PORT it runs on)")
 
 
+class Timed(io.StringIO):
+    """stdout that keeps when each piece was written (and flushed: print(..., flush=True))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[float, str]] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append((time.monotonic(), text))
+        return super().write(text)
+
+
+SAID = "Tomatoes love the sun, so a south-facing balcony is perfect for them."
+
+
+def chat(monkeypatch, url: str, said: str, *flags: str) -> Timed:
+    out = Timed()
+    monkeypatch.setattr("sys.stdin", io.StringIO(said))
+    monkeypatch.setattr("sys.stdout", out)
+    assert cli.main(["chat", "dora", "--url", url, "--persona", "luna", *flags]) == 0
+    return out
+
+
+def test_eros_chat_prints_the_reply_as_it_arrives(online, db, local_server, monkeypatch):
+    """The streamed reply's words are printed (and flushed) as the model writes them, then what was recalled: the
+    same lines as --no-stream prints once the whole reply is in."""
+    fake_llm = online[0]
+    fake_llm.responder = lambda body: EXTRACTED if body.get("response_format") else SAID
+    fake_llm.first_token_delay, fake_llm.token_interval = 0.0, 0.05
+    out = chat(monkeypatch, local_server.url, "I grow tomatoes\n")
+    lines = out.getvalue().splitlines()
+    assert lines[1:] == [f"luna> {SAID}", "   (recalled: nothing)"]
+    pieces = [(at, text) for at, text in out.writes
+              if text not in ("", "\n") and not text.startswith(("session ", "   (recalled"))]
+    assert "".join(text for _, text in pieces) == f"luna> {SAID}" and len(pieces) > 5, pieces
+    assert pieces[-1][0] - pieces[0][0] > 0.2, pieces  # written over the reply's time, not at once at the end
+    assert [r["json"].get("stream") for r in fake_llm.requests] == [True]
+
+    out = chat(monkeypatch, local_server.url, "I grow tomatoes\n", "--no-stream")
+    assert out.getvalue().splitlines()[1:] == [f"luna> {SAID}", "   (recalled: nothing)"]
+    assert not fake_llm.requests[-1]["json"].get("stream")
+
+
+def test_eros_chat_says_a_failed_turn_in_one_line(online, db, local_server, monkeypatch):
+    """The model fails after the stream began: an `error` event, printed as one line with its status and code; the
+    next message is taken as usual."""
+    fake_llm = online[0]
+    fake_llm.push(*[Status(503)] * 2)  # the turn, and the one retry the client makes of a retryable error
+    out = chat(monkeypatch, local_server.url, "first\nsecond\n")
+    [_, failed, reply, recalled] = out.getvalue().splitlines()
+    assert failed.startswith("[503 model_unavailable] ") and "your message was kept" in failed, failed
+    assert (reply, recalled) == ("luna> lovely", "   (recalled: nothing)")
+
+
 # --- one-line errors ---------------------------------------------------------------------------------------------
 
 def test_every_cli_failure_is_one_line_unless_debugging(db, env, tmp_path, capsys, monkeypatch):

@@ -62,14 +62,16 @@ def _body(response: httpx.Response) -> Any:
 
 
 def _route_missing(status: int, body: Any) -> bool:
-    """An API without the stream route: API Gateway's own 404 (``{"message": "Not Found"}``, no code), the
-    function's ("no route POST ..."), or a 405. A 404 about the session itself is the API's answer, raised."""
+    """An API without the stream route: API Gateway's own 404 (``{"message": "Not Found"}``, no code), the chat
+    function's (``"code": "not_found", "message": "Not found"``), or a 405. A 404 that says more ("session not
+    found") is the API's answer about the session: raised."""
     if status == 405:
         return True
     if status != 404:
         return False
     body = body if isinstance(body, dict) else {}
-    return not body.get("code") or str(body.get("message") or "").startswith("no route ")
+    message = str(body.get("message") or "")
+    return not body.get("code") or message.lower() == "not found" or message.startswith("no route ")
 
 
 class _Progress:
