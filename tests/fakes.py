@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import socket
 import threading
 import time
@@ -40,7 +41,7 @@ import pytest
 import eros.clock
 from eros.providers.offline import hash_embed
 
-__all__ = ["Status", "Delay", "Malformed", "Raw", "Reply", "Disconnect", "FakeServer", "FakeOpenRouter",
+__all__ = ["Status", "Delay", "Malformed", "Raw", "Reply", "Disconnect", "BreakStream", "FakeServer", "FakeOpenRouter",
            "FakeVoyage", "SkippingClock", "fake_llm", "fake_voyage", "skipped_sleeps", "NOON", "Clock", "clock"]
 
 
@@ -91,7 +92,26 @@ class Disconnect:
     """Close the connection without sending any response (a transport failure for the client)."""
 
 
-Behaviour = Status | Delay | Raw | Malformed | Reply | Disconnect
+@dataclass(frozen=True)
+class BreakStream:
+    """A streamed answer (``"stream": true``) that fails after ``after`` pieces of the reply: the connection is
+    dropped, or, with ``error``, the stream ends with that error chunk (how OpenRouter reports an upstream failure
+    after the answer began: HTTP 200, then ``data: {"error": {...}}``)."""
+
+    after: int
+    error: dict | None = None
+
+
+Behaviour = Status | Delay | Raw | Malformed | Reply | Disconnect | BreakStream
+
+
+@dataclass
+class _Stream:
+    """What a streamed completion sends: the chunks' JSON objects, and where it breaks (``BreakStream``)."""
+
+    chunks: list[dict]
+    pieces_before_break: int | None = None
+    error: dict | None = None
 
 
 # --- the HTTP machinery -----------------------------------------------------------------------------------
@@ -273,7 +293,7 @@ class FakeServer:
                 handler.close_connection = True
                 return None
             behaviour = None
-        if behaviour is not None and not isinstance(behaviour, Reply):
+        if behaviour is not None and not isinstance(behaviour, Reply | BreakStream):
             return self._misbehave(handler, behaviour)
         return self._answer_normally(handler, body, behaviour)
 
@@ -297,7 +317,8 @@ class FakeServer:
             return self._send(handler, behaviour.status, behaviour.body)
         raise TypeError(f"not a behaviour: {behaviour!r}")
 
-    def _answer_normally(self, handler: BaseHTTPRequestHandler, body: Any, behaviour: Reply | None) -> None:
+    def _answer_normally(self, handler: BaseHTTPRequestHandler, body: Any,
+                         behaviour: Reply | BreakStream | None) -> None:
         if self.api_key is not None and handler.headers.get("Authorization") != f"Bearer {self.api_key}":
             return self._send(handler, 401, {"error": {"message": "invalid or missing API key", "code": 401}})
         if not isinstance(body, dict):
@@ -311,6 +332,8 @@ class FakeServer:
 
     def _send(self, handler: BaseHTTPRequestHandler, status: int, body: Any,
               headers: dict[str, str] | None = None) -> None:
+        if isinstance(body, _Stream):
+            return self._send_stream(handler, body)
         if isinstance(body, bytes):
             data, content_type = body, "application/octet-stream"
         elif isinstance(body, str):
@@ -330,6 +353,50 @@ class FakeServer:
             handler.close_connection = True
 
 
+    first_token_delay = 0.0  # a streamed answer: seconds before its first piece (FakeOpenRouter)
+    token_interval = 0.0  # and between pieces
+
+    def _send_stream(self, handler: BaseHTTPRequestHandler, stream: _Stream) -> None:
+        """Server-Sent Events as OpenAI-compatible servers stream a completion: one ``data:`` line a chunk, each sent
+        in its own HTTP chunk when it is ready, then ``data: [DONE]``; a break drops the connection."""
+        def write(data: bytes) -> None:
+            handler.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            handler.wfile.flush()
+
+        try:
+            handler.send_response(200)
+            handler.send_header("Content-Type", "text/event-stream")
+            handler.send_header("Transfer-Encoding", "chunked")
+            handler.end_headers()
+            pieces = 0
+            for chunk in stream.chunks:
+                content = (chunk.get("choices") or [{}])[0].get("delta", {}).get("content")
+                if content:
+                    if stream.pieces_before_break is not None and pieces >= stream.pieces_before_break:
+                        if stream.error is None:
+                            handler.close_connection = True
+                            handler.connection.shutdown(socket.SHUT_RDWR)
+                            return None
+                        write(b"data: " + json.dumps({"error": stream.error}).encode() + b"\n\n")
+                        break
+                    if self._stopping.wait(self.first_token_delay if pieces == 0 else self.token_interval):
+                        handler.close_connection = True
+                        return None
+                    pieces += 1
+                write(b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n")
+            else:
+                write(b"data: [DONE]\n\n")
+            write(b"")  # the last chunk
+        except OSError:  # the client went away
+            handler.close_connection = True
+        return None
+
+
+def pieces_of(text: str) -> list[str]:
+    """A reply as a model streams it: word by word, each with the spaces after it (joined: the text exactly)."""
+    return re.findall(r"\s*\S+\s*|\s+", text) if text else []
+
+
 def _bad_request(message: str) -> tuple[int, dict]:
     return 400, {"error": {"message": message, "code": 400}}
 
@@ -344,7 +411,7 @@ class FakeOpenRouter(FakeServer):
     """``POST /v1/chat/completions``. ``responder(request_json) -> text`` decides replies (settable)."""
 
     path = "/v1/chat/completions"
-    supported = FakeServer.supported + (Reply,)
+    supported = FakeServer.supported + (Reply, BreakStream)
 
     def __init__(self, responder: Callable[[dict], str] | None = None, *, api_key: str | None = None,
                  served: set[str] | None = None):
@@ -371,14 +438,27 @@ class FakeOpenRouter(FakeServer):
         with self._lock:
             self._generation += 1
             generation = self._generation
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": prompt_tokens + completion_tokens}
+        if body.get("stream") is True:
+            head = {"id": f"gen-fake-{generation}", "object": "chat.completion.chunk", "created": int(time.time()),
+                    "model": model}
+            chunks = [head | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                           "finish_reason": None}]}]
+            chunks += [head | {"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
+                       for piece in pieces_of(text)]
+            chunks.append(head | {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+            if (body.get("stream_options") or {}).get("include_usage"):
+                chunks.append(head | {"choices": [], "usage": usage})
+            broken = behaviour if isinstance(behaviour, BreakStream) else None
+            return 200, _Stream(chunks, broken.after if broken else None, broken.error if broken else None)
         return 200, {
             "id": f"gen-fake-{generation}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens},
+            "usage": usage,
         }
 
 

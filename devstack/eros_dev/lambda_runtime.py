@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import queue
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
@@ -39,20 +40,21 @@ class LambdaContext:
 _LOADING = threading.Lock()
 
 
-def load_function(name: str, copy: str | None = None) -> ModuleType:
-    """Import functions/<name>/app.py (the same file Lambda runs) under a unique module name; a named
-    ``copy`` is a separate module object (a container's own module-level state).
+def load_function(name: str, copy: str | None = None, entry: str = "app") -> ModuleType:
+    """Import functions/<name>/<entry>.py (the same file Lambda runs: app.py, or the chat function's stream.py)
+    under a unique module name; a named ``copy`` is a separate module object (a container's own module-level
+    state).
 
     The modules beside app.py (the chat function's ``routes`` and ``models``) are imported as Lambda does, from
     the function's folder first on sys.path, and afresh for every load: each copy has its own, so its routers are
     included in its own resolver only and read that resolver's request (a Router shared by two copies would read
     the event of whichever copy included it last)."""
-    module_name = f"eros_function_{name}" + (f"__{copy}" if copy else "")
+    module_name = f"eros_function_{name}" + ("" if entry == "app" else f"_{entry}") + (f"__{copy}" if copy else "")
     folder = ROOT / "functions" / name
     with _LOADING:
         if module_name in sys.modules:
             return sys.modules[module_name]
-        spec = importlib.util.spec_from_file_location(module_name, folder / "app.py")
+        spec = importlib.util.spec_from_file_location(module_name, folder / f"{entry}.py")
         if spec is None or spec.loader is None:
             raise ImportError(f"no function {name!r} in functions/")
         module = importlib.util.module_from_spec(spec)
@@ -98,8 +100,8 @@ class Function:
     one invocation at a time, as a Lambda execution environment does."""
 
     def __init__(self, name: str, *, concurrency: int = 16, timeout_secs: float = 30,
-                 prepare: Callable[[ModuleType], None] | None = None):
-        self.name, self.timeout_secs, self.prepare = name, timeout_secs, prepare
+                 prepare: Callable[[ModuleType], None] | None = None, entry: str = "app"):
+        self.name, self.timeout_secs, self.prepare, self.entry = name, timeout_secs, prepare, entry
         self._local = threading.local()
         self._started = 0
         self._lock = threading.Lock()
@@ -114,8 +116,10 @@ class Function:
         if module is None:  # this container's cold start
             with self._lock:
                 self._started += 1
-            module = load_function(self.name, copy=f"container{next(_CONTAINER_NUMBERS)}")
+            module = load_function(self.name, copy=f"container{next(_CONTAINER_NUMBERS)}", entry=self.entry)
             own_resolver_state(module)
+            if isinstance(getattr(module, "app", None), ModuleType):  # stream.py: its app module's resolver
+                own_resolver_state(module.app)
             if self.prepare:
                 self.prepare(module)
             self._local.module = module
@@ -128,6 +132,39 @@ class Function:
     def invoke(self, event: dict):
         """A synchronous invocation (what API Gateway does)."""
         return self.submit(event).result()
+
+    def invoke_streaming(self, event: dict) -> tuple[int, dict, Iterator[bytes]]:
+        """An invocation of a streaming handler (one that returns ``eros.streaming.Streamed``), as a function URL in
+        response-streaming mode makes it: the status and headers once the handler returned, then the body's chunks
+        as the container writes them. The container iterates the body itself (its own database connection), to
+        the end whether or not the caller reads on, as Lambda runs a function whose client went away."""
+        chunks: queue.Queue = queue.Queue()
+        head: Future = Future()
+
+        def run(streamed) -> None:
+            head.set_result((streamed.status_code, dict(streamed.headers)))
+            try:
+                for chunk in streamed.body:
+                    chunks.put(chunk)
+            finally:
+                chunks.put(None)
+
+        def invoke(event: dict) -> None:
+            try:
+                streamed = self._run(event)
+            except BaseException as exc:
+                head.set_exception(exc)
+                return
+            run(streamed)
+
+        self._pool.submit(invoke, event)
+        status, headers = head.result()
+
+        def body() -> Iterator[bytes]:
+            while (chunk := chunks.get()) is not None:
+                yield chunk
+
+        return status, headers, body()
 
     def close(self, wait: bool = True) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=not wait)

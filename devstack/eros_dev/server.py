@@ -54,6 +54,8 @@ def _bad_local_user(user: object) -> str | None:
     return None
 
 
+# The streamed turn: sent to the stream function (functions/chat/stream.py), as the stack's StreamUrl is in AWS.
+STREAM_ROUTE = re.compile(r"^/v1/sessions/[^/]+/turns/stream$")
 # Routes without the JWT authorizer; template.yaml marks the same ones `Authorizer: NONE` (a test checks).
 PUBLIC_ROUTES = frozenset({("GET", "/v1/health"), ("GET", "/v1/openapi.json"), ("GET", "/v1/docs")})
 # An export file, as eros.account names it: the local stack's stand-in for the presigned S3 URL (the random
@@ -146,6 +148,8 @@ class LocalHTTPServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], settings: Settings, concurrency: int):
         self.chat = Function("chat", concurrency=concurrency, timeout_secs=29)  # template.yaml: Timeout 29
+        # The streamed turn's function (template.yaml: ChatStreamFunction, behind its function URL).
+        self.chat_stream = Function("chat", concurrency=concurrency, timeout_secs=29, entry="stream")
         self.sweeping = threading.Lock()
         self.settings = settings
         self.key = local_jwt_key()
@@ -154,6 +158,7 @@ class LocalHTTPServer(ThreadingHTTPServer):
     def server_close(self) -> None:
         super().server_close()
         self.chat.close(wait=False)
+        self.chat_stream.close(wait=False)
 
     def handle_error(self, request, client_address) -> None:
         """A client that went away before its answer was written is not the server's error: no traceback."""
@@ -214,7 +219,33 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
             headers["content-length"] = str(len(body))
         self._invoke(http_api_event(self.command, self.path, headers, body, claims))
 
+    def _invoke_streaming(self, event: dict) -> None:
+        """The streamed turn: its function's status and headers, then each chunk as the function writes it (chunked
+        transfer coding, each chunk flushed), as its function URL sends it in AWS. A client that goes away stops
+        nothing but the writing: the function runs the turn to its end."""
+        try:
+            status, headers, body = self.server.chat_stream.invoke_streaming(event)
+        except Exception:  # what a function URL answers when the function itself fails
+            return self._send(500, {"content-type": "application/json"}, '{"message":"Internal Server Error"}')
+        if not headers.get("Content-Type", "").startswith("text/event-stream"):
+            return self._send(status, headers, b"".join(body))  # refused before the stream began: one piece
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            for chunk in body:
+                self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except OSError:  # the client went away: the turn goes on (its container drains the body)
+            self.close_connection = True
+
     def _invoke(self, event: dict) -> None:
+        if event["requestContext"]["http"]["method"] == "POST" and STREAM_ROUTE.match(event["rawPath"]):
+            return self._invoke_streaming(event)
         try:
             result = self.server.chat.invoke(event)
         except Exception:  # what API Gateway answers when the function itself fails

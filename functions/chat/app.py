@@ -8,6 +8,7 @@ local dev server the same way); no route takes a user id from the request.
 import base64
 import binascii
 import json
+from collections.abc import Iterator
 
 import psycopg
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
@@ -15,7 +16,7 @@ from aws_lambda_powertools.event_handler.exceptions import NotFoundError, Servic
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.logging import correlation_paths
 
-from eros import errors, json_body, snapstart, tracing
+from eros import errors, json_body, snapstart, streaming, tracing
 from eros.config import SettingsError, settings
 from eros.db import embedding_switched
 from eros.observability import logger, metrics
@@ -135,12 +136,44 @@ def _as_json_request(event: dict) -> dict | None:
     return None
 
 
-@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)
-@tracing.lambda_handler(tracing.chat_annotations)  # no reply, page or listing in traces
-@metrics.log_metrics
-def lambda_handler(event: dict, context) -> dict:
+def handle(event: dict, context) -> dict:
+    """A request through the guards and the routes: the API Gateway-shaped answer. A streamed turn's route answers
+    its status and headers, and leaves its events in ``eros.streaming.pending`` for the caller to send."""
+    streaming.pending.set(None)
     try:
         refused = _as_json_request(event)  # the first to read the settings
     except SettingsError as error:
         return _refuse(503, *_misconfigured(error))
     return refused or app.resolve(event, context)
+
+
+def sse_body(events: Iterator[streaming.Event]) -> Iterator[bytes]:
+    """A streamed turn's events as Server-Sent Events. A failure after the stream began is its last event,
+    ``error``, with the body the JSON route would answer it with (the same handlers above). A client that goes
+    away (``close()``) does not stop the turn: the rest is run, unsent, so its reply is stored whole."""
+    gone = False
+    try:
+        for name, data in events:
+            if gone:
+                continue
+            try:
+                yield streaming.sse(name, data)
+            except GeneratorExit:
+                gone = True
+                logger.info("the client went away mid-stream: the turn goes on to store its reply")
+    except Exception as error:  # noqa: BLE001 - each is answered by the handler the JSON route uses for it
+        answer = app.exception_handler_manager.lookup_exception_handler(type(error))  # as resolve() dispatches
+        body = json.loads(answer(error).body) if answer else json.loads(_error_body(500, "internal error"))
+        if not gone:
+            yield streaming.sse("error", body)
+
+
+@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)
+@tracing.lambda_handler(tracing.chat_annotations)  # no reply, page or listing in traces
+@metrics.log_metrics
+def lambda_handler(event: dict, context) -> dict:
+    result = handle(event, context)
+    events = streaming.pending.get()
+    if events is not None:  # the HTTP API cannot stream: the same events, whole (StreamUrl streams them)
+        result["body"] = b"".join(sse_body(events)).decode()
+    return result

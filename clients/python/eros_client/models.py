@@ -1020,6 +1020,10 @@ class TurnResult(BaseModel):
     """
     the model that answered
     """
+    usage: Annotated[dict[str, Any] | None, Field(title="Usage")] = None
+    """
+    the tokens the model reported for the reply (OpenAI's prompt_tokens, completion_tokens, total_tokens): a streamed reply's are what was streamed
+    """
     replayed: Annotated[bool | None, Field(title="Replayed")] = False
     """
     true when this is the stored reply of an earlier attempt

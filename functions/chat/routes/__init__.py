@@ -28,8 +28,9 @@ to read |
 surrogate |
 | 403 | `forbidden` | an operator route without the operator scope in the token (`OPERATOR_SCOPE`) |
 | 404 | `not_found` | an unknown route, or an unknown session, memory or persona (another user's id answers the same) |
-| 409 | `turn_conflict`, `message_conflict`, `out_of_order`, `session_gone`, `memory_active`, \
-`memory_not_current`, `too_many_personas`, `persona_taken` | as the route says |
+| 409 | `turn_conflict`, `turn_in_progress`, `message_conflict`, `out_of_order`, `session_gone`, `memory_active`, \
+`memory_not_current`, `too_many_personas`, `persona_taken` | as the route says (`turn_in_progress`: \
+`retryable: true`) |
 | 413 | `payload_too_large` | a body over `MAX_BODY_BYTES` (64 KiB) |
 | 422 | `invalid_request` | a field or parameter refused: missing, extra or of the wrong type, text over \
 `MAX_CONTENT_CHARS` (4,000 characters) or with a NUL character or a lone surrogate, a malformed id or cursor; \

@@ -3,6 +3,7 @@ and for an app with its own chat pipeline, messages it appends and the context f
 
 # No `from __future__ import annotations` here: pydantic and the resolver would then compile and evaluate
 # every annotation of the models and routes from its text at import (~115 evaluations a cold start).
+import itertools
 from typing import Annotated
 from uuid import UUID
 
@@ -10,7 +11,7 @@ from aws_lambda_powertools.event_handler import Response, content_types
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Query
 
-from eros import chat, context, errors, ingest
+from eros import chat, context, errors, ingest, streaming
 from eros.config import settings
 from eros.store import chat as chat_store
 
@@ -58,14 +59,16 @@ def sessions() -> SessionList:
 @router.post("/v1/sessions/<session_id>/turns", operation_id="takeTurn", tags=["chat"], summary="one chat turn",
              description="The message is stored, claiming `client_turn_id` for it, before the model is called: a "
                          "retry or a concurrent duplicate with the same content gets the one reply (`replayed: "
-                         "true`; the model is called once); other content with that id is a 409 `turn_conflict` and "
-                         "calls no model. On a model failure the message is kept and the answer says whether a retry "
-                         "can help (`retryable`): after a 503 `model_unavailable` or a 504 `model_timeout`, retry with "
-                         "the same `client_turn_id`. A 409 `session_gone` means the user was erased while the turn "
+                         "true`; the model is called once: a duplicate sent while the first is still answered waits "
+                         "for its reply); other content with that id is a 409 `turn_conflict` and calls no model. On "
+                         "a model failure the message is kept and the answer says whether a retry can help "
+                         "(`retryable`): after a 503 `model_unavailable` or a 504 `model_timeout`, retry with the "
+                         "same `client_turn_id`. A 409 `session_gone` means the user was erased while the turn "
                          "ran: nothing was stored or counted.",
              responses=documented((200, "the reply"), (404, "no such session of this user"),
                                   (409, "turn_conflict: client_turn_id already used for another message; "
-                                         "session_gone: the user was erased while the turn ran"),
+                                         "turn_in_progress: another request is still answering this turn "
+                                         "(retryable); session_gone: the user was erased while the turn ran"),
                                    (429, "rate_limited or budget_exhausted: over a per-user limit (Retry-After)"),
                                    (502, "model_error: the provider refused the request (a 400/401/402/403, or an "
                                          "unusable answer): not retryable"),
@@ -73,6 +76,34 @@ def sessions() -> SessionList:
                                    (504, "model_timeout (retryable)")))
 def take_turn(session_id: UUID, body: NewTurn) -> chat.TurnResult:
     return chat.take_turn(current_user(router), session_id, body.content, body.client_turn_id)
+
+
+@router.post("/v1/sessions/<session_id>/turns/stream", operation_id="streamTurn", tags=["chat"],
+             summary="one chat turn, its reply streamed as the model writes it",
+             description="The turn of `POST /v1/sessions/{session_id}/turns` (the same body, limits, replay and "
+                         "errors), its reply sent as it is written, as Server-Sent Events (`text/event-stream`): "
+                         "`turn` (`client_turn_id`, `user_message_id`) once the message is stored, `delta` (`delta`: "
+                         "a piece of the reply) as the model writes, then `done` with the JSON route's answer, or "
+                         "`error` with its error body (`code`, `message`, `retryable`): a model that fails "
+                         "mid-stream stores no part of the reply, and the message is kept for a retry. What is "
+                         "refused before the message is stored (no such session, a conflict, a limit, an invalid "
+                         "body) is answered as the JSON route answers it. A client that goes away mid-stream does "
+                         "not stop the turn: its reply is stored, and a retry with the same `client_turn_id` gets "
+                         "it (`replayed: true`), waiting for it if it is still being written. In AWS the stream "
+                         "comes from the stack's StreamUrl (docs/DEPLOY.md); behind the HTTP API this route answers "
+                         "the same events in one piece.",
+             responses=documented((200, "the reply as Server-Sent Events: turn, delta..., then done or error"),
+                                  (404, "no such session of this user"),
+                                  (409, "turn_conflict: client_turn_id already used for another message; "
+                                        "turn_in_progress: another request is still answering this turn "
+                                        "(retryable)"),
+                                  (429, "rate_limited or budget_exhausted: over a per-user limit (Retry-After)"),
+                                  (503, "database_unavailable or database_busy")))
+def stream_turn(session_id: UUID, body: NewTurn) -> Response[str]:
+    events = chat.stream_turn(current_user(router), session_id, body.content, body.client_turn_id)
+    first = next(events)  # what the JSON route refuses before storing the message is raised here, answered as there
+    streaming.pending.set(itertools.chain([first], events))  # the handler sends them (app.py, stream.py)
+    return Response(200, streaming.EVENT_STREAM, "", headers=dict(streaming.STREAM_HEADERS))
 
 
 @router.get("/v1/sessions/<session_id>/messages", operation_id="listMessages", tags=["sessions"],

@@ -22,12 +22,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 EVENT_STREAM = "text/event-stream; charset=utf-8"
 # no-transform: a proxy must not buffer or compress the stream; X-Accel-Buffering: nginx-style proxies likewise.
 STREAM_HEADERS = {"Content-Type": EVENT_STREAM, "Cache-Control": "no-cache, no-transform",
                   "X-Accel-Buffering": "no"}
+
+
+# The events of the streamed turn the current request's route began (functions/chat/routes/sessions.py), for its
+# handler to send after the resolver answered the status and headers; None when the route answered whole.
+Event = tuple[str, dict]
+pending: ContextVar[Iterator[Event] | None] = ContextVar("pending_stream", default=None)
 
 
 def sse(event: str, data: dict) -> bytes:

@@ -10,6 +10,7 @@ import math
 import random
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -209,21 +210,57 @@ def post_json(client: httpx.Client, url: str, payload: dict, *, headers: dict, t
               max_retries: int, deadline: Deadline | None, what: str) -> dict:
     """POST with retries on 408/429/5xx/timeouts (exponential backoff with jitter, Retry-After honoured),
     never past the deadline. Returns the decoded JSON object or raises a ProviderError."""
+    return retrying(lambda budget: _attempt(client, url, payload, headers=headers, timeout=min(timeout, budget),
+                                            what=what),
+                    timeout=timeout, max_retries=max_retries, deadline=deadline, what=what)
+
+
+def retrying[T](attempt: Callable[[float], T | ProviderUnavailable], *, timeout: float, max_retries: int,
+                deadline: Deadline | None, what: str) -> T:
+    """``attempt(budget)`` until it answers (what it returns that is not a ``ProviderUnavailable``), retried on
+    such a failure with exponential backoff and jitter, the provider's Retry-After honoured, never past the
+    deadline; what it raises is raised. A POST's answer (``post_json``) and a streamed answer's start share it."""
     deadline = deadline or Deadline.after(timeout * (max_retries + 1) + 10)
-    attempt = 0
+    attempt_no = 0
     while True:
         budget = deadline.remaining()
         if budget <= 0.05:
             raise ProviderTimeout(f"{what}: time budget exhausted")
-        outcome = _attempt(client, url, payload, headers=headers, timeout=min(timeout, budget), what=what)
-        if isinstance(outcome, dict):
+        outcome = attempt(budget)
+        if not isinstance(outcome, ProviderUnavailable):
             return outcome
-        if attempt >= max_retries:
+        if attempt_no >= max_retries:
             raise outcome
-        wait = outcome.retry_after if outcome.retry_after is not None else backoff(attempt)
+        wait = outcome.retry_after if outcome.retry_after is not None else backoff(attempt_no)
         if wait >= deadline.remaining() - 0.05:
             raise outcome  # waiting would blow the budget: fail now and let the caller decide
-        logger.info("provider retry", extra={"what": what, "attempt": attempt + 1, "wait_s": round(wait, 3),
+        logger.info("provider retry", extra={"what": what, "attempt": attempt_no + 1, "wait_s": round(wait, 3),
                                              "reason": str(outcome)})
         sleep(wait)
-        attempt += 1
+        attempt_no += 1
+
+
+def open_stream(client: httpx.Client, url: str, payload: dict, *, headers: dict, timeout: float,
+                what: str) -> httpx.Response | ProviderUnavailable:
+    """One POST whose answer is read as it comes (a streamed completion): the response, its status checked and its
+    body not read yet (the caller closes it), or the failure worth retrying, as ``_attempt``'s; a 4xx is raised."""
+    try:
+        response = client.send(client.build_request("POST", url, json=payload, headers=headers, timeout=timeout),
+                               stream=True)
+    except httpx.TimeoutException as exc:
+        return ProviderTimeout(f"{what}: timed out ({type(exc).__name__})")
+    except httpx.TransportError as exc:
+        return ProviderUnavailable(f"{what}: connection failed ({type(exc).__name__})")
+    status = response.status_code
+    if status < 400:
+        return response
+    try:
+        text = response.read().decode("utf-8", "replace")[:2000]
+    except httpx.HTTPError:
+        text = ""
+    finally:
+        response.close()
+    if status in (408, 429) or status >= 500:
+        return ProviderUnavailable(f"{what}: HTTP {status}", status=status, retry_after=_retry_after(response))
+    raise client_error(f"{what}: HTTP {status}: {text[:300]}", status, model=payload.get("model"), body=text,
+                       code=_error_code(text))

@@ -12,13 +12,14 @@ import hashlib
 import json
 import math
 import re
+import time
 from collections.abc import Callable, Iterator
 from datetime import date, timedelta
 
 from ..config import EMBED_DIM
 from ..memory import EventTime, InvalidEventTime, covering, parse_event_time, statement_key
 from .embed import Embeddings, InputType
-from .llm import Completion
+from .llm import Completion, CompletionStream
 
 _WORD = re.compile(r"[a-z0-9']+|[\u3400-\u9fff]+")
 _STOP = frozenset(["a", "an", "the", "and", "or", "but", "i", "im", "i'm", "me", "my", "you", "your", "to", "of",
@@ -74,6 +75,9 @@ class HashingEmbedder:
 class OfflineChat:
     model = "offline/echo"
     offline = True  # providers.running_offline() names it
+    # A streamed answer comes a word at a time, this many seconds apart, so that the local stack shows words
+    # arriving with no keys (a real model's pace is ~20-80 ms a token).
+    stream_interval = 0.03
 
     def describe(self) -> str:
         return "OFFLINE deterministic chat model (echoes, no network)"
@@ -97,6 +101,21 @@ class OfflineChat:
         return Completion(text=text, model=self.model, offline=True,
                           usage={"prompt_tokens": prompt, "completion_tokens": completion,
                                  "total_tokens": prompt + completion})
+
+    def stream(self, model: str, messages: list[dict], *, max_tokens: int = 600, temperature: float = 0.7,
+               deadline=None) -> CompletionStream:
+        """``complete``'s answer, a word at a time (``stream_interval`` apart), as a streaming server sends it:
+        the same chunks, the usage in the last."""
+        answer = self.complete(model, messages, max_tokens=max_tokens, temperature=temperature)
+
+        def chunks():
+            for n, piece in enumerate(re.findall(r"\s*\S+\s*|\s+", answer.text)):
+                if n:
+                    time.sleep(self.stream_interval)
+                yield {"model": self.model, "choices": [{"index": 0, "delta": {"content": piece}}]}
+            yield {"model": self.model, "choices": [], "usage": answer.usage}
+
+        return CompletionStream(chunks(), self.model, messages, offline=True)
 
 
 # --- what the offline stand-ins know about consolidation -------------------------------------------

@@ -191,7 +191,7 @@ def open_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str,
         row.pop(k) for k in ("claimed_id", "admitted", "reservation", "reserved", "earlier", "history"))
     if claimed is not None:
         stored = {"user": {"id": claimed, "role": "user", "content": content, "metadata": {}}}
-    return {"session": row, "stored": stored, "admitted": admitted, "history": messages,
+    return {"session": row, "stored": stored, "claimed": claimed is not None, "admitted": admitted, "history": messages,
             "reserved": usage.Admitted(values["day"], reservation), "tokens_reserved": reserved}
 
 
@@ -207,7 +207,8 @@ def list_messages(user_id: str, session_id: UUID, limit: int, before: int | None
     ).fetchall()
 
 
-def claim_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str) -> TurnMessages:
+def claim_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str, *,
+               answering_until: datetime) -> tuple[TurnMessages, bool]:
     """Store the user's message of a turn before any model call, claiming ``client_turn_id`` for it: what
     ``open_turn`` does, for the turn whose ``open_turn`` found a concurrent sender's message in its way but
     not in its snapshot (the rare race, at a few round trips more; the turn was admitted already).
@@ -217,18 +218,47 @@ def claim_turn(user_id: str, session_id: UUID, content: str, client_turn_id: str
     of several concurrent senders of one turn id owns it: exactly one insert wins; the others (they wait for the
     winner's commit) find its message. Returns the turn's messages by role, as ``find_turn`` does: the
     caller compares the stored user message with its own (another content is a conflict) and replays a
-    stored reply."""
+    stored reply. And whether this request stored it: then it is marked being answered by it until
+    ``answering_until``, as ``open_turn`` marks the message it stores (``start_answering``)."""
     for _ in range(3):
         with transaction() as conn:
-            row = _insert_message(conn, user_id, session_id, "user", content, client_turn_id, {})
+            mark = {ANSWERING: answering_until.isoformat()}
+            row = _insert_message(conn, user_id, session_id, "user", content, client_turn_id, mark)
             if row is not None:
                 _touch(conn, user_id, session_id)
-                return {"user": {"id": row["id"], "role": "user", "content": content, "metadata": {}}}
+                return {"user": {"id": row["id"], "role": "user", "content": content, "metadata": mark}}, True
         turn = find_turn(user_id, session_id, client_turn_id)
         if "user" in turn:
-            return turn
+            return turn, False
         # The conflicting row went away between the two statements (its session was deleted): try again.
     raise RuntimeError(f"could not claim turn {client_turn_id!r}")
+
+
+# A user message that a request is answering (calling the model for it) carries, in its metadata, until when that
+# request may take (a turn's Lambda timeout is shorter: RESERVATION_SECS), so that a second request for the same turn
+# (a client retrying a stream that dropped) waits for that reply instead of paying the model again. open_turn marks
+# the message it stores (engine.open_turn_v2); a retry marks it with start_answering once the mark has expired or
+# its request, failing, took it away (stop_answering). A recorded reply leaves the mark: an answered turn is replayed.
+ANSWERING = "answering_until"
+_START_ANSWERING = (
+    "UPDATE engine.chat_messages SET metadata = coalesce(metadata, '{}') || jsonb_build_object(%(mark)s::text,"
+    " %(until)s::timestamptz)"
+    " WHERE user_id = %(user)s AND id = %(message)s AND role = 'user'"
+    "   AND coalesce((metadata->>%(mark)s)::timestamptz, '-infinity') <= %(now)s"
+    " RETURNING id")
+
+
+def start_answering(user_id: str, message_id: int, *, now: datetime, until: datetime) -> bool:
+    """Mark the user's message being answered by this request until ``until``, unless another request's mark holds
+    at ``now``: whether it is this request's to answer."""
+    return connection().execute(_START_ANSWERING, {"user": user_id, "message": message_id, "mark": ANSWERING,
+                                                   "now": now, "until": until}).fetchone() is not None
+
+
+def stop_answering(user_id: str, message_id: int) -> None:
+    """The request answering the message ended without a reply (a model failure): a retry may answer it at once."""
+    connection().execute("UPDATE engine.chat_messages SET metadata = metadata - %s WHERE user_id = %s AND id = %s",
+                         (ANSWERING, user_id, message_id))
 
 
 def record_turn(session: SessionWithPersona, user_id: str, user_message_id: int, content: str, client_turn_id: str,

@@ -90,6 +90,7 @@ class OpenedTurn(TypedDict):
     """A turn as ``store.chat.open_turn`` opened it."""
     session: SessionWithPersona
     stored: TurnMessages  # this turn id's messages: the user's just stored, or a retry's earlier attempt
+    claimed: bool  # the user's message was stored by this request (and is marked being answered by it)
     admitted: bool  # the spend limits let the turn through (and counted it); always true with no limit on
     reserved: Admitted  # its day and reservation, which record_turn settles (or settle releases)
     tokens_reserved: int  # what it reserved (0: no budget, no reservation)

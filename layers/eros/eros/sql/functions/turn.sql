@@ -103,8 +103,10 @@ BEGIN
             engine.admit_v2(of_user, of_day, of_at, of_rate_window, of_rate, of_budget, to_admit.tokens, of_until, 1)
                 AS a(reservation)
     ), claimed AS (
-        INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id)
-        SELECT session.id, of_user, 'user', of_message, of_turn FROM session
+        -- marked being answered by this request until of_until (eros.store.chat.ANSWERING says why)
+        INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id, metadata)
+        SELECT session.id, of_user, 'user', of_message, of_turn, jsonb_build_object('answering_until', of_until)
+        FROM session
         WHERE NOT EXISTS (SELECT FROM stored WHERE stored.role = 'user')
           AND (NOT of_limited OR EXISTS (SELECT FROM counted))
         ON CONFLICT (session_id, client_turn_id, role, user_id) DO NOTHING
