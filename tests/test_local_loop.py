@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 from apiclient import Api
-from fakes import Status
+from fakes import BreakStream, Status
 from helpers import EVENTS, ROOT
 
 from eros.migrate import migration_files
@@ -89,13 +90,17 @@ def test_eros_chat_names_a_server_that_is_not_the_api(local_server, capsys):
 
 
 class Timed(io.StringIO):
-    """stdout that keeps when each piece was written (and flushed: print(..., flush=True))."""
+    """stdout that keeps what the command wrote (not the in-process local server's threads: their metrics lines)
+    and when each piece was written (print(..., flush=True))."""
 
     def __init__(self) -> None:
         super().__init__()
         self.writes: list[tuple[float, str]] = []
+        self._command = threading.get_ident()
 
     def write(self, text: str) -> int:
+        if threading.get_ident() != self._command:
+            return len(text)
         self.writes.append((time.monotonic(), text))
         return super().write(text)
 
@@ -140,6 +145,12 @@ def test_eros_chat_says_a_failed_turn_in_one_line(online, db, local_server, monk
     [_, failed, reply, recalled] = out.getvalue().splitlines()
     assert failed.startswith("[503 model_unavailable] ") and "your message was kept" in failed, failed
     assert (reply, recalled) == ("luna> lovely", "   (recalled: nothing)")
+    # After some words: they stay on their line, and the error has a line of its own.
+    fake_llm.responder = lambda body: "one two three four five six"
+    fake_llm.push(BreakStream(3, error={"message": "upstream provider failed", "code": 502}))
+    out = chat(monkeypatch, local_server.url, "third\n")
+    [_, partial, failed] = out.getvalue().splitlines()
+    assert partial == "luna> one two three " and failed.startswith("[503 model_unavailable] "), (partial, failed)
 
 
 # --- one-line errors ---------------------------------------------------------------------------------------------

@@ -306,6 +306,23 @@ def test_a_streamed_turn_gives_its_pieces_then_the_answer():
         assert eros.stream_turn(SESSION, "again").result.reply == "ok"
 
 
+def test_a_streamed_turn_against_the_local_stack(online, db, local_server):
+    """The local stack's stream route with a model that streams: several pieces, joined the stored reply; the same
+    client_turn_id again is the stored reply, replayed."""
+    fake_llm, _ = online
+    fake_llm.responder = lambda body: EXTRACTED if body.get("response_format") else "Porto has the best bread, surely."
+    with Client(local_server.url, token("alice")) as eros:
+        session = eros.create_session("luna").id
+        turn = eros.stream_turn(session, "I bake bread in Porto", client_turn_id="t-1")
+        pieces = list(turn)
+        assert len(pieces) > 3 and "".join(pieces) == turn.result.reply == "Porto has the best bread, surely."
+        assert not turn.result.replayed and turn.user_message_id == turn.result.user_message_id
+        again = eros.stream_turn(session, "I bake bread in Porto", client_turn_id="t-1")
+        assert "".join(again) == turn.result.reply and again.result.replayed
+        assert again.result.assistant_message_id == turn.result.assistant_message_id
+    assert [r["json"].get("stream") for r in fake_llm.requests] == [True]  # the model was asked once
+
+
 @pytest.mark.integration  # a loopback server
 def test_a_stream_that_breaks_off_is_asked_again_with_the_same_turn_id_and_nothing_is_said_twice():
     with FakeApi(STREAM, TURN) as fake, Client(fake.root, "t", backoff=0.01) as eros:

@@ -724,7 +724,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--persona")
     p.add_argument("--url", help="the local stack's address; default http://127.0.0.1:PORT (3000)")
     p.add_argument("--token", help="a bearer token for a deployed API (default: a local token for USER)")
-    p.add_argument("--stream-url", help="where streamed turns go when that is not --url (a deployed stack's stream"
+    p.add_argument("--stream-url", help="where streamed turns go when that is not --url (a deployed stack's StreamUrl"
                                         " URL)")
     p.add_argument("--no-stream", dest="stream", action="store_false",
                    help="ask for each reply whole (the JSON route) instead of word by word")
