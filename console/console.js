@@ -137,11 +137,11 @@ class NoStreamRoute extends Error {}
 const routeMissing = (status, body) => status === 405
   || (status === 404 && (!body?.code || /^(not found|no route .*)$/i.test(body.message || "")));
 
-// One turn through the stream route. ``shown(text)`` is called with the reply so far each time it grows; resolves to
-// the `done` event's data. A stream that breaks off before its last event is asked for once more with the same
+// One turn through the stream route. ``stored()`` is called once the server has stored the message (the `turn`
+// event), ``shown(text)`` with the reply so far each time it grows; resolves to the `done` event's data. A stream that breaks off before its last event is asked for once more with the same
 // client_turn_id: the server replays the stored reply (or the turn it is still finishing), and what is on screen
 // never goes back.
-async function streamTurn(path, body, shown) {
+async function streamTurn(path, body, { stored, shown }) {
   if (REFUSED) throw new Error("this console may not send requests to that API");
   const headers = { Accept: "text/event-stream", "Content-Type": "application/json" };
   if (state.token) headers.Authorization = `Bearer ${state.token}`;
@@ -161,7 +161,9 @@ async function streamTurn(path, body, shown) {
     let heard = "";
     try {
       for await (const { event, data } of serverEvents(response)) {
-        if (event === "delta") {
+        if (event === "turn") {
+          stored();
+        } else if (event === "delta") {
           heard += data.delta;
           if (heard.length > said.length) { said = heard; shown(said); }
         } else if (event === "done") {
@@ -505,7 +507,7 @@ async function send(event) {
     let turn = null;
     if (state.streams !== false) {
       try {
-        turn = await streamTurn(path, body, shown);
+        turn = await streamTurn(path, body, { stored: () => pending.classList.remove("pending"), shown });
       } catch (error) {
         if (!(error instanceof NoStreamRoute)) throw error;
         state.streams = false;  // an API without the stream route: every turn goes to the JSON route from now on

@@ -40,6 +40,9 @@ EXTRACTED = json.dumps({"memories": [{"content": "Has a dog named Biscuit", "cat
 # action goes on as soon as its condition holds.
 WITHIN_MS = 60_000
 expect.set_options(timeout=WITHIN_MS)
+# A reply the page has whole: not one whose words are still arriving (a step that waits for a reply's text would
+# otherwise go on, to a sweep say, while the turn is still being answered).
+REPLY = "#messages li.assistant:not(.streaming)"
 # What a closed network needs: no first-run, sync, component or background fetches (all refused here).
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
@@ -116,7 +119,7 @@ def test_a_person_watches_memory_form_and_curates_it(browser, stack):
     expect(page.get_by_label("Message", exact=True)).to_be_focused()  # the new session is open (see below)
     page.get_by_label("Message", exact=True).fill("I had a long shift as a nurse today")
     page.get_by_label("Message", exact=True).press("Enter")
-    reply = page.locator("#messages li.assistant").last
+    reply = page.locator(REPLY).last
     expect(reply).to_contain_text("That sounds tiring.")
     reply.locator("summary").click()
     recalled = reply.locator(".recalled-item", has_text="Works as a nurse in Leeds")
@@ -199,7 +202,7 @@ def test_episodes_show_in_the_relationship_view_with_their_session_and_event_tim
     expect(box).to_be_focused()  # the new session is open: its (empty) history is on the page
     box.fill("I have the Siemens interview tomorrow and I am nervous")
     box.press("Enter")
-    expect(page.locator("#messages li.assistant").last).to_contain_text("rehearse", timeout=15_000)
+    expect(page.locator(REPLY).last).to_contain_text("rehearse", timeout=15_000)
     page.get_by_role("button", name="Sweep now").click()
     expect(page.locator("#sweep-result")).to_contain_text("extracted (1 new), episode written")
     group = page.locator("section[aria-label='episodes · kai']")
@@ -559,7 +562,7 @@ def test_offline_mode_says_why_memories_look_crude(browser, local_server):
     expect(box).to_be_focused()
     box.fill("I adopted a dog named Biscuit last week. I work night shifts as a nurse in Leeds.")
     box.press("Enter")
-    expect(page.locator("#messages li.assistant").last).to_contain_text("(offline model)")
+    expect(page.locator(REPLY).last).to_contain_text("(offline model)")
     page.get_by_role("button", name="Sweep now").click()
     expect(page.locator("#sweep-result")).to_contain_text("Claimed 1 session(s)")
     expect(page.locator("#memory-groups li.memory").first).to_be_visible()
@@ -581,7 +584,7 @@ def test_offline_shanghai_to_tokyo_keeps_the_job(browser, local_server):
         box = page.get_by_label("Message", exact=True)
         box.fill(said)
         box.press("Enter")
-        expect(page.locator("#messages li.assistant").last).to_contain_text(said[-12:])  # the offline echo
+        expect(page.locator(REPLY).last).to_contain_text(said[-12:])  # the offline echo
         page.get_by_role("button", name="Sweep now").click()
 
     a_session_then_a_sweep("Hi! I live in Shanghai and I'm a nurse. Where do I live now?")
@@ -631,10 +634,12 @@ def start_chat(visit: Visit, user: str = "alice"):
     return page, box
 
 
-# The reply as it stands on the page while it streams (null: no reply arriving), read in one go.
+# The reply as it stands on the page while it streams (null: no reply arriving), and whether the person's message
+# is still marked as being sent, read in one go.
 ARRIVING = """() => {
   const reply = document.querySelector('#messages li.assistant.streaming p');
-  return reply ? reply.textContent : null;
+  const said = [...document.querySelectorAll('#messages li.user')].pop();
+  return reply ? [reply.textContent, said.classList.contains('pending')] : null;
 }"""
 SLOW_REPLY = ("Night shifts are hard on anyone, and a long one more so. Did you at least get a proper break, and "
               "something warm to eat before you slept?")
@@ -655,16 +660,18 @@ def test_a_reply_arrives_word_by_word(browser, stack, providers):
     shots = 0
     deadline = time.monotonic() + WITHIN_MS / 1000
     while time.monotonic() < deadline:
-        text = page.evaluate(ARRIVING)
-        if text is None and seen:
+        arriving = page.evaluate(ARRIVING)
+        if arriving is None and seen:
             break  # the streaming reply was replaced by the whole one
+        text, pending = arriving or ("", True)
         if text and (not seen or text != seen[-1]):
+            assert not pending  # the message is stored (the `turn` event) before the first word
             seen.append(text)
             if shots < 3 and len(text.split()) >= (3, 9, 16)[shots]:
                 shots += 1
                 visit.shot(f"console-stream-{shots}", "#chat")
         page.wait_for_timeout(40)
-    reply = page.locator("#messages li.assistant").last
+    reply = page.locator(REPLY).last
     expect(reply.locator("p").first).to_have_text(SLOW_REPLY)
     expect(reply).not_to_have_class("message assistant streaming")
     reply.locator("summary").click()
@@ -700,10 +707,10 @@ def test_an_error_event_is_said_in_words_and_no_half_reply_stays(browser, stack)
     expect(page.locator("#messages li.user.failed")).to_contain_text("Tell me about my day")
     expect(page.locator("#messages li.assistant")).to_have_count(0)  # "Half a " is not left on the page
     expect(box).to_have_value("Tell me about my day")  # kept, to send again
-    visit.shot("console-stream-error", "#chat")
+    visit.shot("console-stream-error")
     page.unroute("**/turns/stream")
     box.press("Enter")
-    expect(page.locator("#messages li.assistant").last).to_contain_text("That sounds tiring.")
+    expect(page.locator(REPLY).last).to_contain_text("That sounds tiring.")
     assert [path for path, _ in sent] == ["stream", "stream"]
     assert sent[0][1]["client_turn_id"] == sent[1][1]["client_turn_id"]  # the same turn: stored once
     assert visit.errors == []
@@ -729,7 +736,7 @@ def test_a_stream_that_breaks_off_is_asked_again_once_with_the_same_turn_id(brow
     page.route("**/turns/stream", drops_once)
     box.fill("I had a long shift")
     box.press("Enter")
-    reply = page.locator("#messages li.assistant").last
+    reply = page.locator(REPLY).last
     expect(reply).to_contain_text("That sounds tiring.")
     expect(reply.locator("summary")).to_contain_text("Recalled")  # the done event's recalled memories
     assert [path for path, _ in sent] == ["stream", "stream"]
@@ -742,7 +749,7 @@ def test_a_stream_that_breaks_off_is_asked_again_once_with_the_same_turn_id(brow
     expect(page.locator("#status")).to_have_text("The turn failed. The connection broke twice while the reply was "
                                                  "arriving: send the message again (its reply is kept, not written "
                                                  "twice).")
-    expect(page.locator("#messages li.assistant")).to_have_count(1)
+    expect(page.locator(REPLY)).to_have_count(1)
     assert len(sent) == 4 and sent[2][1]["client_turn_id"] == sent[3][1]["client_turn_id"]
     assert visit.errors == []
     visit.close()
@@ -758,10 +765,10 @@ def test_an_api_without_the_stream_route_gets_the_json_route(browser, stack):
                                                                body='{"message":"Not Found"}'))
     box.fill("Hello there")
     box.press("Enter")
-    expect(page.locator("#messages li.assistant").last).to_contain_text("That sounds tiring.")
+    expect(page.locator(REPLY).last).to_contain_text("That sounds tiring.")
     box.fill("Hello again")
     box.press("Enter")
-    expect(page.locator("#messages li.assistant")).to_have_count(2)
+    expect(page.locator(REPLY)).to_have_count(2)
     assert [path for path, _ in sent] == ["stream", "json", "json"]
     assert sent[0][1]["client_turn_id"] == sent[1][1]["client_turn_id"] != sent[2][1]["client_turn_id"]
     assert visit.errors == [refused(404, "Not Found")], visit.errors
