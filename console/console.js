@@ -212,6 +212,8 @@ const SAID = {
   model_unavailable: "The model is not answering: try again in a moment.",
   model_timeout: "The model took too long to answer: try again.",
   model_error: "The model refused this request.",
+  turn_in_progress: "This message is still being answered: wait a moment, then send it again (it is answered "
+    + "once).",
   stream_broken: "The connection broke twice while the reply was arriving: send the message again (its reply is "
     + "kept, not written twice).",
   internal_error: "Something broke on the server (a bug): try again, and report it if it happens again.",

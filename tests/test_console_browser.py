@@ -717,9 +717,9 @@ def test_an_error_event_is_said_in_words_and_no_half_reply_stays(browser, stack)
     visit.close()
 
 
-def test_a_stream_that_breaks_off_is_asked_again_once_with_the_same_turn_id(browser, stack):
-    """The connection drops after the first words: the console asks again with the same client_turn_id (the server
-    replays the stored reply), the words on screen never go back; twice dropped, the person is told."""
+def test_a_stream_that_breaks_off_is_asked_again_once_with_the_same_turn_id(browser, stack, db):
+    """The connection drops after the first word: the console asks again with the same client_turn_id, the server
+    replays the reply it stored (once), the words on screen never go back; twice dropped, the person is told."""
     visit = Visit(browser, stack.url)
     page, box = start_chat(visit)
     sent = turns_sent(page)
@@ -729,9 +729,10 @@ def test_a_stream_that_breaks_off_is_asked_again_once_with_the_same_turn_id(brow
         if drops["left"] <= 0:
             return route.continue_()
         drops["left"] -= 1
-        route.fulfill(status=200, content_type="text/event-stream", body=sse(
-            ("turn", {"client_turn_id": route.request.post_data_json["client_turn_id"], "user_message_id": 1}),
-            ("delta", {"delta": "That sounds"})))  # then the end, without done
+        # The server answers the turn whole (and stores it); the page gets its first events, then the end.
+        answered = route.fetch().text()
+        first_delta = answered.index("\n\n", answered.index("event: delta")) + 2
+        route.fulfill(status=200, content_type="text/event-stream", body=answered[:first_delta])
 
     page.route("**/turns/stream", drops_once)
     box.fill("I had a long shift")
@@ -742,6 +743,9 @@ def test_a_stream_that_breaks_off_is_asked_again_once_with_the_same_turn_id(brow
     assert [path for path, _ in sent] == ["stream", "stream"]
     assert sent[0][1]["client_turn_id"] == sent[1][1]["client_turn_id"]
     expect(page.locator("#messages li.user.failed")).to_have_count(0)
+    stored = db.execute("SELECT role, client_turn_id FROM engine.chat_messages ORDER BY id").fetchall()
+    assert [(m["role"], m["client_turn_id"]) for m in stored] == [("user", sent[0][1]["client_turn_id"]),
+                                                                 ("assistant", sent[0][1]["client_turn_id"])]
 
     drops["left"] = 2
     box.fill("And another one")
