@@ -80,6 +80,9 @@ def test_eros_chat_says_a_url_needs_its_scheme_and_names_one_it_cannot_reach(cap
     assert cli.main(["chat", "dora", "--url", "http://127.0.0.1:9"]) == 1
     [line] = err_lines(capsys)
     assert line.startswith("eros chat: cannot reach the local stack at http://127.0.0.1:9 ") and "`make run`" in line
+    assert cli.main(["chat", "dora", "--url", "http://127.0.0.1:9", "--stream-url", "abc.lambda-url.on.aws"]) == 2
+    assert err_lines(capsys) == ["eros chat: --stream-url 'abc.lambda-url.on.aws' needs its scheme: http:// or "
+                                 "https:// (e.g. --stream-url http://abc.lambda-url.on.aws)"]
 
 
 def test_eros_chat_names_a_server_that_is_not_the_api(local_server, capsys):
@@ -134,6 +137,24 @@ def test_eros_chat_prints_the_reply_as_it_arrives(online, db, local_server, monk
     out = chat(monkeypatch, local_server.url, "I grow tomatoes\n", "--no-stream")
     assert out.getvalue().splitlines()[1:] == [f"luna> {SAID}", "   (recalled: nothing)"]
     assert not fake_llm.requests[-1]["json"].get("stream")
+
+
+def test_eros_chat_against_a_deployed_api_takes_its_token_and_stream_url(online, db, local_server, monkeypatch):
+    """--token: the issuer's token, whose subject chats (not USER); --stream-url: where the streamed turns go (a
+    deployed stack's StreamUrl), not --url: one that answers nothing is said as such, in one line."""
+    from eros.config import settings
+    from eros_dev.tokens import issue_token, local_jwt_key
+
+    token = issue_token("erin", settings(), local_jwt_key())
+    out = chat(monkeypatch, local_server.url, "hello\n", "--token", token)
+    assert out.getvalue().splitlines()[1:] == ["luna> lovely", "   (recalled: nothing)"]
+    users = db.execute("SELECT DISTINCT user_id FROM engine.chat_messages").fetchall()
+    assert [u["user_id"] for u in users] == ["erin"]
+    out = chat(monkeypatch, local_server.url, "hello\n", "--stream-url", "http://127.0.0.1:9")
+    [_, line] = out.getvalue().splitlines()
+    assert line == "[no answer] the connection broke (ConnectError): the message may have been stored"
+    out = chat(monkeypatch, local_server.url, "hello\n", "--stream-url", local_server.url + "/")
+    assert out.getvalue().splitlines()[1:] == ["luna> lovely", "   (recalled: nothing)"]
 
 
 def test_eros_chat_says_a_failed_turn_in_one_line(online, db, local_server, monkeypatch):

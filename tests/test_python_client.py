@@ -323,6 +323,18 @@ def test_a_streamed_turn_against_the_local_stack(online, db, local_server):
     assert [r["json"].get("stream") for r in fake_llm.requests] == [True]  # the model was asked once
 
 
+def test_the_readmes_streaming_example_runs(online, db, local_server, capsys):
+    """clients/python/README.md's streamed turn as written, against the local stack."""
+    readme = (ROOT / "clients" / "python" / "README.md").read_text(encoding="utf-8")
+    example = re.search(r"## Replies as they are written.*?```python\n(.*?)```", readme, re.S)
+    assert example is not None
+    with Client(local_server.url, token("alice")) as eros:
+        namespace: dict[str, Any] = {"eros": eros, "session": eros.create_session("luna").id}
+        exec(compile(example[1], "README streaming example", "exec"), namespace)  # noqa: S102 (our own README)
+    assert capsys.readouterr().out.startswith("fake reply")  # then the local server's metrics line, in-process
+    assert namespace["turn"].result.reply == "fake reply"
+
+
 @pytest.mark.integration  # a loopback server
 def test_a_stream_that_breaks_off_is_asked_again_with_the_same_turn_id_and_nothing_is_said_twice():
     with FakeApi(STREAM, TURN) as fake, Client(fake.root, "t", backoff=0.01) as eros:
