@@ -17,7 +17,7 @@ FUNCTION_OF = {"chat": "chat", "sweeper": "sweeper", "extract": "extract", "migr
 
 def test_every_event_file_is_covered_here():
     assert {p.name for p in EVENTS.glob("*.json")} == {
-        "chat_health.json", "chat_personas.json", "chat_turn.json", "sweeper_schedule.json",
+        "chat_health.json", "chat_personas.json", "chat_turn.json", "chat_stream_turn.json", "sweeper_schedule.json",
         "extract_session.json", "extract_deep_pass.json", "migrate_create.json"}
 
 
@@ -53,6 +53,63 @@ def test_chat_turn_event(db):
     assert result["statusCode"] == 200, result["body"]
     assert json.loads(result["body"])["reply"]
     assert db.execute("SELECT count(*) AS n FROM engine.chat_messages").fetchone()["n"] == 2
+
+
+def test_chat_stream_turn_event_through_the_stream_functions_runtime_as_lambda_runs_it(db, env):
+    """The function URL sample through the stream function's own runtime loop (eros.stream_runtime, against a fake
+    Runtime API) and its real handler, the token checked in the function against a fake OIDC issuer: the sample's
+    token (not the issuer's) is refused with the authorizer's 401; one of the issuer for the sample's user streams
+    the turn (its events, the reply stored)."""
+    from fake_runtime_api import FakeRuntimeApi
+    from test_auth import AUDIENCE, FakeIssuer
+
+    from eros import auth, streaming
+    from eros.stream_runtime import RuntimeApi, invoke_once
+
+    sample = seed_session_of_the_sample_events(db)
+    issuer = FakeIssuer()
+    env(JWT_ISSUER=issuer.url, JWT_AUDIENCE=AUDIENCE)
+    auth.reset()
+    as_sent = event("chat_stream_turn.json")
+    signed = json.loads(json.dumps(as_sent))
+    signed["headers"]["authorization"] = f"Bearer {issuer.token(sub=sample['user_id'])}"
+    handler = load_function("chat", entry="stream").lambda_handler
+    try:
+        with FakeRuntimeApi([as_sent, signed]) as api:
+            for request_id in api.request_ids:
+                assert invoke_once(RuntimeApi(api.address), handler)
+                api.wait(request_id)
+            refused, answered = ([data for _, data in api.responses[rid]["chunks"]] for rid in api.request_ids)
+    finally:
+        issuer.close()
+        auth.reset()
+    assert json.loads(refused[0][:-8]) == {"statusCode": 401, "headers": {"Content-Type": "application/json"},
+                                           "cookies": []}
+    prelude = json.loads(answered[0][:-8])
+    assert prelude["statusCode"] == 200 and prelude["headers"]["Content-Type"].startswith("text/event-stream")
+    sent = list(streaming.events(b"".join(answered[1:])))
+    assert sent[0] == ("turn", {"client_turn_id": "turn-0002", "user_message_id": sent[0][1]["user_message_id"]})
+    assert sent[-1][0] == "done" and sent[-1][1]["reply"]
+    assert "".join(data["delta"] for name, data in sent if name == "delta") == sent[-1][1]["reply"]
+    assert db.execute("SELECT count(*) AS n FROM engine.chat_messages").fetchone()["n"] == 2
+
+
+def test_chat_stream_turn_event_whose_stream_breaks_still_stores_the_reply(db):
+    """The Runtime API connection reset after the prelude and the first event (a client gone mid-reply): the loop
+    closes the turn's body, the turn finishes and stores its reply, so a retry can replay it."""
+    from fake_runtime_api import FakeRuntimeApi
+
+    from eros.stream_runtime import RuntimeApi, invoke_once
+
+    sample = seed_session_of_the_sample_events(db)
+    turn = event("chat_stream_turn.json")
+    turn["requestContext"]["authorizer"] = {"jwt": {"claims": {"sub": sample["user_id"]}, "scopes": None}}
+    with FakeRuntimeApi([turn]) as api:
+        api.drop_after = 2
+        assert invoke_once(RuntimeApi(api.address), load_function("chat", entry="stream").lambda_handler) is False
+        assert len(api.responses[api.request_ids[0]]["chunks"]) == 2
+    rows = db.execute("SELECT role, content FROM engine.chat_messages ORDER BY id").fetchall()
+    assert [r["role"] for r in rows] == ["user", "assistant"] and rows[1]["content"]
 
 
 def test_chat_turn_event_of_an_unknown_session_is_404(db):

@@ -256,6 +256,30 @@ def test_eros_invoke_runs_each_functions_handler_on_its_sample_event(online, db,
     assert json.loads(capsys.readouterr().out)["outcome"] == "not-claimed"
 
 
+def test_eros_invoke_runs_the_stream_function_and_prints_its_chunks(online, db, tmp_path, capsys):
+    """The stream function's handler on the function URL sample: its status line, then the turn's events as the
+    handler yields them; the sample's own token (not this stack's) is refused as the function URL would."""
+    from eros import streaming
+
+    sid = Api().session()
+    sample = json.loads((EVENTS / "chat_stream_turn.json").read_text())
+    sample["rawPath"] = sample["requestContext"]["http"]["path"] = f"/v1/sessions/{sid}/turns/stream"
+    (tmp_path / "turn.json").write_text(json.dumps(sample))
+    capsys.readouterr()
+    assert cli.main(["invoke", "chat-stream", str(tmp_path / "turn.json"), "--as", "alice"]) == 0
+    head, _, body = capsys.readouterr().out.partition("\n")
+    assert json.loads(head)["statusCode"] == 200
+    sent = list(streaming.events(body.encode()))
+    assert [name for name, _ in sent][0] == "turn" and sent[-1][0] == "done"
+    assert "".join(data["delta"] for name, data in sent if name == "delta") == sent[-1][1]["reply"] == "lovely"
+
+    assert cli.main(["invoke", "chat-stream", str(EVENTS / "chat_stream_turn.json")]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out.splitlines()[0])["statusCode"] == 401 and "--as USER" in captured.err
+    assert cli.main(["invoke", "chat-stream", str(EVENTS / "sweeper_schedule.json")]) == 2  # a wrong event: as chat
+    assert "not a Lambda function URL event" in err_lines(capsys)[0]
+
+
 def test_a_wrong_shaped_event_is_one_line_naming_what_is_wrong(db, tmp_path, capsys):
     """Issue 29: `eros invoke chat` on a sweeper's event printed Python internals (KeyError: 'requestContext')."""
     def invoke(function: str, event: object) -> str:

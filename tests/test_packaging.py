@@ -22,8 +22,9 @@ DEV_LOCK = ROOT / "requirements-dev.lock"
 # What the Lambda Python runtime provides and the layer leaves out (the Makefile's RUNTIME_PROVIDED).
 RUNTIME_PROVIDED = {"boto3", "botocore", "s3transfer", "urllib3", "python-dateutil", "six"}
 DEV_STACK = ROOT / "devstack" / "eros_dev"
-# What only the local stack imports: itself, its tokens' library and the embedded Postgres.
-DEV_ONLY = {"eros_dev", "jwt", "pgserver"}
+# What only the local stack imports: itself and the embedded Postgres. (PyJWT was here until the stream function
+# verified its own tokens: eros.auth, behind a function URL, which has no JWT authorizer.)
+DEV_ONLY = {"eros_dev", "pgserver"}
 
 
 def canonical(name: str) -> str:
@@ -89,7 +90,15 @@ def test_the_layer_ships_no_module_of_the_local_stack_nor_what_only_it_needs():
     importing = {str(path.relative_to(LAYER)): found for path in shipped
                  if (found := imported_packages(path) & DEV_ONLY)}
     assert importing == {}, "a module of the Lambda layer imports the local stack or what only it needs"
-    assert "pyjwt" not in pins(LAYER_LOCK) and "pyjwt" in pins(DEV_LOCK)
-    # The same scan sees them where they are: jwt at module level, pgserver inside the functions that start Postgres.
-    assert "jwt" in imported_packages(DEV_STACK / "tokens.py")
+    assert "pgserver" not in pins(LAYER_LOCK) and "pgserver" in pins(DEV_LOCK)
+    # The same scan sees them where they are: pgserver inside the functions that start Postgres.
     assert "pgserver" in imported_packages(DEV_STACK / "stack.py")
+
+
+def test_the_layer_ships_the_token_verification_of_the_stream_function():
+    """A function URL has no JWT authorizer: the stream function verifies RS256 tokens itself (eros.auth), with
+    PyJWT and its crypto extra, both in the layer at the versions the tests run."""
+    layer = pins(LAYER_LOCK)
+    assert {"pyjwt", "cryptography"} <= set(layer)
+    assert re.search(r"^PyJWT\[crypto\]", (LAYER / "requirements.txt").read_text(), re.M)
+    assert "jwt" in imported_packages(LAYER / "eros" / "auth.py")

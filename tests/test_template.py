@@ -17,7 +17,11 @@ from eros.config import Settings
 from eros_dev.server import PUBLIC_ROUTES
 
 ROOT = Path(__file__).resolve().parents[1]
-FUNCTIONS = ("ChatFunction", "SweeperFunction", "ExtractFunction", "MigrateFunction")
+FUNCTIONS = ("ChatFunction", "ChatStreamFunction", "SweeperFunction", "ExtractFunction", "MigrateFunction")
+# Each function's handler; the stream function's module is beside the chat function's app.py (one CodeUri).
+HANDLERS = {name: "app.lambda_handler" for name in FUNCTIONS} | {"ChatStreamFunction": "stream.lambda_handler"}
+# Resources SAM makes of a function's properties (a function URL), by the function they come with.
+SAM_GENERATED = {"ChatStreamFunctionUrl": "ChatStreamFunction"}
 SAM_MANAGED_POLICIES = {  # what SAM attaches for a function with tracing and a VPC; nothing else
     "arn:aws:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole",
     "arn:aws:iam::aws:policy/AWSXrayWriteOnlyAccess",
@@ -163,7 +167,7 @@ def test_every_function_is_python312_of_the_architecture_parameter_with_active_t
         assert function_setting(template, name, "Runtime") == "python3.12", name
         assert function_setting(template, name, "Architectures") == [{"Ref": "Architecture"}], name
         assert function_setting(template, name, "Tracing") == "Active", name
-        assert function_setting(template, name, "Handler") == "app.lambda_handler", name
+        assert function_setting(template, name, "Handler") == HANDLERS[name], name
         assert function_setting(template, name, "Layers") == [{"Ref": "ErosLayer"}], name
         vpc = function_setting(template, name, "VpcConfig")
         assert vpc == {"SubnetIds": {"Fn::If": ["OwnDatabase", [{"Ref": "PrivateSubnetA"}, {"Ref": "PrivateSubnetB"}],
@@ -171,7 +175,8 @@ def test_every_function_is_python312_of_the_architecture_parameter_with_active_t
                        "SecurityGroupIds": {"Fn::If": ["OwnDatabase", [{"Ref": "FunctionSecurityGroup"}],
                                                        {"Ref": "SecurityGroupIds"}]}}, name
         code = ROOT / props(template, name)["CodeUri"]
-        assert (code / "app.py").is_file() and (code / "requirements.txt").is_file(), name
+        module = HANDLERS[name].rpartition(".")[0]
+        assert (code / f"{module}.py").is_file() and (code / "requirements.txt").is_file(), name
 
 
 def test_the_layer_is_built_for_python312_from_the_eros_package(template):
@@ -240,7 +245,8 @@ def test_a_spend_reservation_outlives_the_request_that_made_it(template):
     Timeout, so a reservation lasts longer than that, and not much longer."""
     from eros.store.usage import RESERVATION_SECS
 
-    assert props(template, "ChatFunction")["Timeout"] < RESERVATION_SECS <= 120
+    for name in ("ChatFunction", "ChatStreamFunction"):
+        assert props(template, name)["Timeout"] < RESERVATION_SECS <= 120, name
 
 
 # --- IAM --------------------------------------------------------------------------------------
@@ -288,6 +294,7 @@ def environment(template: dict, name: str) -> dict:
 def test_secrets_are_readable_only_by_name(template):
     expected = {
         "ChatFunction": [APP_SECRET, PROVIDER_SECRET],
+        "ChatStreamFunction": [APP_SECRET, PROVIDER_SECRET],
         "ExtractFunction": [APP_SECRET, PROVIDER_SECRET],
         "SweeperFunction": [APP_SECRET],
         "MigrateFunction": [ADMIN_SECRET, APP_SECRET],
@@ -304,7 +311,7 @@ def test_secrets_are_readable_only_by_name(template):
 
 def test_only_the_migration_has_the_admin_database_secret(template):
     """The app functions log in as the DML-only app user; the migration keeps the DDL-capable admin login."""
-    for name in ("ChatFunction", "SweeperFunction", "ExtractFunction"):
+    for name in ("ChatFunction", "ChatStreamFunction", "SweeperFunction", "ExtractFunction"):
         env = environment(template, name)
         assert env["DATABASE_SECRET_ARN"] == APP_SECRET, name
         assert "APP_DATABASE_SECRET_ARN" not in env, name
@@ -431,6 +438,96 @@ def test_the_api_calls_the_chat_alias_whose_cold_start_mode_is_a_parameter(templ
     assert "ChatFunctionAliaslive" in api and '"ChatFunction.Arn"' not in api
 
 
+# --- the streaming front door (issue 31; docs/DEPLOY.md, "Streaming front door") -------------------------------
+def test_streamed_turns_are_a_function_url_that_streams_through_our_own_runtime_loop(template):
+    """The Python managed runtime does not stream: the stream function keeps it and replaces its loop through
+    AWS_LAMBDA_EXEC_WRAPPER (functions/chat/stream-bootstrap runs eros.stream_runtime), behind a function URL in
+    RESPONSE_STREAM mode. The same code, layer, network, database login and turn budget as the chat function."""
+    import os
+
+    stream, chat = props(template, "ChatStreamFunction"), props(template, "ChatFunction")
+    assert (stream["CodeUri"], stream["Handler"]) == (chat["CodeUri"], "stream.lambda_handler")
+    assert stream["FunctionUrlConfig"]["AuthType"] == "NONE"  # the function verifies the token (eros.auth)
+    assert stream["FunctionUrlConfig"]["InvokeMode"] == "RESPONSE_STREAM"
+    wrapper = environment(template, "ChatStreamFunction")["AWS_LAMBDA_EXEC_WRAPPER"]
+    assert wrapper.startswith("/var/task/")  # Lambda unpacks the function's code there
+    script = ROOT / stream["CodeUri"] / wrapper.removeprefix("/var/task/")
+    assert script.is_file() and os.access(script, os.X_OK)
+    assert "python3 -m eros.stream_runtime" in script.read_text()
+    # SnapStart is not verified with an exec wrapper that replaces the runtime loop: none, nor the alias for it.
+    assert not {"SnapStart", "AutoPublishAlias", "ProvisionedConcurrencyConfig"} & set(stream)
+    assert (stream["MemorySize"], stream["Timeout"]) == (chat["MemorySize"], chat["Timeout"])
+    variables = stream["Environment"]["Variables"]
+    assert variables["TURN_BUDGET_SECS"] == chat["Environment"]["Variables"]["TURN_BUDGET_SECS"]
+    assert "EXPORT_BUCKET" not in variables  # turns only: no export objects to reach
+    assert props(template, "ChatStreamLogGroup")["RetentionInDays"] == {"Ref": "LogRetentionDays"}
+    assert template["Outputs"]["StreamUrl"]["Value"] == {"Fn::GetAtt": ["ChatStreamFunctionUrl", "FunctionUrl"]}
+
+
+def test_the_stream_function_accepts_exactly_the_tokens_the_http_api_accepts(template):
+    from eros.auth import audiences
+
+    jwt = props(template, "ChatApi")["Auth"]["Authorizers"]["JwtAuthorizer"]["JwtConfiguration"]
+    variables = props(template, "ChatStreamFunction")["Environment"]["Variables"]
+    own = {}
+    theirs = {"JwtIssuer": "https://issuer.example.com/", "JwtAudience": "app-1,app-2"}
+    for given in (own, theirs):
+        assert resolved(template, variables["JWT_ISSUER"], **given) == resolved(template, jwt["issuer"], **given)
+    assert resolved(template, variables["JWT_AUDIENCE"]) == {"Ref": "UserPoolClient"}
+    assert resolved(template, jwt["audience"]) == [{"Ref": "UserPoolClient"}]
+    # CloudFormation joins the list parameter into the comma list eros.auth splits again.
+    assert resolved(template, variables["JWT_AUDIENCE"], **theirs) == {"Fn::Join": [",", {"Ref": "JwtAudience"}]}
+    assert resolved(template, jwt["audience"], **theirs) == {"Ref": "JwtAudience"}
+    settings = Settings.from_env({"JWT_ISSUER": theirs["JwtIssuer"], "JWT_AUDIENCE": theirs["JwtAudience"]})
+    assert "jwt_issuer" in settings.model_fields_set and audiences(settings.jwt_audience) == {"app-1", "app-2"}
+    # The chat function's environment never sets JWT_ISSUER: the HTTP API verified its tokens.
+    assert "JWT_ISSUER" not in environment(template, "ChatFunction")
+
+
+def test_the_stream_function_is_bounded_by_its_reserved_concurrency_and_watched_like_the_api(template):
+    params = template["Parameters"]
+    assert params["ChatStreamReservedConcurrency"]["Default"] > 0 and params["ChatStreamReservedConcurrency"][
+        "MinValue"] == 0
+    assert props(template, "ChatStreamFunction")["ReservedConcurrentExecutions"] == {
+        "Fn::If": ["ReserveChatStreamConcurrency", {"Ref": "ChatStreamReservedConcurrency"}, {"Ref": "AWS::NoValue"}]}
+    assert template["Conditions"]["ReserveChatStreamConcurrency"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "ChatStreamReservedConcurrency"}, 0]}]}
+    stream = {"Ref": "ChatStreamFunction"}
+
+    def watched(alarm: str) -> dict[str, str]:
+        return {m["Id"]: m["MetricStat"]["Metric"]["MetricName"] for m in props(template, alarm)["Metrics"]
+                if "MetricStat" in m and m["MetricStat"]["Metric"]["Dimensions"][0]["Value"] == stream}
+
+    assert watched("ChatStream5xxAlarm") == {"url5xx": "Url5xxCount", "errors": "Errors"}
+    assert props(template, "ChatStream5xxAlarm")["Threshold"] == props(template, "Chat5xxAlarm")["Threshold"]
+    assert watched("ThrottlesAlarm") == {"stream": "Throttles"}
+    assert "stream" in props(template, "ThrottlesAlarm")["Metrics"][0]["Expression"].split()
+    duration = props(template, "ChatStreamDurationAlarm")
+    assert (duration["MetricName"], duration["Dimensions"]) == ("Duration", [{"Name": "FunctionName", "Value": stream}])
+    assert duration["Threshold"] == props(template, "ChatLatencyAlarm")["Threshold"]
+    # CORS as the HTTP API's: off unless CorsAllowOrigins names origins, then the same origins and headers.
+    cors, api = props(template, "ChatStreamFunction")["FunctionUrlConfig"]["Cors"], props(template, "ChatApi")
+    assert resolved(template, {"Cors": cors}) == {}
+    origins = {"CorsAllowOrigins": "https://console.example.com"}
+    on, api_on = resolved(template, cors, **origins), resolved(template, api["CorsConfiguration"], **origins)
+    assert (on["AllowOrigins"], on["AllowHeaders"], on["AllowMethods"]) == (
+        api_on["AllowOrigins"], api_on["AllowHeaders"], ["POST"])
+
+
+def test_the_transformed_stream_function_has_a_streaming_url_anyone_may_call(transformed):
+    resources = transformed["Resources"]
+    url = resources["ChatStreamFunctionUrl"]
+    assert url["Type"] == "AWS::Lambda::Url"
+    assert url["Properties"]["TargetFunctionArn"] == {"Ref": "ChatStreamFunction"}
+    assert (url["Properties"]["AuthType"], url["Properties"]["InvokeMode"]) == ("NONE", "RESPONSE_STREAM")
+    granted = [r["Properties"] for r in resources.values() if r["Type"] == "AWS::Lambda::Permission"
+               and r["Properties"]["FunctionName"] == {"Ref": "ChatStreamFunction"}]
+    # The URL's permission, and (what AWS asks of new function URLs) lambda:InvokeFunction through the URL only.
+    assert {(p["Action"], p.get("FunctionUrlAuthType"), p.get("InvokedViaFunctionUrl")) for p in granted} == {
+        ("lambda:InvokeFunctionUrl", "NONE", None), ("lambda:InvokeFunction", None, True)}
+    assert all(p["Principal"] == "*" for p in granted)
+
+
 # --- dreaming ---------------------------------------------------------------------------------
 def test_the_sweeper_runs_on_the_schedule_parameter(template):
     events = props(template, "SweeperFunction")["Events"]
@@ -500,7 +597,9 @@ def test_every_environment_variable_is_read_by_the_code(template):
     names = set(template["Globals"]["Function"]["Environment"]["Variables"])
     for name in FUNCTIONS:
         names |= set(props(template, name).get("Environment", {}).get("Variables", {}))
-    unknown = {n for n in names if n not in fields and not n.startswith("POWERTOOLS_")}
+    # AWS_LAMBDA_EXEC_WRAPPER is Lambda's own: what the stream function's runtime runs instead of its bootstrap.
+    lambdas = {"AWS_LAMBDA_EXEC_WRAPPER"}
+    unknown = {n for n in names if n not in fields and not n.startswith("POWERTOOLS_") and n not in lambdas}
     assert not unknown, f"set in template.yaml but read by nothing: {sorted(unknown)}"
     assert {"DATABASE_SECRET_ARN", "DATABASE_HOST", "PROVIDER_SECRET_ARN", "EXTRACT_FUNCTION_NAME"} <= names
     # Secrets come from Secrets Manager in AWS, never from plain variables. DATABASE_URL is declared, empty,
@@ -530,7 +629,7 @@ def test_the_migration_custom_resource_reruns_when_the_package_changes(template)
     assert migration["Type"] == "Custom::DatabaseMigration"
     assert migration["Properties"]["ServiceToken"] == {"Fn::GetAtt": ["MigrateFunction", "Arn"]}
     assert migration["Properties"]["MigrationsVersion"] == {"Ref": "ErosLayer"}
-    for name in ("ChatFunction", "SweeperFunction", "ExtractFunction"):
+    for name in ("ChatFunction", "ChatStreamFunction", "SweeperFunction", "ExtractFunction"):
         assert resource(template, name).get("DependsOn") in ("DatabaseMigration", ["DatabaseMigration"]), name
     assert props(template, "MigrateFunction")["Timeout"] >= 120
 
@@ -558,6 +657,23 @@ def test_http_api_sample_events_have_the_v2_shape(name, method, path, authorized
         assert event["headers"]["authorization"].startswith("Bearer ")
     else:
         assert "authorizer" not in event["requestContext"]
+
+
+def test_the_stream_sample_is_a_function_url_event_of_the_stream_route():
+    """What a function URL (AuthType NONE) sends: payload 2.0, no authorizer (the function checks the token), the
+    same body as the JSON turn's."""
+    from eros_dev.server import STREAM_ROUTE
+
+    event, turn = _event("chat_stream_turn"), _event("chat_turn")
+    context = event["requestContext"]
+    assert (event["version"], event["routeKey"], context["routeKey"], context["stage"]) == (
+        "2.0", "$default", "$default", "$default")
+    assert context["domainName"] == f"{context['domainPrefix']}.lambda-url.us-east-1.on.aws" == event["headers"]["host"]
+    assert context["http"]["method"] == "POST" and STREAM_ROUTE.match(event["rawPath"])
+    assert event["rawPath"] == context["http"]["path"] == turn["rawPath"] + "/stream"
+    assert "authorizer" not in context and event["headers"]["authorization"].startswith("Bearer ")
+    assert set(json.loads(event["body"])) == set(json.loads(turn["body"]))
+    assert int(event["headers"]["content-length"]) == len(event["body"].encode())
 
 
 def test_the_chat_turn_sample_posts_json_to_a_session():
@@ -687,7 +803,7 @@ def test_every_alarm_notifies_the_topic_when_it_fires_and_when_it_clears(templat
     found = alarms(template)
     assert {"ExtractDeadLettersAlarm", "SessionsGivenUpAlarm", "ExtractFailureRateAlarm", "Chat5xxAlarm",
             "ChatLatencyAlarm", "ThrottlesAlarm", "ProxyConnectionsAlarm", "DreamingBacklogAlarm",
-            "SpendAlarm"} <= set(found)
+            "SpendAlarm", "ChatStream5xxAlarm", "ChatStreamDurationAlarm"} <= set(found)
     for name, alarm in found.items():
         recover = [{"Fn::Sub": "arn:${AWS::Partition}:automate:${AWS::Region}:ec2:recover"}]
         actions = alarm["AlarmActions"][1:] if alarm["AlarmActions"][:1] == recover else alarm["AlarmActions"]
@@ -904,6 +1020,7 @@ def test_a_deploy_ends_with_what_to_use(template):
             if decided.get(output.get("Condition", ""), True):
                 named = set(re.findall(r"'(?:Ref|Fn::GetAtt)': \[?'(\w+)'", str(resolved(template, output["Value"],
                                                                                            Profile=profile))))
+                named = {SAM_GENERATED.get(n, n) for n in named}
                 assert named - {"AWS"} <= made, (profile, name)
 
 

@@ -262,6 +262,8 @@ def cmd_invoke(args) -> int:
         raise BadInput(f"{path} is " + (f"{kind[1]}, not {what}" if kind and kind[0] != args.function else
                                         f"not {what}") + f": {problem} (events/{sample} is one)")
     _database()
+    if args.function == "chat-stream":
+        return _invoke_streaming(event, getattr(args, "as_user", None))
     with _answer_only():
         if args.function == "sweeper":  # its fan-out goes to local extract containers; the answer lists each job
             answer = sweep_locally(event=event)
@@ -271,8 +273,43 @@ def cmd_invoke(args) -> int:
     return 0
 
 
+def _invoke_streaming(event: dict, user: str | None) -> int:
+    """The stream function's handler (functions/chat/stream.py) on a function URL's event: its status and headers as
+    one JSON line, then each chunk of its body as it comes (the turn's Server-Sent Events). The token is checked as
+    the local stack's dev server checks it (its claims put where the server puts them); ``user``: a fresh local
+    token of that user replaces the event's."""
+    import json
+
+    from eros.config import settings
+
+    from .lambda_runtime import LambdaContext, load_function
+    from .tokens import issue_token, local_jwt_key, verify_token
+
+    config, out = settings(), sys.stdout
+    headers = event["headers"] = dict(event.get("headers") or {})
+    if user:
+        headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+        event["headers"] = headers | {"authorization": f"Bearer {issue_token(user, config, local_jwt_key())}"}
+    if "jwt_issuer" not in config.model_fields_set:  # the local stack: the dev server verifies, the function trusts
+        authorization = next((v for k, v in event["headers"].items() if k.lower() == "authorization"), None)
+        claims = verify_token(authorization, config, local_jwt_key())
+        if claims is not None:
+            event.setdefault("requestContext", {})["authorizer"] = {
+                "jwt": {"claims": {k: str(v) for k, v in claims.items()}, "scopes": None}}
+    with _answer_only():
+        streamed = load_function("chat", entry="stream").lambda_handler(event, LambdaContext("chat-stream"))
+        print(json.dumps({"statusCode": streamed.status_code, "headers": streamed.headers}), file=out, flush=True)
+        for chunk in streamed.body:
+            out.write(chunk.decode(errors="replace"))
+            out.flush()
+    if streamed.status_code == 401 and not user:
+        print("the event's token is not one of this stack's: `--as USER` puts a fresh one in it", file=sys.stderr)
+    return 0
+
+
 # What each function's handler takes, and the sample of it in events/.
 _TAKES = {"chat": ("an API Gateway HTTP API event (payload format 2.0)", "chat_health.json"),
+          "chat-stream": ("a Lambda function URL event (payload format 2.0)", "chat_stream_turn.json"),
           "extract": ("an extract job (a session's or a deep pass's)", "extract_session.json"),
           "sweeper": ("a scheduled event (EventBridge)", "sweeper_schedule.json")}
 
@@ -324,6 +361,8 @@ def _looks_like(event: object) -> tuple[str, str] | None:
         return None
     if not event:
         return "", "an empty object"
+    if ".lambda-url." in str((event.get("requestContext") or {}).get("domainName")):
+        return "chat-stream", "a function URL event (the stream function's)"
     if "requestContext" in event or "rawPath" in event or "routeKey" in event:
         return "chat", "an HTTP API event (the chat function's)"
     if "httpMethod" in event:
@@ -775,9 +814,12 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_stop)
 
     p = sub.add_parser("invoke", help="run a function's real handler on an event file, with the local database")
-    p.add_argument("function", choices=["chat", "sweeper", "extract"],
-                   help="the migrate function answers CloudFormation: locally, `eros migrate` does its work")
+    p.add_argument("function", choices=["chat", "chat-stream", "sweeper", "extract"],
+                   help="chat-stream: the streamed turn's function, its chunks printed as they come; the migrate"
+                        " function answers CloudFormation: locally, `eros migrate` does its work")
     p.add_argument("event", help="a JSON event file (events/ has one for each function)")
+    p.add_argument("--as", dest="as_user", metavar="USER",
+                   help="chat-stream: send the turn as USER (a fresh local token in the event's authorization)")
     p.set_defaults(func=cmd_invoke)
 
     p = sub.add_parser("calibrate", help="derive the similarity thresholds for the embedding model from this"

@@ -32,7 +32,10 @@ def lambda_handler(event: dict, context) -> Streamed:
     if http.get("method") != "POST" or not _ROUTE.match(event.get("rawPath") or ""):
         return _whole(404, {"statusCode": 404, "code": "not_found", "message": "this URL streams chat turns only:"
                             " POST /v1/sessions/{session_id}/turns/stream; the rest of the API is at ApiUrl"})
-    claims = auth.stream_claims(event)
+    try:
+        claims = auth.stream_claims(event)
+    except auth.IssuerUnavailable as exc:  # nothing decided about the token: retry, do not sign in again
+        return _whole(exc.status, {"statusCode": exc.status, "code": exc.code, "message": str(exc), **exc.extra})
     if claims is None:  # what the HTTP API's authorizer answers
         return _whole(401, {"message": "Unauthorized"})
     event.setdefault("requestContext", {})["authorizer"] = {"jwt": {"claims": claims, "scopes": None}}

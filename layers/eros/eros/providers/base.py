@@ -33,6 +33,16 @@ def tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+def tokens(text: str) -> int:
+    """About as many tokens as a provider would report for ``text``: a token per four characters of English, one per
+    Chinese character (BPE tokenizers give a CJK character a token or more); never 0 for text. The offline
+    stand-ins report these, and a streamed answer whose server sent no usage is estimated with it (providers.llm),
+    so usage, the daily budget and the cost report can be seen working with no keys (the offline models are priced
+    at 0)."""
+    cjk = sum(1 for ch in text if ch >= "\u3400")
+    return math.ceil((len(text) - cjk) / 4) + cjk
+
+
 class ProviderError(Exception):
     """Base of provider failures. ``status`` is the provider's HTTP status (or the error code it sent
     inside a 200), when there was one: what logs and stored errors may name instead of the body."""

@@ -18,6 +18,7 @@ from .base import (
     post_json,
     retrying,
     tls_context,
+    tokens,
 )
 
 
@@ -63,11 +64,9 @@ class CompletionStream:
 
     def paid(self) -> dict:
         """The usage of what was streamed: the provider's report when it sent one, else an estimate of the prompt
-        and of the pieces so far (~4 characters a token, a token per CJK character: eros.providers.offline)."""
+        and of the pieces so far (~4 characters a token, a token per CJK character: eros.providers.base.tokens)."""
         if self._usage:
             return self._usage
-        from .offline import tokens
-
         prompt = sum(tokens(str(m.get("content") or "")) for m in self._messages)
         completion = tokens("".join(self._pieces))
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}

@@ -18,6 +18,7 @@ from datetime import date, timedelta
 
 from ..config import EMBED_DIM
 from ..memory import EventTime, InvalidEventTime, covering, parse_event_time, statement_key
+from .base import tokens
 from .embed import Embeddings, InputType
 from .llm import Completion, CompletionStream
 
@@ -51,13 +52,6 @@ def hash_embed(text: str) -> list[float]:
     return [x / norm for x in vector]
 
 
-def tokens(text: str) -> int:
-    """About as many tokens as a provider would report for ``text``: a token per four characters of English, one per
-    Chinese character (BPE tokenizers give a CJK character a token or more); never 0 for text. The stand-ins report
-    these, so usage, the daily budget and the cost report can be seen working with no keys (the offline models are
-    priced at 0)."""
-    cjk = sum(1 for ch in text if ch >= "\u3400")
-    return math.ceil((len(text) - cjk) / 4) + cjk
 
 
 class HashingEmbedder:
