@@ -505,11 +505,15 @@ async function send(event) {
     arriving.querySelector("p").textContent = text;
     scrollMessages();
   };
+  const stored = () => {  // the server has the message: it is no longer only in the box
+    pending.classList.remove("pending");
+    box.value = "";
+  };
   try {
     let turn = null;
     if (state.streams !== false) {
       try {
-        turn = await streamTurn(path, body, { stored: () => pending.classList.remove("pending"), shown });
+        turn = await streamTurn(path, body, { stored, shown });
       } catch (error) {
         if (!(error instanceof NoStreamRoute)) throw error;
         state.streams = false;  // an API without the stream route: every turn goes to the JSON route from now on
@@ -529,6 +533,7 @@ async function send(event) {
   } catch (error) {
     arriving?.remove();  // a reply that failed half-way is not stored, so not shown either
     pending.classList.add("failed");
+    box.value ||= content;  // to send again (with the same client_turn_id)
     const said = plainly(error);
     say(`The turn failed. ${said}${error.body?.retryable && !/try again/.test(said) ? " Try again." : ""}`, true);
   } finally {

@@ -648,7 +648,7 @@ SLOW_REPLY = ("Night shifts are hard on anyone, and a long one more so. Did you 
 def test_a_reply_arrives_word_by_word(browser, stack, providers):
     """A slow model (a word piece every 150 ms): the reply's text grows on the page before the turn is done, each
     state a beginning of the next; then the reply is whole, with its recalled memories. The screenshots
-    console-stream-1..3 show it arriving."""
+    console-stream-1..3 show it arriving, console-stream-4 done."""
     fake_llm = providers[0]
     fake_llm.responder = lambda body: EXTRACTED if body.get("response_format") else SLOW_REPLY
     fake_llm.first_token_delay, fake_llm.token_interval = 0.2, 0.15
@@ -666,6 +666,7 @@ def test_a_reply_arrives_word_by_word(browser, stack, providers):
         text, pending = arriving or ("", True)
         if text and (not seen or text != seen[-1]):
             assert not pending  # the message is stored (the `turn` event) before the first word
+            assert box.input_value() == ""  # and out of the box
             seen.append(text)
             if shots < 3 and len(text.split()) >= (3, 9, 16)[shots]:
                 shots += 1
@@ -676,6 +677,7 @@ def test_a_reply_arrives_word_by_word(browser, stack, providers):
     expect(reply).not_to_have_class("message assistant streaming")
     reply.locator("summary").click()
     expect(reply.locator(".recalled-item", has_text="Works as a nurse in Leeds")).to_contain_text("similarity")
+    visit.shot("console-stream-4", "#chat")  # done: the whole reply, and what it recalled
     assert len(seen) >= 3, seen  # it grew on the page, more than once, before it was done
     assert all(SLOW_REPLY.startswith(text) for text in seen), seen
     assert all(len(a) < len(b) for a, b in zip(seen, seen[1:], strict=False)), seen  # never went back
