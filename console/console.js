@@ -138,9 +138,9 @@ const routeMissing = (status, body) => status === 405
   || (status === 404 && (!body?.code || /^(not found|no route .*)$/i.test(body.message || "")));
 
 // One turn through the stream route. ``stored()`` is called once the server has stored the message (the `turn`
-// event), ``shown(text)`` with the reply so far each time it grows; resolves to the `done` event's data. A stream that breaks off before its last event is asked for once more with the same
-// client_turn_id: the server replays the stored reply (or the turn it is still finishing), and what is on screen
-// never goes back.
+// event), ``shown(text)`` with the reply so far each time it grows; resolves to the `done` event's data. A stream
+// that breaks off before its last event is asked for once more with the same client_turn_id: the server replays the
+// stored reply (or waits for the turn it is still finishing), and what is on screen never goes back.
 async function streamTurn(path, body, { stored, shown }) {
   if (REFUSED) throw new Error("this console may not send requests to that API");
   const headers = { Accept: "text/event-stream", "Content-Type": "application/json" };
@@ -214,8 +214,8 @@ const SAID = {
   model_error: "The model refused this request.",
   turn_in_progress: "This message is still being answered: wait a moment, then send it again (it is answered "
     + "once).",
-  stream_broken: "The connection broke twice while the reply was arriving: send the message again (its reply is "
-    + "kept, not written twice).",
+  stream_broken: "The connection kept breaking while the reply was arriving: send the message again (its reply "
+    + "is kept, not written twice).",
   internal_error: "Something broke on the server (a bug): try again, and report it if it happens again.",
 };
 const BY_STATUS = { 0: "unreachable", 401: "unauthorized", 413: "payload_too_large" };

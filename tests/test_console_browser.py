@@ -752,9 +752,9 @@ def test_a_stream_that_breaks_off_is_asked_again_once_with_the_same_turn_id(brow
     drops["left"] = 2
     box.fill("And another one")
     box.press("Enter")
-    expect(page.locator("#status")).to_have_text("The turn failed. The connection broke twice while the reply was "
-                                                 "arriving: send the message again (its reply is kept, not written "
-                                                 "twice).")
+    expect(page.locator("#status")).to_have_text("The turn failed. The connection kept breaking while the reply "
+                                                 "was arriving: send the message again (its reply is kept, not "
+                                                 "written twice).")
     expect(page.locator(REPLY)).to_have_count(1)
     assert len(sent) == 4 and sent[2][1]["client_turn_id"] == sent[3][1]["client_turn_id"]
     assert visit.errors == []
