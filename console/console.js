@@ -32,10 +32,18 @@ function apiOf(named) {
 
 const TARGET = apiOf(params.get("api"));
 const API = TARGET.base || "";
+// ?stream= names where a chat turn's streamed reply is asked for (POST .../turns/stream): a deployed API answers
+// it from a Lambda function URL, another origin than the API's (docs/DEPLOY.md), allowed as ?api= is. Without it,
+// the API's own address. The JSON routes always go to API.
+const STREAM_TARGET = params.get("stream") ? apiOf(params.get("stream")) : TARGET;
+const STREAM = STREAM_TARGET.base || API;
+const REFUSED = TARGET.refused || STREAM_TARGET.refused;
 
 const state = {
   local: false, token: null, user: null, personas: [], sessions: [], session: null,
   memories: new Map(), listed: "", live: new Map(), timer: null, down: false,
+  streams: null,  // false once the API answered that it has no stream route
+  unsent: null,  // the message whose turn failed, {key: session and text, id: its client_turn_id}
 };
 
 const $ = (id) => document.getElementById(id);
@@ -70,7 +78,7 @@ class ApiError extends Error {
 }
 
 async function call(method, path, body) {
-  if (TARGET.refused) throw new Error("this console may not send requests to that API");
+  if (REFUSED) throw new Error("this console may not send requests to that API");
   const headers = { Accept: "application/json" };
   if (state.token) headers.Authorization = `Bearer ${state.token}`;
   if (body !== undefined) headers["Content-Type"] = "application/json";
@@ -81,11 +89,103 @@ async function call(method, path, body) {
   } catch {  // the browser's own words ("Failed to fetch", "NetworkError when…") say nothing of why
     throw new ApiError(0, { code: "unreachable", message: "the API cannot be reached" });
   }
-  const text = await response.text();
-  let data = null;
-  try { data = text ? JSON.parse(text) : null; } catch { data = { message: text }; }
+  const data = await jsonOf(response);
   if (!response.ok) throw new ApiError(response.status, data);
   return data;
+}
+
+async function jsonOf(response) {
+  const text = await response.text();
+  try { return text ? JSON.parse(text) : null; } catch { return { message: text }; }
+}
+
+// --- a streamed turn ------------------------------------------------------------------------------------------------
+// POST /v1/sessions/{id}/turns/stream answers Server-Sent Events (layers/eros/eros/streaming.py): `turn` once the
+// message is stored, `delta` for each piece of the reply as the model writes it, then `done` (the JSON route's
+// answer) or `error` (the API's error body). Read with fetch and a ReadableStream: EventSource cannot POST, nor send
+// the bearer token.
+
+// The events of a fetch's body as they arrive: {event, data} with data the event's JSON.
+async function* serverEvents(response) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      let event = "message";
+      const data = [];
+      for (const line of block.split("\n")) {
+        if (line.startsWith("event:")) event = line.slice(6).trim();
+        else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+      }
+      if (data.length) yield { event, data: JSON.parse(data.join("\n")) };
+    }
+  }
+}
+
+// The stream route is not there (an API deployed before it): the JSON route takes the turn instead.
+class NoStreamRoute extends Error {}
+
+// API Gateway's own 404 for a route it does not have is {"message": "Not Found"}; the chat function's (Powertools')
+// {"code": "not_found", "message": "Not found"}. A 404 that says more ("session not found") is the API's answer
+// about the session: said as it is.
+const routeMissing = (status, body) => status === 405
+  || (status === 404 && (!body?.code || /^(not found|no route .*)$/i.test(body.message || "")));
+
+// One turn through the stream route. ``stored()`` is called once the server has stored the message (the `turn`
+// event), ``shown(text)`` with the reply so far each time it grows; resolves to the `done` event's data. A stream
+// that breaks off before its last event is asked for once more with the same client_turn_id: the server replays the
+// stored reply (or waits for the turn it is still finishing), and what is on screen never goes back.
+async function streamTurn(path, body, { stored, shown }) {
+  if (REFUSED) throw new Error("this console may not send requests to that API");
+  const headers = { Accept: "text/event-stream", "Content-Type": "application/json" };
+  if (state.token) headers.Authorization = `Bearer ${state.token}`;
+  let said = "";
+  for (let attempt = 0; attempt < 2; attempt += 1) {
+    let response;
+    try {
+      response = await fetch(`${STREAM}${path}/stream`, { method: "POST", headers, body: JSON.stringify(body) });
+    } catch {
+      continue;  // no answer at all: once more, then said as unreachable
+    }
+    if (!response.ok) {
+      const data = await jsonOf(response);
+      if (routeMissing(response.status, data)) throw new NoStreamRoute();
+      throw new ApiError(response.status, data);
+    }
+    let heard = "";
+    try {
+      for await (const { event, data } of serverEvents(response)) {
+        if (event === "turn") {
+          stored();
+        } else if (event === "delta") {
+          heard += data.delta;
+          if (heard.length > said.length) { said = heard; shown(said); }
+        } else if (event === "done") {
+          return data;
+        } else if (event === "error") {
+          throw new ApiError(data.statusCode || 500, data);
+        }
+      }
+    } catch (error) {
+      if (error instanceof ApiError) throw error;  // the server's last word: not a broken stream
+    }
+    // Ended (or broke) before `done` or `error`: the connection was lost on the way.
+    if (attempt === 1) throw new ApiError(0, { code: "stream_broken", message: "the reply's stream broke off" });
+  }
+  throw new ApiError(0, { code: "unreachable", message: "the API cannot be reached" });
+}
+
+// A turn's id, made once per message: a message sent again after a failure (the same text, in the same session)
+// keeps it, so the server stores it once and replays a reply it already has.
+function newTurnId() {
+  if (crypto.randomUUID) return crypto.randomUUID();
+  return [...crypto.getRandomValues(new Uint8Array(16))].map((b) => b.toString(16).padStart(2, "0")).join("");
 }
 
 // --- what went wrong, in words for a person ---------------------------------------------------------------------
@@ -112,6 +212,10 @@ const SAID = {
   model_unavailable: "The model is not answering: try again in a moment.",
   model_timeout: "The model took too long to answer: try again.",
   model_error: "The model refused this request.",
+  turn_in_progress: "This message is still being answered: wait a moment, then send it again (it is answered "
+    + "once).",
+  stream_broken: "The connection kept breaking while the reply was arriving: send the message again (its reply "
+    + "is kept, not written twice).",
   internal_error: "Something broke on the server (a bug): try again, and report it if it happens again.",
 };
 const BY_STATUS = { 0: "unreachable", 401: "unauthorized", 413: "payload_too_large" };
@@ -387,17 +491,49 @@ async function send(event) {
     el("p", {}, content));
   $("messages").append(pending);
   scrollMessages();
+  const key = `${state.session}\n${content}`;
+  if (state.unsent?.key !== key) state.unsent = { key, id: newTurnId() };
+  const path = `/v1/sessions/${state.session}/turns`;
+  const body = { content, client_turn_id: state.unsent.id };
+  let arriving = null;  // the reply, as its words arrive
+  const shown = (text) => {
+    if (!arriving) {
+      arriving = el("li", { class: "message assistant streaming", "aria-busy": "true" },
+        el("span", { class: "who" }, currentPersona()), el("p", {}));
+      $("messages").append(arriving);
+    }
+    arriving.querySelector("p").textContent = text;
+    scrollMessages();
+  };
+  const stored = () => {  // the server has the message: it is no longer only in the box
+    pending.classList.remove("pending");
+    box.value = "";
+  };
   try {
-    const turn = await call("POST", `/v1/sessions/${state.session}/turns`, { content });
+    let turn = null;
+    if (state.streams !== false) {
+      try {
+        turn = await streamTurn(path, body, { stored, shown });
+      } catch (error) {
+        if (!(error instanceof NoStreamRoute)) throw error;
+        state.streams = false;  // an API without the stream route: every turn goes to the JSON route from now on
+      }
+    }
+    turn ||= await call("POST", path, body);
+    state.unsent = null;
     box.value = "";
     state.live.set(turn.assistant_message_id, turn.recalled);
     pending.replaceWith(renderMessage({ id: turn.user_message_id, role: "user", content }));
-    $("messages").append(renderMessage({ id: turn.assistant_message_id, role: "assistant", content: turn.reply,
-      recalled: turn.recalled }));
+    const reply = renderMessage({ id: turn.assistant_message_id, role: "assistant", content: turn.reply,
+      recalled: turn.recalled });
+    if (arriving) arriving.replaceWith(reply);
+    else $("messages").append(reply);
     scrollMessages();
     await refresh();
   } catch (error) {
+    arriving?.remove();  // a reply that failed half-way is not stored, so not shown either
     pending.classList.add("failed");
+    box.value ||= content;  // to send again (with the same client_turn_id)
     const said = plainly(error);
     say(`The turn failed. ${said}${error.body?.retryable && !/try again/.test(said) ? " Try again." : ""}`, true);
   } finally {
@@ -674,10 +810,11 @@ async function boot() {
     .catch((e) => say(plainly(e), true)));
   $("add-memory").addEventListener("submit", addMemory);
   $("sweep").addEventListener("click", sweepNow);
-  if (TARGET.refused) {
+  if (REFUSED) {
+    const [name, origin] = TARGET.refused ? ["api", TARGET.refused] : ["stream", STREAM_TARGET.refused];
     $("signin").hidden = true;
     say(`Not signing in: this console sends your token only to its own origin (${location.origin}) or to one its `
-      + `deployer allowed, and ?api= names ${TARGET.refused}. Open the console without ?api=, or ask whoever `
+      + `deployer allowed, and ?${name}= names ${origin}. Open the console without ?${name}=, or ask whoever `
       + "deployed it to add that origin to eros-api-origins in index.html.", true);
     return;
   }

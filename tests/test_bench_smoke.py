@@ -34,13 +34,14 @@ import recall_eval  # noqa: E402
 import recall_latency  # noqa: E402
 import recall_prefilter  # noqa: E402
 import reembedding  # noqa: E402
+import stream_latency  # noqa: E402
 import turn_overhead  # noqa: E402
 
 NUMBER = r"[0-9][0-9,]*(?:\.[0-9]+)?"
 # What runs where: a new bench script must be added to one of these.
 SMOKED_HERE = {"turn_overhead", "claim_throughput", "cold_start", "extract_calls", "local_concurrency",
                "recall_latency", "recall_eval", "event_time_eval", "partitioned_recall", "extraction_write",
-               "recall_prefilter", "import_history", "reembedding", "calibrate_embedders"}
+               "recall_prefilter", "import_history", "reembedding", "calibrate_embedders", "stream_latency"}
 SMOKED_ELSEWHERE = {"consolidation_eval": "tests/test_consolidation_eval.py",
                     "long_history_eval": "tests/test_long_history_eval.py",
                     "embed_recall_dev": "not a bench: a one-off tool that needs the models in throwaway virtualenvs"}
@@ -175,6 +176,30 @@ def test_local_concurrency(bench_url, tmp_path):
                                    "--database-url", bench_url, "--out", str(out)]) == 0
     [row] = table_rows(out.read_text(), "| run | clients | containers | requests |")
     assert row[:4] == ["1", "2", "2", "12"] and re.fullmatch(NUMBER, row[5]) and row[6:] == ["0", "0"]
+
+
+def test_stream_latency(bench_url, tmp_path):
+    """Streamed turns through the local stack's server, a fake model that streams (fast here), then the check that
+    the deltas joined are the JSON route's reply."""
+    offline_only(bench_url)
+    out = tmp_path / "stream_latency.md"
+    assert stream_latency.main(["--turns", "4", "--warmup", "1", "--turns-per-session", "2", "--first-token-ms", "5",
+                                "--token-ms", "1", "--memories", "3", "--database-url", bench_url,
+                                "--out", str(out)]) == 0
+    report = out.read_text()
+    assert report.startswith("# Streamed turns: time to the first word on the local stack\n")
+    assert "* **Command:** `.venv/bin/python bench/stream_latency.py --turns 4 --warmup 1" in report
+    assert re.search(rf"\*\*p95 = {NUMBER} ms from request to first delta — goal ≤ 100 ms: (met|MISSED)\.\*\*", report)
+    rows = {r[0]: r[1:] for r in table_rows(report, "| | p50 ms | p95 ms | max ms |")}
+    assert list(rows) == ["**request → first delta**", "engine: request → the model asked",
+                          "model's first token (the fake's delay)", "model's first token → first delta at the client",
+                          "request → done (the whole reply)"]
+    assert all(re.fullmatch(rf"\**-?{NUMBER}\**", c) for r in rows.values() for c in r)
+    assert rows["model's first token (the fake's delay)"] == ["5.0", "5.0", "5.0"]
+    assert "**Streamed = JSON route, byte for byte: 5 of 5 utterances (PASS).**" in report
+    checks = table_rows(report, "| utterance | delta events |")
+    assert len(checks) == 5 and all(int(r[1]) > 1 and r[2] == r[3] and r[4] == "yes" for r in checks)
+    assert "4 timed after 1 warm-up turns" in report and report.endswith("\n\n" + _common.NOTES_MARKER + "\n")
 
 
 def test_turn_overhead_long_history(bench_url, tmp_path):

@@ -5,7 +5,7 @@ none of it. Screenshots of the main states are written to CONSOLE_SCREENSHOTS (d
 .artifacts/console/); the ones docs/img/ holds are made by
 
     CONSOLE_SCREENSHOTS=docs/img .venv/bin/python -m pytest tests/test_console_browser.py \
-        -k "refused_edit or empty or offline"
+        -k "refused_edit or empty or offline or word_by_word"
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from functools import partial
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -39,6 +40,9 @@ EXTRACTED = json.dumps({"memories": [{"content": "Has a dog named Biscuit", "cat
 # action goes on as soon as its condition holds.
 WITHIN_MS = 60_000
 expect.set_options(timeout=WITHIN_MS)
+# A reply the page has whole: not one whose words are still arriving (a step that waits for a reply's text would
+# otherwise go on, to a sweep say, while the turn is still being answered).
+REPLY = "#messages li.assistant:not(.streaming)"
 # What a closed network needs: no first-run, sync, component or background fetches (all refused here).
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
@@ -115,7 +119,7 @@ def test_a_person_watches_memory_form_and_curates_it(browser, stack):
     expect(page.get_by_label("Message", exact=True)).to_be_focused()  # the new session is open (see below)
     page.get_by_label("Message", exact=True).fill("I had a long shift as a nurse today")
     page.get_by_label("Message", exact=True).press("Enter")
-    reply = page.locator("#messages li.assistant").last
+    reply = page.locator(REPLY).last
     expect(reply).to_contain_text("That sounds tiring.")
     reply.locator("summary").click()
     recalled = reply.locator(".recalled-item", has_text="Works as a nurse in Leeds")
@@ -198,7 +202,7 @@ def test_episodes_show_in_the_relationship_view_with_their_session_and_event_tim
     expect(box).to_be_focused()  # the new session is open: its (empty) history is on the page
     box.fill("I have the Siemens interview tomorrow and I am nervous")
     box.press("Enter")
-    expect(page.locator("#messages li.assistant").last).to_contain_text("rehearse", timeout=15_000)
+    expect(page.locator(REPLY).last).to_contain_text("rehearse", timeout=15_000)
     page.get_by_role("button", name="Sweep now").click()
     expect(page.locator("#sweep-result")).to_contain_text("extracted (1 new), episode written")
     group = page.locator("section[aria-label='episodes · kai']")
@@ -558,7 +562,7 @@ def test_offline_mode_says_why_memories_look_crude(browser, local_server):
     expect(box).to_be_focused()
     box.fill("I adopted a dog named Biscuit last week. I work night shifts as a nurse in Leeds.")
     box.press("Enter")
-    expect(page.locator("#messages li.assistant").last).to_contain_text("(offline model)")
+    expect(page.locator(REPLY).last).to_contain_text("(offline model)")
     page.get_by_role("button", name="Sweep now").click()
     expect(page.locator("#sweep-result")).to_contain_text("Claimed 1 session(s)")
     expect(page.locator("#memory-groups li.memory").first).to_be_visible()
@@ -580,7 +584,7 @@ def test_offline_shanghai_to_tokyo_keeps_the_job(browser, local_server):
         box = page.get_by_label("Message", exact=True)
         box.fill(said)
         box.press("Enter")
-        expect(page.locator("#messages li.assistant").last).to_contain_text(said[-12:])  # the offline echo
+        expect(page.locator(REPLY).last).to_contain_text(said[-12:])  # the offline echo
         page.get_by_role("button", name="Sweep now").click()
 
     a_session_then_a_sweep("Hi! I live in Shanghai and I'm a nurse. Where do I live now?")
@@ -598,4 +602,208 @@ def test_offline_shanghai_to_tokyo_keeps_the_job(browser, local_server):
     expect(visit.memory("Lives in Shanghai")).to_contain_text("changed")
     visit.shot("console-offline-history")
     assert visit.errors == []
+    visit.close()
+
+
+# --- a streamed turn: the reply's words as they arrive (POST .../turns/stream, Server-Sent Events) ----------------
+
+def sse(*events: tuple[str, dict]) -> str:
+    from eros.streaming import sse as event
+
+    return b"".join(event(name, data) for name, data in events).decode()
+
+
+def turns_sent(page: Page) -> list[tuple[str, dict]]:
+    """Every turn the page sends, as it sends it: ("stream" or "json", its body)."""
+    sent: list[tuple[str, dict]] = []
+
+    def seen(request) -> None:
+        if request.method == "POST" and request.url.endswith(("/turns", "/turns/stream")):
+            sent.append(("stream" if request.url.endswith("/stream") else "json", request.post_data_json))
+
+    page.on("request", seen)
+    return sent
+
+
+def start_chat(visit: Visit, user: str = "alice"):
+    visit.sign_in(user)
+    page = visit.page
+    page.get_by_role("button", name="New session").click()
+    box = page.get_by_label("Message", exact=True)
+    expect(box).to_be_focused()  # the new session is open
+    return page, box
+
+
+# The reply as it stands on the page while it streams (null: no reply arriving), and whether the person's message
+# is still marked as being sent, read in one go.
+ARRIVING = """() => {
+  const reply = document.querySelector('#messages li.assistant.streaming p');
+  const said = [...document.querySelectorAll('#messages li.user')].pop();
+  return reply ? [reply.textContent, said.classList.contains('pending')] : null;
+}"""
+SLOW_REPLY = ("Night shifts are hard on anyone, and a long one more so. Did you at least get a proper break, and "
+              "something warm to eat before you slept?")
+
+
+def test_a_reply_arrives_word_by_word(browser, stack, providers):
+    """A slow model (a word piece every 150 ms): the reply's text grows on the page before the turn is done, each
+    state a beginning of the next; then the reply is whole, with its recalled memories. The screenshots
+    console-stream-1..3 show it arriving, console-stream-4 done."""
+    fake_llm = providers[0]
+    fake_llm.responder = lambda body: EXTRACTED if body.get("response_format") else SLOW_REPLY
+    fake_llm.first_token_delay, fake_llm.token_interval = 0.2, 0.15
+    visit = Visit(browser, stack.url)
+    page, box = start_chat(visit)
+    box.fill("I had a long night shift as a nurse")
+    box.press("Enter")
+    seen: list[str] = []
+    shots = 0
+    deadline = time.monotonic() + WITHIN_MS / 1000
+    while time.monotonic() < deadline:
+        arriving = page.evaluate(ARRIVING)
+        if arriving is None and seen:
+            break  # the streaming reply was replaced by the whole one
+        text, pending = arriving or ("", True)
+        if text and (not seen or text != seen[-1]):
+            assert not pending  # the message is stored (the `turn` event) before the first word
+            assert box.input_value() == ""  # and out of the box
+            seen.append(text)
+            if shots < 3 and len(text.split()) >= (3, 9, 16)[shots]:
+                shots += 1
+                visit.shot(f"console-stream-{shots}", "#chat")
+        page.wait_for_timeout(40)
+    reply = page.locator(REPLY).last
+    expect(reply.locator("p").first).to_have_text(SLOW_REPLY)
+    expect(reply).not_to_have_class("message assistant streaming")
+    reply.locator("summary").click()
+    expect(reply.locator(".recalled-item", has_text="Works as a nurse in Leeds")).to_contain_text("similarity")
+    visit.shot("console-stream-4", "#chat")  # done: the whole reply, and what it recalled
+    assert len(seen) >= 3, seen  # it grew on the page, more than once, before it was done
+    assert all(SLOW_REPLY.startswith(text) for text in seen), seen
+    assert all(len(a) < len(b) for a, b in zip(seen, seen[1:], strict=False)), seen  # never went back
+    assert shots == 3, seen
+    assert visit.errors == []
+    visit.close()
+
+
+def test_an_error_event_is_said_in_words_and_no_half_reply_stays(browser, stack):
+    """The model failed half-way (an `error` event after a delta): the partial reply goes (the server stores none),
+    the message is marked failed, the code is said in words; sent again, it keeps its client_turn_id."""
+    visit = Visit(browser, stack.url)
+    page, box = start_chat(visit)
+    sent = turns_sent(page)
+    failed = {"statusCode": 504, "code": "model_timeout", "retryable": True,
+              "message": "the model took too long; your message was kept, retry with the same client_turn_id"}
+
+    def fails_half_way(route) -> None:
+        route.fulfill(status=200, content_type="text/event-stream", body=sse(
+            ("turn", {"client_turn_id": route.request.post_data_json["client_turn_id"], "user_message_id": 1}),
+            ("delta", {"delta": "Half a "}), ("error", failed)))
+
+    page.route("**/turns/stream", fails_half_way)
+    box.fill("Tell me about my day")
+    box.press("Enter")
+    status = page.locator("#status")
+    expect(status).to_have_text("The turn failed. The model took too long to answer: try again.")
+    expect(status).to_have_class("error")
+    expect(page.locator("#messages li.user.failed")).to_contain_text("Tell me about my day")
+    expect(page.locator("#messages li.assistant")).to_have_count(0)  # "Half a " is not left on the page
+    expect(box).to_have_value("Tell me about my day")  # kept, to send again
+    visit.shot("console-stream-error")
+    page.unroute("**/turns/stream")
+    box.press("Enter")
+    expect(page.locator(REPLY).last).to_contain_text("That sounds tiring.")
+    assert [path for path, _ in sent] == ["stream", "stream"]
+    assert sent[0][1]["client_turn_id"] == sent[1][1]["client_turn_id"]  # the same turn: stored once
+    assert visit.errors == []
+    visit.close()
+
+
+def test_a_stream_that_breaks_off_is_asked_again_once_with_the_same_turn_id(browser, stack, db):
+    """The connection drops after the first word: the console asks again with the same client_turn_id, the server
+    replays the reply it stored (once), the words on screen never go back; twice dropped, the person is told."""
+    visit = Visit(browser, stack.url)
+    page, box = start_chat(visit)
+    sent = turns_sent(page)
+    drops = {"left": 1}
+
+    def drops_once(route) -> None:
+        if drops["left"] <= 0:
+            return route.continue_()
+        drops["left"] -= 1
+        # The server answers the turn whole (and stores it); the page gets its first events, then the end.
+        answered = route.fetch().text()
+        first_delta = answered.index("\n\n", answered.index("event: delta")) + 2
+        route.fulfill(status=200, content_type="text/event-stream", body=answered[:first_delta])
+
+    page.route("**/turns/stream", drops_once)
+    box.fill("I had a long shift")
+    box.press("Enter")
+    reply = page.locator(REPLY).last
+    expect(reply).to_contain_text("That sounds tiring.")
+    expect(reply.locator("summary")).to_contain_text("Recalled")  # the done event's recalled memories
+    assert [path for path, _ in sent] == ["stream", "stream"]
+    assert sent[0][1]["client_turn_id"] == sent[1][1]["client_turn_id"]
+    expect(page.locator("#messages li.user.failed")).to_have_count(0)
+    stored = db.execute("SELECT role, client_turn_id FROM engine.chat_messages ORDER BY id").fetchall()
+    assert [(m["role"], m["client_turn_id"]) for m in stored] == [("user", sent[0][1]["client_turn_id"]),
+                                                                 ("assistant", sent[0][1]["client_turn_id"])]
+
+    drops["left"] = 2
+    box.fill("And another one")
+    box.press("Enter")
+    expect(page.locator("#status")).to_have_text("The turn failed. The connection kept breaking while the reply "
+                                                 "was arriving: send the message again (its reply is kept, not "
+                                                 "written twice).")
+    expect(page.locator(REPLY)).to_have_count(1)
+    assert len(sent) == 4 and sent[2][1]["client_turn_id"] == sent[3][1]["client_turn_id"]
+
+    # No answer at all the first time (the connection reset before the status): asked once more, answered.
+    page.unroute("**/turns/stream")
+    resets = {"left": 1}
+
+    def resets_once(route) -> None:
+        if resets["left"] <= 0:
+            return route.continue_()
+        resets["left"] -= 1
+        route.abort("connectionreset")
+
+    page.route("**/turns/stream", resets_once)
+    box.press("Enter")  # "And another one" again, kept in the box
+    expect(page.locator(REPLY)).to_have_count(2)
+    assert len(sent) == 6 and len({body["client_turn_id"] for _, body in sent[2:]}) == 1  # one turn, four asks
+    assert visit.errors == ["Failed to load resource: net::ERR_CONNECTION_RESET"], visit.errors
+    visit.close()
+
+
+def test_an_api_without_the_stream_route_gets_the_json_route(browser, stack):
+    """An API deployed before streaming (API Gateway's own 404 for a route it lacks): the turn goes to the JSON route
+    with the same client_turn_id, and every later turn straight there."""
+    visit = Visit(browser, stack.url)
+    page, box = start_chat(visit)
+    sent = turns_sent(page)
+    page.route("**/turns/stream", lambda route: route.fulfill(status=404, content_type="application/json",
+                                                               body='{"message":"Not Found"}'))
+    box.fill("Hello there")
+    box.press("Enter")
+    expect(page.locator(REPLY).last).to_contain_text("That sounds tiring.")
+    box.fill("Hello again")
+    box.press("Enter")
+    expect(page.locator(REPLY)).to_have_count(2)
+    assert [path for path, _ in sent] == ["stream", "json", "json"]
+    assert sent[0][1]["client_turn_id"] == sent[1][1]["client_turn_id"] != sent[2][1]["client_turn_id"]
+    assert visit.errors == [refused(404, "Not Found")], visit.errors
+    visit.close()
+
+
+def test_a_stream_url_nobody_allowed_gets_no_request(browser, foreign, deployed):
+    """?stream= (a deployed API's stream URL, another origin) is held to the same allow-list as ?api=."""
+    named = quote(origin(foreign), safe="")
+    visit = open_console(browser, f"{origin(deployed)}/console/index.html?stream={named}")
+    visit.page.wait_for_function("() => document.querySelector('#status').textContent !== ''")  # boot is done
+    visit.page.wait_for_load_state("networkidle")
+    assert foreign.seen == []
+    expect(visit.page.locator("#status")).to_contain_text(f"and ?stream= names {origin(foreign)}")
+    expect(visit.page.locator("#signin")).to_be_hidden()
+    assert all(url.startswith(origin(deployed) + "/console/") for url in visit.requests), visit.requests
     visit.close()

@@ -50,4 +50,6 @@ def test_the_console_works_in_firefox(providers, local_server, db):
     assert seen["editKept"] == "Lives near the canal"
     network = [url for url in seen["requests"] if not url.startswith("data:")]  # the inline favicon
     assert network and all(url.startswith(local_server.url) for url in network), network
+    turns = [url.rsplit("/", 1)[-1] for url in network if "/turns" in url]
+    assert turns == ["stream"], turns  # the reply was streamed (fetch and a ReadableStream work in Firefox too)
     assert seen["errors"] == [], seen["errors"]

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 from apiclient import Api
-from fakes import Status
+from fakes import BreakStream, Status
 from helpers import EVENTS, ROOT
 
 from eros.migrate import migration_files
@@ -79,6 +80,9 @@ def test_eros_chat_says_a_url_needs_its_scheme_and_names_one_it_cannot_reach(cap
     assert cli.main(["chat", "dora", "--url", "http://127.0.0.1:9"]) == 1
     [line] = err_lines(capsys)
     assert line.startswith("eros chat: cannot reach the local stack at http://127.0.0.1:9 ") and "`make run`" in line
+    assert cli.main(["chat", "dora", "--url", "http://127.0.0.1:9", "--stream-url", "abc.lambda-url.on.aws"]) == 2
+    assert err_lines(capsys) == ["eros chat: --stream-url 'abc.lambda-url.on.aws' needs its scheme: http:// or "
+                                 "https:// (e.g. --stream-url http://abc.lambda-url.on.aws)"]
 
 
 def test_eros_chat_names_a_server_that_is_not_the_api(local_server, capsys):
@@ -86,6 +90,88 @@ def test_eros_chat_names_a_server_that_is_not_the_api(local_server, capsys):
     [line] = err_lines(capsys)
     assert line == (f"eros chat: {local_server.url}/console answered GET /v1/personas with 404 and no list of "
                     "personas: is it the eros API? (--url, or the PORT it runs on)")
+
+
+class Timed(io.StringIO):
+    """stdout that keeps what the command wrote (not the in-process local server's threads: their metrics lines)
+    and when each piece was written (print(..., flush=True))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[float, str]] = []
+        self._command = threading.get_ident()
+
+    def write(self, text: str) -> int:
+        if threading.get_ident() != self._command:
+            return len(text)
+        self.writes.append((time.monotonic(), text))
+        return super().write(text)
+
+
+SAID = "Tomatoes love the sun, so a south-facing balcony is perfect for them."
+
+
+def chat(monkeypatch, url: str, said: str, *flags: str) -> Timed:
+    out = Timed()
+    monkeypatch.setattr("sys.stdin", io.StringIO(said))
+    monkeypatch.setattr("sys.stdout", out)
+    assert cli.main(["chat", "dora", "--url", url, "--persona", "luna", *flags]) == 0
+    return out
+
+
+def test_eros_chat_prints_the_reply_as_it_arrives(online, db, local_server, monkeypatch):
+    """The streamed reply's words are printed (and flushed) as the model writes them, then what was recalled: the
+    same lines as --no-stream prints once the whole reply is in."""
+    fake_llm = online[0]
+    fake_llm.responder = lambda body: EXTRACTED if body.get("response_format") else SAID
+    fake_llm.first_token_delay, fake_llm.token_interval = 0.0, 0.05
+    out = chat(monkeypatch, local_server.url, "I grow tomatoes\n")
+    lines = out.getvalue().splitlines()
+    assert lines[1:] == [f"luna> {SAID}", "   (recalled: nothing)"]
+    pieces = [(at, text) for at, text in out.writes
+              if text not in ("", "\n") and not text.startswith(("session ", "   (recalled"))]
+    assert "".join(text for _, text in pieces) == f"luna> {SAID}" and len(pieces) > 5, pieces
+    assert pieces[-1][0] - pieces[0][0] > 0.2, pieces  # written over the reply's time, not at once at the end
+    assert [r["json"].get("stream") for r in fake_llm.requests] == [True]
+
+    out = chat(monkeypatch, local_server.url, "I grow tomatoes\n", "--no-stream")
+    assert out.getvalue().splitlines()[1:] == [f"luna> {SAID}", "   (recalled: nothing)"]
+    assert not fake_llm.requests[-1]["json"].get("stream")
+
+
+def test_eros_chat_against_a_deployed_api_takes_its_token_and_stream_url(online, db, local_server, monkeypatch):
+    """--token: the issuer's token, whose subject chats (not USER); --stream-url: where the streamed turns go (a
+    deployed stack's StreamUrl), not --url: one that answers nothing is said as such, in one line."""
+    from eros.config import settings
+    from eros_dev.tokens import issue_token, local_jwt_key
+
+    token = issue_token("erin", settings(), local_jwt_key())
+    out = chat(monkeypatch, local_server.url, "hello\n", "--token", token)
+    assert out.getvalue().splitlines()[1:] == ["luna> lovely", "   (recalled: nothing)"]
+    users = db.execute("SELECT DISTINCT user_id FROM engine.chat_messages").fetchall()
+    assert [u["user_id"] for u in users] == ["erin"]
+    out = chat(monkeypatch, local_server.url, "hello\n", "--stream-url", "http://127.0.0.1:9")
+    [_, line] = out.getvalue().splitlines()
+    assert line == "[no answer] the connection broke (ConnectError): the message may have been stored"
+    out = chat(monkeypatch, local_server.url, "hello\n", "--stream-url", local_server.url + "/")
+    assert out.getvalue().splitlines()[1:] == ["luna> lovely", "   (recalled: nothing)"]
+
+
+def test_eros_chat_says_a_failed_turn_in_one_line(online, db, local_server, monkeypatch):
+    """The model fails after the stream began: an `error` event, printed as one line with its status and code; the
+    next message is taken as usual."""
+    fake_llm = online[0]
+    fake_llm.push(*[Status(503)] * 2)  # the turn, and the one retry the client makes of a retryable error
+    out = chat(monkeypatch, local_server.url, "first\nsecond\n")
+    [_, failed, reply, recalled] = out.getvalue().splitlines()
+    assert failed.startswith("[503 model_unavailable] ") and "your message was kept" in failed, failed
+    assert (reply, recalled) == ("luna> lovely", "   (recalled: nothing)")
+    # After some words: they stay on their line, and the error has a line of its own.
+    fake_llm.responder = lambda body: "one two three four five six"
+    fake_llm.push(BreakStream(3, error={"message": "upstream provider failed", "code": 502}))
+    out = chat(monkeypatch, local_server.url, "third\n")
+    [_, partial, failed] = out.getvalue().splitlines()
+    assert partial == "luna> one two three " and failed.startswith("[503 model_unavailable] "), (partial, failed)
 
 
 # --- one-line errors ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import Disconnect, FakeServer, Status
+from fakes import Disconnect, FakeServer, Raw, Status
 from helpers import go_idle
 
 from eros_client import ApiError, AsyncClient, Client, Unauthorized, models
@@ -270,3 +270,142 @@ def test_the_example_app_runs_against_the_local_stack(online, db, local_server, 
     assert "appended 4 messages (2 utterances)" in out and "local sweep: claimed 1 session(s): extracted" in out
     assert "[profile/fact] Works as a baker in Porto" in out  # what the fake model extracted, recalled
     assert db.execute("SELECT count(*) AS n FROM engine.chat_messages WHERE user_id = 'app-demo'").fetchone()["n"] == 6
+
+
+# --- a streamed turn (POST .../turns/stream): the reply's pieces, then take_turn's answer ------------------------
+
+STREAM = f"/v1/sessions/{SESSION}/turns/stream"
+
+
+def sse(*events: tuple[str, dict]) -> Raw:
+    """A stream route's answer, whole or cut off (what a connection lost on the way leaves)."""
+    from eros.streaming import STREAM_HEADERS
+    from eros.streaming import sse as event
+
+    return Raw(b"".join(event(name, data) for name, data in events).decode(), headers=STREAM_HEADERS)
+
+
+def streamed(reply: str, *pieces: str, replayed: bool = False) -> list[tuple[str, dict]]:
+    return [("turn", {"client_turn_id": "x", "user_message_id": 1}),
+            *[("delta", {"delta": p}) for p in pieces],
+            ("done", TURN | {"reply": reply, "replayed": replayed})]
+
+
+@pytest.mark.integration  # a loopback server
+def test_a_streamed_turn_gives_its_pieces_then_the_answer():
+    with FakeApi(STREAM, TURN) as fake, Client(fake.root, "t", backoff=0.01) as eros:
+        fake.push(sse(*streamed("Hello there", "Hel", "lo", " there")))
+        turn = eros.stream_turn(SESSION, "hi", client_turn_id="turn-1")
+        assert list(turn) == ["Hel", "lo", " there"]
+        assert (turn.result.reply, turn.user_message_id, turn.client_turn_id) == ("Hello there", 1, "turn-1")
+        [request] = fake.requests
+        assert request["json"] == {"content": "hi", "client_turn_id": "turn-1"}
+        assert (request["headers"]["authorization"], request["headers"]["accept"]) == ("Bearer t", "text/event-stream")
+        # result first: the whole reply is read for it
+        fake.push(sse(*streamed("ok", "o", "k")))
+        assert eros.stream_turn(SESSION, "again").result.reply == "ok"
+
+
+def test_a_streamed_turn_against_the_local_stack(online, db, local_server):
+    """The local stack's stream route with a model that streams: several pieces, joined the stored reply; the same
+    client_turn_id again is the stored reply, replayed."""
+    fake_llm, _ = online
+    fake_llm.responder = lambda body: EXTRACTED if body.get("response_format") else "Porto has the best bread, surely."
+    with Client(local_server.url, token("alice")) as eros:
+        session = eros.create_session("luna").id
+        turn = eros.stream_turn(session, "I bake bread in Porto", client_turn_id="t-1")
+        pieces = list(turn)
+        assert len(pieces) > 3 and "".join(pieces) == turn.result.reply == "Porto has the best bread, surely."
+        assert not turn.result.replayed and turn.user_message_id == turn.result.user_message_id
+        again = eros.stream_turn(session, "I bake bread in Porto", client_turn_id="t-1")
+        assert "".join(again) == turn.result.reply and again.result.replayed
+        assert again.result.assistant_message_id == turn.result.assistant_message_id
+    assert [r["json"].get("stream") for r in fake_llm.requests] == [True]  # the model was asked once
+
+
+def test_the_readmes_streaming_example_runs(online, db, local_server, capsys):
+    """clients/python/README.md's streamed turn as written, against the local stack."""
+    readme = (ROOT / "clients" / "python" / "README.md").read_text(encoding="utf-8")
+    example = re.search(r"## Replies as they are written.*?```python\n(.*?)```", readme, re.S)
+    assert example is not None
+    with Client(local_server.url, token("alice")) as eros:
+        namespace: dict[str, Any] = {"eros": eros, "session": eros.create_session("luna").id}
+        exec(compile(example[1], "README streaming example", "exec"), namespace)  # noqa: S102 (our own README)
+    assert capsys.readouterr().out.startswith("fake reply")  # then the local server's metrics line, in-process
+    assert namespace["turn"].result.reply == "fake reply"
+
+
+@pytest.mark.integration  # a loopback server
+def test_a_stream_that_breaks_off_is_asked_again_with_the_same_turn_id_and_nothing_is_said_twice():
+    with FakeApi(STREAM, TURN) as fake, Client(fake.root, "t", backoff=0.01) as eros:
+        cut = streamed("Hello there", "Hel")[:-1]  # the turn and one piece, then the connection ends
+        fake.push(sse(*cut), Disconnect(), sse(*streamed("Hello there", "Hello there", replayed=True)))
+        turn = eros.stream_turn(SESSION, "hi")
+        assert list(turn) == ["Hel", "lo there"]
+        assert turn.result.replayed and turn.result.reply == "Hello there"
+        sent = [r["json"] for r in fake.requests]
+        assert len(sent) == 3 and len({r["client_turn_id"] for r in sent}) == 1
+        # Broken every time: after max_retries (2) more attempts, the transport error, as take_turn raises it.
+        import httpx
+
+        fake.push(*[sse(*cut)] * 3)
+        with pytest.raises(httpx.TransportError):
+            list(eros.stream_turn(SESSION, "hi"))
+        assert fake.calls == 3 + 3
+
+
+@pytest.mark.integration  # a loopback server
+def test_a_streams_error_event_is_the_json_calls_error():
+    failed = {"statusCode": 504, "code": "model_timeout", "message": "the model took too long", "retryable": True}
+    with FakeApi(STREAM, TURN) as fake, Client(fake.root, "t", backoff=0.01) as eros:
+        # After a piece was given: raised at once (a retry would write another reply after it).
+        fake.push(sse(*streamed("x", "Hel")[:-1], ("error", failed)))
+        turn = eros.stream_turn(SESSION, "hi")
+        with pytest.raises(ApiError) as timed_out:
+            list(turn)
+        assert (timed_out.value.status, timed_out.value.code, timed_out.value.retryable) == (504, "model_timeout", True)
+        assert fake.calls == 1
+        # Before any piece: retried as take_turn is, with the same turn id.
+        fake.push(sse(streamed("x")[0], ("error", failed)), sse(*streamed("fine", "fine")))
+        assert list(eros.stream_turn(SESSION, "hi")) == ["fine"]
+        assert fake.calls == 3 and fake.requests[1]["json"] == fake.requests[2]["json"]
+        # An error before the stream began is raised by stream_turn itself, as take_turn raises it.
+        fake.push(Status(401, body={"message": "Unauthorized"}))
+        with pytest.raises(Unauthorized):
+            eros.stream_turn(SESSION, "hi")
+        fake.push(Status(404, body={"statusCode": 404, "code": "not_found", "message": "session not found"}))
+        with pytest.raises(ApiError) as missing:
+            eros.stream_turn(SESSION, "hi")
+        assert missing.value.code == "not_found"
+
+
+@pytest.mark.integration  # a loopback server
+def test_an_api_without_the_stream_route_answers_through_the_json_route():
+    """A deployment older than the stream route: its 404 (no route) sends the turn to the JSON route, the
+    reply as one piece, and the client asks it that way from then on."""
+    with FakeApi(f"/v1/sessions/{SESSION}/turns", TURN) as fake, Client(fake.root, "t", backoff=0.01) as eros:
+        turn = eros.stream_turn(SESSION, "hi", client_turn_id="turn-1")
+        assert list(turn) == ["hi"] and turn.result.reply == "hi"
+        assert [(r["path"], r["json"]["client_turn_id"]) for r in fake.requests] == [
+            (STREAM, "turn-1"), (f"/v1/sessions/{SESSION}/turns", "turn-1")]
+        assert eros.stream_turn(SESSION, "again").result.reply == "hi"
+        assert fake.calls == 3  # the stream route is not asked again
+
+
+@pytest.mark.integration  # a loopback server
+def test_the_async_client_streams_too():
+    async def run() -> tuple[list[str], Any]:
+        async with AsyncClient(fake.root, "t", backoff=0.01) as eros:
+            turn = await eros.stream_turn(SESSION, "hi")
+            pieces = [piece async for piece in turn]
+            return pieces, await turn.answer()
+
+    with FakeApi(STREAM, TURN) as fake:
+        fake.push(sse(*streamed("Hello", "Hel")[:-1]), sse(*streamed("Hello", "Hel", "lo")))
+        pieces, answer = asyncio.run(run())
+    assert pieces == ["Hel", "lo"] and answer.reply == "Hello" and fake.calls == 2
+
+
+def test_a_stream_url_without_a_scheme_is_refused_with_a_clear_error():
+    with pytest.raises(ValueError, match="stream_url must start with http:// or https://"):
+        Client("http://127.0.0.1:3000", stream_url="lambda-url.example")

@@ -673,13 +673,15 @@ def cmd_chat(args) -> int:
     import httpx
 
     from eros.config import settings
+    from eros_client import Client
 
     from .tokens import issue_token, local_jwt_key
 
     url = args.url or f"http://127.0.0.1:{settings().port}"
-    if not url.lower().startswith(("http://", "https://")):
-        raise BadInput(f"--url {url!r} needs its scheme: http:// or https:// (e.g. --url http://{url})")
-    token = issue_token(args.user, settings(), local_jwt_key())
+    for option, given in (("--url", url), ("--stream-url", args.stream_url)):
+        if given and not given.lower().startswith(("http://", "https://")):
+            raise BadInput(f"{option} {given!r} needs its scheme: http:// or https:// (e.g. {option} http://{given})")
+    token = args.token or issue_token(args.user, settings(), local_jwt_key())
     client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
     try:
         answer = client.get("/v1/personas")
@@ -697,16 +699,11 @@ def cmd_chat(args) -> int:
     persona = args.persona or known[0]
     session = client.post("/v1/sessions", json={"persona_id": persona}).raise_for_status().json()
     print(f"session {session['id']} with {persona} — type a message, Ctrl-D to quit")
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        response = client.post(f"/v1/sessions/{session['id']}/turns", json={"content": line.strip()})
-        body = response.json()
-        if response.status_code != 200:
-            print(f"[{response.status_code}] {body.get('message')}")
-            continue
-        recalled = ", ".join(f"{r['layer']}/{r['category'] or '-'}" for r in body["recalled"]) or "nothing"
-        print(f"{persona}> {body['reply']}\n   (recalled: {recalled})")
+    # A stream that breaks off is asked for once more (the same client_turn_id: the stored reply is replayed).
+    with Client(url, token, timeout=60, max_retries=1, stream_url=args.stream_url) as eros:
+        for line in sys.stdin:
+            if line.strip():
+                _chat_turn(eros, session["id"], persona, line.strip(), args.stream)
     return 0
 
 
@@ -742,6 +739,35 @@ def cmd_mcp(args) -> int:
     return 0
 
 
+def _chat_turn(eros, session_id: str, persona: str, content: str, stream: bool) -> None:
+    """One turn of ``eros chat``: the reply's words printed as they come (``stream``) or whole, then what was
+    recalled; an error is one line, ``[status code] message``, after what the reply had said so far."""
+    import httpx
+
+    from eros_client import ApiError
+
+    began = False  # the reply's line was begun: an error goes on a line of its own
+    try:
+        if stream:
+            for piece in (turn := eros.stream_turn(session_id, content)):
+                print(piece if began else f"{persona}> {piece}", end="", flush=True)
+                began = True
+            result = turn.result
+            print("" if began else f"{persona}> ")  # the reply's line ends (an empty reply has its prompt alone)
+        else:
+            result = eros.take_turn(session_id, content)
+            print(f"{persona}> {result.reply}")
+    except ApiError as error:
+        print(f"{'\n' if began else ''}[{error.status} {error.code}] {error.message}", flush=True)
+        return
+    except httpx.TransportError as error:
+        print(f"{'\n' if began else ''}[no answer] the connection broke ({type(error).__name__}): the message may "
+              "have been stored", flush=True)
+        return
+    recalled = ", ".join(f"{r.layer}/{r.category or '-'}" for r in result.recalled) or "nothing"
+    print(f"   (recalled: {recalled})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="eros", description="Dreaming memory for companion chat")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -768,6 +794,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("user", nargs="?", default="local-user")
     p.add_argument("--persona")
     p.add_argument("--url", help="the local stack's address; default http://127.0.0.1:PORT (3000)")
+    p.add_argument("--token", help="a bearer token for a deployed API (default: a local token for USER)")
+    p.add_argument("--stream-url", help="where streamed turns go when that is not --url (a deployed stack's StreamUrl"
+                                        " URL)")
+    p.add_argument("--no-stream", dest="stream", action="store_false",
+                   help="ask for each reply whole (the JSON route) instead of word by word")
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("mcp", help="serve USER's memories as MCP tools over stdio (search, list, add, edit, forget,"

@@ -45,10 +45,12 @@ try {
   await waitUntil(page, () => !document.querySelector("#message").disabled);
   await page.type("#message", "I keep bees by the river");
   await page.keyboard.press("Enter");
-  await page.waitForSelector("#messages li.assistant");
-  await page.click("#messages li.assistant summary");
-  seen.reply = await text("#messages li.assistant p");
-  seen.recalled = await text("#messages li.assistant .recalled");
+  // The reply streams in (li.assistant.streaming, its words arriving), then is replaced by the whole one.
+  const reply = "#messages li.assistant:not(.streaming)";
+  await page.waitForSelector(reply);
+  await page.click(`${reply} summary`);
+  seen.reply = await text(`${reply} p`);
+  seen.recalled = await text(`${reply} .recalled`);
 
   await page.click("#sweep");
   await waitUntil(page, () => document.querySelector("#sweep-result").textContent.startsWith("Claimed"));

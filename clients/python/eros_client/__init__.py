@@ -6,5 +6,7 @@ with), and retries that honour ``retryable`` and Retry-After."""
 from . import models
 from ._client import ApiError, AsyncClient, Client, Unauthorized
 from ._operations import UNSET
+from ._stream import AsyncTurnStream, TurnStream
 
-__all__ = ["ApiError", "AsyncClient", "Client", "UNSET", "Unauthorized", "models"]
+__all__ = ["ApiError", "AsyncClient", "AsyncTurnStream", "Client", "TurnStream", "UNSET", "Unauthorized",
+           "models"]

@@ -26,6 +26,7 @@ import httpx
 from . import _operations as op
 from . import models
 from ._operations import UNSET, Call
+from ._stream import AsyncTurnStream, TurnStream, _body, _route_missing
 
 T = TypeVar("T")
 Token = str | Callable[[], str]
@@ -115,24 +116,47 @@ def _headers(token: Token | None) -> dict[str, str]:
 
 
 class _Base:
-    def __init__(self, base_url: str, token: Token | None, max_retries: int, max_wait: float, backoff: float):
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https:// (got {base_url!r})")
+    def __init__(self, base_url: str, token: Token | None, max_retries: int, max_wait: float, backoff: float,
+                 stream_url: str | None = None):
+        for name, url in (("base_url", base_url), ("stream_url", stream_url or base_url)):
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{name} must start with http:// or https:// (got {url!r})")
         self._token = token
         self._policy = _Policy(max_retries, max_wait, backoff)
+        self._stream_root = (stream_url or "").rstrip("/")  # "": the base_url's
+        self._streams = True  # False once the API answered that it has no stream route
 
     def _request(self, call: Call[Any]) -> dict[str, Any]:
         return {"method": call.method, "url": call.path, "params": call.params or None,
                 "json": call.body, "headers": _headers(self._token)}
 
+    def _stream_request(self, url: str, call: Call[Any]) -> dict[str, Any]:
+        return {"method": "POST", "url": url, "json": call.body,
+                "headers": {**_headers(self._token), "Accept": "text/event-stream"}}
+
+    def _streamed(self, session_id: UUID | str, content: str,
+                  client_turn_id: str | None) -> tuple[Call[models.TurnResult], str]:
+        call = op.take_turn(session_id, content, client_turn_id)
+        return call, f"{self._stream_root}{call.path}/stream"
+
+    def _stream_refusal(self, response: httpx.Response, body: Any) -> ApiError | None:
+        """The error a stream request was answered with; None when the API has no stream route (remembered)."""
+        if _route_missing(response.status_code, body):
+            self._streams = False
+            return None
+        return _api_error(response.status_code, body, _retry_after(response))
+
 
 class Client(_Base):
     """The API, synchronously. ``token``: the user's bearer token (a JWT of your issuer), or a function that
-    returns a fresh one; ``base_url``: the API's root (the stack's ApiUrl output, or http://127.0.0.1:3000)."""
+    returns a fresh one; ``base_url``: the API's root (the stack's ApiUrl output, or http://127.0.0.1:3000);
+    ``stream_url``: where ``stream_turn`` is sent when that is elsewhere (a deployed stack's stream URL), by default
+    ``base_url``."""
 
     def __init__(self, base_url: str, token: Token | None = None, *, timeout: float = 30.0, max_retries: int = 2,
-                 max_wait: float = 30.0, backoff: float = 0.5, http: httpx.Client | None = None):
-        super().__init__(base_url, token, max_retries, max_wait, backoff)
+                 max_wait: float = 30.0, backoff: float = 0.5, http: httpx.Client | None = None,
+                 stream_url: str | None = None):
+        super().__init__(base_url, token, max_retries, max_wait, backoff, stream_url)
         self._http = http or httpx.Client(base_url=base_url, timeout=timeout)
 
     def close(self) -> None:
@@ -160,6 +184,31 @@ class Client(_Base):
                     wait = self._policy.after_error(error, attempt)
                     if wait is None:
                         raise
+            time.sleep(wait)
+            attempt += 1
+
+    def _open_stream(self, url: str, call: Call[Any]) -> httpx.Response | None:
+        """The stream request sent until it is answered with a stream (an error retried as ``_send`` retries
+        one), its body unread; None when the API has no stream route."""
+        attempt = 0
+        while True:
+            try:
+                response = self._http.send(self._http.build_request(**self._stream_request(url, call)), stream=True)
+            except httpx.TransportError:
+                wait = self._policy.after_broken_connection(call, attempt)
+                if wait is None:
+                    raise
+            else:
+                if response.is_success:
+                    return response
+                response.read()
+                response.close()
+                error = self._stream_refusal(response, _body(response))
+                if error is None:
+                    return None
+                wait = self._policy.after_error(error, attempt)
+                if wait is None:
+                    raise error
             time.sleep(wait)
             attempt += 1
 
@@ -214,6 +263,13 @@ class Client(_Base):
     def take_turn(self, session_id: UUID | str, content: str, *,
                   client_turn_id: str | None = None) -> models.TurnResult:
         return self._send(op.take_turn(session_id, content, client_turn_id))
+
+    def stream_turn(self, session_id: UUID | str, content: str, *, client_turn_id: str | None = None) -> TurnStream:
+        """A turn whose reply comes as the model writes it: iterate the answer for the pieces, then read its
+        ``result`` (what ``take_turn`` answers). An error before the stream begins is raised here; one after it,
+        while iterating. Sent to ``stream_url`` when the client was given one (a deployed API's function URL)."""
+        call, url = self._streamed(session_id, content, client_turn_id)
+        return TurnStream(self, call, url, self._open_stream(url, call) if self._streams else None)
 
     def append_messages(self, session_id: UUID | str,
                         messages: Sequence[models.NewMessage | Mapping[str, Any]]) -> models.Appended:
@@ -276,8 +332,9 @@ class AsyncClient(_Base):
     """The API, with asyncio: the same methods as ``Client``, awaited."""
 
     def __init__(self, base_url: str, token: Token | None = None, *, timeout: float = 30.0, max_retries: int = 2,
-                 max_wait: float = 30.0, backoff: float = 0.5, http: httpx.AsyncClient | None = None):
-        super().__init__(base_url, token, max_retries, max_wait, backoff)
+                 max_wait: float = 30.0, backoff: float = 0.5, http: httpx.AsyncClient | None = None,
+                 stream_url: str | None = None):
+        super().__init__(base_url, token, max_retries, max_wait, backoff, stream_url)
         self._http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout)
 
     async def aclose(self) -> None:
@@ -305,6 +362,30 @@ class AsyncClient(_Base):
                     wait = self._policy.after_error(error, attempt)
                     if wait is None:
                         raise
+            await asyncio.sleep(wait)
+            attempt += 1
+
+    async def _open_stream(self, url: str, call: Call[Any]) -> httpx.Response | None:
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.send(self._http.build_request(**self._stream_request(url, call)),
+                                                 stream=True)
+            except httpx.TransportError:
+                wait = self._policy.after_broken_connection(call, attempt)
+                if wait is None:
+                    raise
+            else:
+                if response.is_success:
+                    return response
+                await response.aread()
+                await response.aclose()
+                error = self._stream_refusal(response, _body(response))
+                if error is None:
+                    return None
+                wait = self._policy.after_error(error, attempt)
+                if wait is None:
+                    raise error
             await asyncio.sleep(wait)
             attempt += 1
 
@@ -358,6 +439,13 @@ class AsyncClient(_Base):
     async def take_turn(self, session_id: UUID | str, content: str, *,
                         client_turn_id: str | None = None) -> models.TurnResult:
         return await self._send(op.take_turn(session_id, content, client_turn_id))
+
+    async def stream_turn(self, session_id: UUID | str, content: str, *,
+                          client_turn_id: str | None = None) -> AsyncTurnStream:
+        """``Client.stream_turn``: ``async for piece in await eros.stream_turn(...)``, then ``await
+        stream.answer()``."""
+        call, url = self._streamed(session_id, content, client_turn_id)
+        return AsyncTurnStream(self, call, url, await self._open_stream(url, call) if self._streams else None)
 
     async def append_messages(self, session_id: UUID | str,
                               messages: Sequence[models.NewMessage | Mapping[str, Any]]) -> models.Appended:
