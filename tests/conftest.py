@@ -156,7 +156,7 @@ def clean_schema() -> str:
     return ";".join([*(f"DELETE FROM engine.{table}" for table in (
         "companion_memories", "chat_messages", "chat_sessions", "user_deep_pass", "persona_instances",
         "provider_blocks", "user_usage", "user_model_usage", "user_reembedding", "embedding_space",
-        "embedding_calibrations")),
+        "embedding_calibrations", "memory_events", "user_event_sequence")),  # the events last: the DELETEs write some
         "DELETE FROM engine.personas WHERE owner_id IS NOT NULL"
         f" OR id NOT IN (SELECT jsonb_array_elements_text('{seeded}'::jsonb))",
         "DELETE FROM engine.persona_versions WHERE version > 1",

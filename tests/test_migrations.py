@@ -163,6 +163,7 @@ APP_TABLE_PRIVILEGES = {
     "embedding_calibrations": {"SELECT", "INSERT"},  # `eros calibrate` adds a row; none is ever changed
     "chat_sessions": READ_WRITE, "companion_memories": READ_WRITE, "user_deep_pass": READ_WRITE,
     "user_reembedding": READ_WRITE,
+    "memory_events": READ_WRITE, "user_event_sequence": READ_WRITE,  # the events outbox (migration 0035)
     "user_usage": READ_WRITE, "user_model_usage": READ_WRITE, "provider_blocks": READ_WRITE,
     "user_consolidation": READ_WRITE,  # a view: user_deep_pass by the previous release's name (migration 0022)
 }

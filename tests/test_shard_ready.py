@@ -17,7 +17,8 @@ pytestmark = pytest.mark.unit
 STORES = ROOT / "layers" / "eros" / "eros" / "store"
 FUNCTIONS = ROOT / "layers" / "eros" / "eros" / "sql" / "functions"
 USER_TABLES = {"chat_sessions", "chat_messages", "companion_memories", "persona_instances", "user_deep_pass",
-               "user_usage", "user_model_usage", "relationship_terms", "user_reembedding"}
+               "user_usage", "user_model_usage", "relationship_terms", "user_reembedding",
+               "memory_events", "user_event_sequence"}  # the events' outbox and each user's event counter (0035)
 # Reference data: on every shard. A user's own characters (migration 0030) are persona rows too: few and small,
 # replicated with the app's, written through the database's functions only.
 SHARED_TABLES = {"personas", "persona_versions", "provider_blocks", "schema_migrations", "schema_objects",
@@ -43,6 +44,12 @@ CROSS_USER = {
     "reembedding.late_rows": "rows of any user written since their user's job was done, before the switch: per shard",
     "reembedding.any_pending": "whether any user's job is left: every shard",
     "reembedding.redrive": "an operator re-drives every given-up user: every shard",
+    "events._PENDING": "the sweeper publishes every user's events, oldest first: run per shard (a user's events are "
+                       "on the user's shard, in their order)",
+    "events.published": "the published events, by the ids the drain just read: per shard",
+    "events.record_memory_event": "a trigger on one memory row (its type names the table): writes the event of "
+                                  "that row's own user, on that row's shard",
+    "events.backlog": "the events not published yet, over the whole deployment: summed over shards",
     "embedding.keep_embedding_space": "the same question, asked by the trigger only when a vector of another "
                                       "model than the recorded one is written: every shard",
 }

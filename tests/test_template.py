@@ -360,14 +360,17 @@ def test_every_function_verifies_the_database_certificate_with_a_configurable_bu
             "Ref": "DatabaseSslRootCert"}
 
 
-def test_the_sweeper_may_only_invoke_the_extract_function(template):
+def test_the_sweeper_may_only_invoke_the_extract_function_and_publish_to_the_memory_bus(template):
     sweeper = statements(template, "SweeperFunction")
     lambda_statements = [s for s in sweeper if any(a.startswith("lambda:") for a in as_list(s["Action"]))]
     assert len(lambda_statements) == 1
     assert as_list(lambda_statements[0]["Action"]) == ["lambda:InvokeFunction"]
     assert as_list(lambda_statements[0]["Resource"]) == [{"Fn::GetAtt": ["ExtractFunction", "Arn"]}]
     actions = {a for s in sweeper for a in as_list(s["Action"])}
-    assert actions == {"lambda:InvokeFunction", "secretsmanager:GetSecretValue"}
+    assert actions == {"lambda:InvokeFunction", "secretsmanager:GetSecretValue", "events:PutEvents"}
+    [publish] = [s for s in sweeper if "events:PutEvents" in as_list(s["Action"])]
+    assert as_list(publish["Resource"]) == [{"Fn::GetAtt": ["MemoryEventBus", "Arn"]}]  # its own bus, no other
+    assert props(template, "SweeperFunction")["Environment"]["Variables"]["EVENT_BUS_NAME"] == {"Ref": "MemoryEventBus"}
     assert props(template, "SweeperFunction")["Environment"]["Variables"]["EXTRACT_FUNCTION_NAME"] == \
         {"Ref": "ExtractFunction"}
     for name in ("ChatFunction", "ExtractFunction", "MigrateFunction"):

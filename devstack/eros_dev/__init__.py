@@ -22,3 +22,13 @@ def data_dir() -> Path:
     """Where the local stack keeps its state: EROS_DATA_DIR, else .data/ in the checkout (never committed)."""
     folder = settings().eros_data_dir
     return Path(folder) if folder else ROOT / ".data"
+
+
+def events_log() -> Path:
+    """Where the local stack's sweeps publish memory events (eros.events, EVENTS_LOG), for `eros events` to read:
+    EVENTS_LOG if set, else events.jsonl in the data folder. Sets EVENTS_LOG to it for this process's sweeps."""
+    import os
+
+    path = Path(os.environ.setdefault("EVENTS_LOG", str(data_dir() / "events.jsonl")))
+    settings.cache_clear()
+    return path

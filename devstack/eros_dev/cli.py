@@ -1,5 +1,6 @@
 """The ``eros`` command: serve (the local stack) and stop it, migrate, token, chat, mcp, sweep, invoke, doctor,
-calibrate, forget, usage, backfill-episodes. Every failure is one line on stderr (EROS_DEBUG=1 shows the traceback)."""
+calibrate, forget, usage, events, backfill-episodes. Every failure is one line on stderr (EROS_DEBUG=1 shows the
+traceback)."""
 
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ def cmd_serve(args) -> int:
     from eros.config import settings
     from eros.migrate import migrate
 
-    from . import data_dir
+    from . import data_dir, events_log
     from .server import make_server
     from .stack import stop_embedded_postgres
 
@@ -119,6 +120,7 @@ def cmd_serve(args) -> int:
     # Exports (GET /v1/export) go to a folder this server serves, in place of S3 and its presigned URLs.
     os.environ.setdefault("EXPORT_DIR", str(data_dir() / "exports"))
     os.environ.setdefault("EXPORT_BASE_URL", f"{base}/local")
+    events_log()  # each sweep publishes the memory events there (`eros events --follow`)
     settings.cache_clear()
     cfg = settings()
     try:
@@ -201,9 +203,11 @@ def cmd_sweep(args) -> int:
 
     from eros.config import settings
 
+    from . import events_log
     from .dreaming import sweep_locally
 
     _database()
+    events_log()
     with _answer_only(), _quiet():  # the answer below says what each job did
         result = sweep_locally(idle_now=args.now)
     if args.json:
@@ -234,6 +238,42 @@ def swept(result: dict, idle_secs: int, now: bool) -> list[str]:
         lines.append(f"nothing was idle: a session is dreamt about {idle_secs} s after its last message "
                      f"(DREAMING_IDLE_SECS); `eros sweep --now` takes every session with new messages at once")
     return lines
+
+
+def cmd_events(args) -> int:
+    """The memory events the local stack's sweeps published (eros.events; docs/EVENTS.md), oldest first, each once
+    (a sweep killed after publishing publishes its batch again: the log keeps both, this shows one); --follow
+    waits for more."""
+    import json
+
+    from . import events_log
+
+    path, shown = events_log(), set()
+    if not path.exists() and not args.follow:
+        print(f"no events yet: each sweep of the local stack (`make run`, `eros sweep`) publishes them to {path}")
+        return 0
+    offset = 0
+    while True:
+        if path.exists():
+            with path.open(encoding="utf-8") as log:
+                log.seek(offset)
+                while (line := log.readline()).endswith("\n"):
+                    offset = log.tell()
+                    event = json.loads(line)
+                    if event["id"] in shown or (args.user and event["user_id"] != args.user):
+                        continue
+                    shown.add(event["id"])
+                    print(json.dumps(event, ensure_ascii=False) if args.json else _event_line(event), flush=True)
+        if not args.follow:
+            return 0
+        time.sleep(0.5)
+
+
+def _event_line(event: dict) -> str:
+    about = event.get("memory_id") or event.get("session_id") or ""
+    detail = " ".join(f"{k}={v}" for k, v in event["detail"].items())
+    return (f"{event['occurred_at'][11:19]} {event['user_id']} #{event['seq']} {event['type']} {about} {detail}"
+            .rstrip())
 
 
 def cmd_invoke(args) -> int:
@@ -848,6 +888,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="the sweep's answer and each job's, as JSON")
     p.set_defaults(func=cmd_sweep)
 
+    p = sub.add_parser("events", help="the memory events the local stack's sweeps published (docs/EVENTS.md)")
+    p.add_argument("--follow", "-f", action="store_true", help="wait for more, as tail -f does")
+    p.add_argument("--user", help="only this user's events")
+    p.add_argument("--json", action="store_true", help="each event as its JSON document, a line each")
+    p.set_defaults(func=cmd_events)
     p = sub.add_parser("stop", help="stop the running local stack and its embedded Postgres (`make stop`)")
     p.set_defaults(func=cmd_stop)
 

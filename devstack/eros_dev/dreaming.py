@@ -82,7 +82,12 @@ def sweep_locally(workers: int = 4, *, idle_now: bool = False, event: dict | Non
     finally:
         function.close()
         invoker.wait()
-    return result | {"jobs": invoker.outcomes()}
+    # The memory events its jobs wrote, now (in AWS the next sweep publishes them: eros.events), so that a person
+    # who pressed "sweep now" sees them at once.
+    from eros import events
+
+    published = result.get("events_published", 0) + events.publish_pending(settings())
+    return result | {"jobs": invoker.outcomes(), "events_published": published}
 
 
 def run_local_sweeper(cfg: Settings, workers: int = 4) -> threading.Thread:

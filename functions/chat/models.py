@@ -414,6 +414,8 @@ class Erased(ApiModel):
     deep_pass: int = Field(description="the user's deep-pass (per-user consolidation) record")
     personas: int = Field(0, description="characters the user made, with every version")
     reembedding: int = Field(0, description="the user's re-embedding job, while a change of embedder is under way")
+    events: int = Field(0, description="memory events about the user not yet published (one `user.erased` event "
+                        "is published in their place)")
     usage_days: int = Field(description="days of token usage and turn counts")
     usage_by_model: int = Field(description="rows of usage per day, purpose and model")
     exports: int = Field(description="export files not yet expired")

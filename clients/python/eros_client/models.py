@@ -179,6 +179,10 @@ class Erased(BaseModel):
     """
     the user's re-embedding job, while a change of embedder is under way
     """
+    events: Annotated[int | None, Field(title="Events")] = 0
+    """
+    memory events about the user not yet published (one `user.erased` event is published in their place)
+    """
     usage_days: Annotated[int, Field(title="Usage Days")]
     """
     days of token usage and turn counts

@@ -166,6 +166,14 @@ class Settings(BaseModel):
     export_dir: str | None = None
     export_base_url: str | None = None
 
+    # --- memory events (eros.events): where the sweeper publishes them. AWS: the template's EventBus
+    # (EVENT_BUS_NAME); the local stack: a JSON-lines file (`eros serve` sets EVENTS_LOG; `eros events` reads it).
+    # Neither: events are dropped as they are drained. A memory's text only with EVENTS_INCLUDE_TEXT.
+    event_bus_name: str | None = None
+    events_log: str | None = None
+    events_include_text: bool = False
+    events_per_tick: int = Field(2000, ge=1)
+
     # --- recall (eros.recall): one nested model, each knob read from the variable its alias names -----
     recall: RecallKnobs = RecallKnobs()
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from .. import clock
+from .. import clock, events
 from ..config import Settings
 from ..observability import logger, metrics
 from ..store import blocks as provider_blocks
@@ -41,6 +41,7 @@ class SweepResult:
     in_flight: int = 0  # jobs claimed by earlier ticks and not stale yet
     blocked: list[str] | None = None  # providers that refused our credentials (only a probe is claimed)
     messages_expired: int = 0  # retention (TRANSCRIPT_RETENTION_DAYS): extracted messages deleted this tick
+    events_published: int = 0  # memory events (eros.events) published this tick
 
 
 RETENTION_PER_TICK = 10000  # messages a sweep deletes at most (a backlog goes over the next ticks)
@@ -135,6 +136,7 @@ def sweep(cfg: Settings, invoke: jobs.Invoker, *, now: Callable[[], datetime] | 
         result.deep_pass_invoke_failures = users.invoke_failures
         _reembed(cfg, invoke, now, out_of_time, budget - result.claimed - result.users_claimed, result)
     result.messages_expired = expire_transcripts(cfg, moment)
+    result.events_published = events.publish_pending(cfg)
     _metrics(result, len(blocks), backlog_age)
     logger.info("sweep done", extra=asdict(result))
     return result

@@ -71,6 +71,12 @@ _ERASE = (
     ("personas", "SELECT 1 FROM generate_series(1, engine.erase_user_personas(%(user)s))"),
     ("deep_pass", "DELETE FROM engine.user_deep_pass WHERE user_id = %(user)s"),
     ("reembedding", "DELETE FROM engine.user_reembedding WHERE user_id = %(user)s"),
+    # The user's events not published yet go too (the changes they told of are gone), and one event says the user
+    # was erased: its row, which names the user, is the one left until the next sweep publishes it (the deletions
+    # above wrote no event of their own: engine.erasing). Then the user's event counter.
+    ("events", "DELETE FROM engine.memory_events WHERE user_id = %(user)s AND type <> 'user.erased'"),
+    ("erased_event", "SELECT engine.record_event(%(user)s, 'user.erased', NULL, NULL, '{}')"),
+    ("event_sequence", "DELETE FROM engine.user_event_sequence WHERE user_id = %(user)s"),
 )
 # Usage goes in a statement of its own, after the transaction: a chat turn locks its user's usage rows and
 # then the session (store.chat.open_turn, record_turn), so an erasure holding the sessions must not wait
@@ -180,7 +186,11 @@ def _erase_rows(user_id: str) -> dict[str, int]:
         consolidation.hold_user(conn, user_id)
         conn.execute("SELECT id FROM engine.chat_sessions WHERE user_id = %s ORDER BY id FOR UPDATE", (user_id,))
         conn.execute("SELECT user_id FROM engine.user_deep_pass WHERE user_id = %s FOR UPDATE", (user_id,))
-        return {kind: conn.execute(statement, {"user": user_id}).rowcount for kind, statement in _ERASE}
+        conn.execute("SELECT set_config('eros.erasing', 'on', true)")  # its deletions: one user.erased event
+        erased = {kind: conn.execute(statement, {"user": user_id}).rowcount for kind, statement in _ERASE}
+        for bookkeeping in ("erased_event", "event_sequence"):
+            del erased[bookkeeping]
+        return erased
 
 
 @retried
