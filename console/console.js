@@ -760,14 +760,27 @@ async function sweepNow() {
         + (job.episode ? `, episode ${job.episode}` : "")
       : `deep pass: ${job.outcome}`);
     $("sweep-result").textContent = `Claimed ${result.claimed} session(s)${jobs.length ? ": " : "."}${jobs.join("; ")}`;
-    await Promise.all([refreshMemories(true), refreshSessions()]);
+    await Promise.all([refreshMemories(true), refreshSessions(), refreshEvents()]);
   } catch (error) {
     $("sweep-result").textContent = `Sweep failed: ${plainly(error)}`;
   } finally { button.disabled = false; }
 }
 
 async function refresh() {
-  await Promise.all([refreshMemories(), refreshSessions()]);
+  await Promise.all([refreshMemories(), refreshSessions(), refreshEvents()]);
+}
+
+// The local stack's memory events of the signed-in user (GET /local/events: what its sweeps published), newest
+// first. A deployed API has none to show here: its events are on an EventBridge bus (docs/EVENTS.md).
+async function refreshEvents() {
+  $("events").hidden = !state.local;
+  if (!state.local) return;
+  const { events } = await call("GET", "/local/events");
+  $("event-list").replaceChildren(...events.slice().reverse().map((e) => el("li", { "data-type": e.type },
+    `#${e.seq} ${e.type}`, el("span", { class: "note" },
+      ` · ${ago(e.occurred_at)}${e.memory_id ? ` · memory ${short(e.memory_id)}` : ""}`
+      + `${e.session_id ? ` · session ${short(e.session_id)}` : ""}`
+      + `${e.detail && e.detail.reason ? ` · ${e.detail.reason}` : ""}`))));
 }
 
 // Without a model (the local stack with no key: the offline stand-ins), replies are echoes and memories a crude pick

@@ -36,8 +36,10 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # Tests never reach real providers or AWS, whatever the developer's shell has exported.
 for name in ("OPENROUTER_API_KEY", "VOYAGE_API_KEY", "LLM_BASE_URL", "EMBED_BASE_URL", "PROVIDER_SECRET_ARN",
-             "DATABASE_SECRET_ARN", "DATABASE_URL", "EXTRACT_FUNCTION_NAME"):
+             "DATABASE_SECRET_ARN", "DATABASE_URL", "EXTRACT_FUNCTION_NAME", "EVENT_BUS_NAME"):
     os.environ.pop(name, None)
+# The memory events the run's sweeps publish (eros.events) go to a file of this process, never the checkout's .data.
+os.environ["EVENTS_LOG"] = os.path.join(tempfile.mkdtemp(prefix="eros-events-"), "events.jsonl")
 os.environ.update({"AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "testing",
                    "AWS_SECRET_ACCESS_KEY": "testing", "POWERTOOLS_TRACE_DISABLED": "true",
                    "POWERTOOLS_LOG_LEVEL": "WARNING",

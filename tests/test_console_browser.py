@@ -605,6 +605,27 @@ def test_offline_shanghai_to_tokyo_keeps_the_job(browser, local_server):
     visit.close()
 
 
+def test_the_local_stack_shows_the_memory_events_its_sweeps_published(browser, local_server):
+    """Memory events (issue 32, docs/EVENTS.md) where a developer can watch them: the console's panel lists the
+    signed-in user's, newest first, after a sweep; a deletion is published by the next sweep."""
+    visit = Visit(browser, local_server.url)
+    page = visit.page
+    visit.sign_in("events-demo")
+    page.get_by_role("button", name="New session").click()
+    box = page.get_by_label("Message", exact=True)
+    box.fill("I live in Lisbon and I'm a nurse.")
+    box.press("Enter")
+    expect(page.locator(REPLY).last).to_contain_text("a nurse")
+    page.get_by_role("button", name="Sweep now").click()
+    events = page.get_by_role("list", name="Memory events").locator("li")
+    expect(events).to_have_count(4)  # two memories and the episode, then the session extracted
+    expect(events.first).to_contain_text("#4 session.extracted")
+    expect(events.last).to_contain_text("#1 memory.created")
+    visit.shot("console-events")
+    assert visit.errors == []
+    visit.close()
+
+
 # --- a streamed turn: the reply's words as they arrive (POST .../turns/stream, Server-Sent Events) ----------------
 
 def sse(*events: tuple[str, dict]) -> str:

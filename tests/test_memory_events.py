@@ -66,9 +66,9 @@ def test_every_change_of_a_day_is_one_event_in_the_users_order_with_no_text(db):
     text = json.dumps([dict(e, id=None, memory_id=None, session_id=None) for e in got], default=str)
     for said in ("Shanghai", "nurse", "Tokyo", "Miso"):
         assert said not in text  # ids and metadata only
-    # Each change once: a created event per profile row, nothing for the relationship layer's utterances.
+    # Each change once: a created event per profile row and episode, nothing for the relationship layer's utterances.
     profile_rows = db.execute("SELECT count(*) AS n FROM engine.companion_memories WHERE user_id = 'alice'"
-                              " AND instance_id IS NULL").fetchone()["n"]
+                              " AND (instance_id IS NULL OR source = 'episode')").fetchone()["n"]
     assert types.count("memory.created") == profile_rows + 1  # the deleted one too
 
 
@@ -217,16 +217,15 @@ def test_the_local_stacks_sweep_publishes_them_and_eros_events_shows_each_once(d
     api = Api()
     sid = api.session()
     assert api.call("POST", f"/v1/sessions/{sid}/turns", {"content": "I live in Lisbon and I'm a nurse."})[0] == 200
-    assert sweep_locally(idle_now=True)["events_published"] == 3  # the session and its two memories
+    assert sweep_locally(idle_now=True)["events_published"] == 4  # its two memories, its episode, the session
     assert outbox(db) == []
     lines = log.read_text().splitlines()
     log.write_text("\n".join(lines + lines[:1]) + "\n")  # a batch published twice (a killed sweep)
     capsys.readouterr()
     assert cli.main(["events"]) == 0
     shown = capsys.readouterr().out.splitlines()
-    assert len(shown) == 3 and [line.split()[3] for line in shown] == ["memory.created", "memory.created",
-                                                                       "session.extracted"]
+    assert len(shown) == 4 and [line.split()[3] for line in shown] == ["memory.created"] * 3 + ["session.extracted"]
     assert all(" alice #" in line for line in shown)
     assert cli.main(["events", "--user", "bob"]) == 0 and capsys.readouterr().out == ""
     assert cli.main(["events", "--json"]) == 0
-    assert [json.loads(line)["seq"] for line in capsys.readouterr().out.splitlines()] == [1, 2, 3]
+    assert [json.loads(line)["seq"] for line in capsys.readouterr().out.splitlines()] == [1, 2, 3, 4]

@@ -54,6 +54,7 @@ def _bad_local_user(user: object) -> str | None:
     return None
 
 
+EVENTS_SHOWN = 200  # the console's events panel: the user's newest this many
 # The streamed turn: sent to the stream function (functions/chat/stream.py), as the stack's StreamUrl is in AWS.
 STREAM_ROUTE = re.compile(r"^/v1/sessions/[^/]+/turns/stream$")
 # Routes without the JWT authorizer; template.yaml marks the same ones `Authorizer: NONE` (a test checks).
@@ -199,7 +200,7 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
             return self._send_console(path)
         if self.command in ("GET", "HEAD") and path == "/local/stack":
             return self._json(200, {"local": True, "dreaming_idle_secs": self.server.settings.dreaming_idle_secs})
-        if self.command in ("GET", "HEAD") and path.startswith("/local/"):
+        if self.command in ("GET", "HEAD") and path.startswith("/local/exports/"):
             return self._send_export()
         try:
             body = self._body()
@@ -212,8 +213,10 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
         claims = verify_token(self.headers.get("authorization"), self.server.settings, self.server.key)
         if claims is None and (self.command, path) not in PUBLIC_ROUTES:
             return self._send(401, {"content-type": "application/json"}, '{"message":"Unauthorized"}')
-        if self.command == "POST" and path == "/local/sweep":
-            return self._local_sweep(body)
+        local = {("POST", "/local/sweep"): lambda: self._local_sweep(body),
+                 ("GET", "/local/events"): lambda: self._local_events(claims)}.get((self.command, path))
+        if local:
+            return local()
         headers = {k: v for k, v in self.headers.items() if k.lower() != "transfer-encoding"}
         if "transfer-encoding" in self.headers:
             headers["content-length"] = str(len(body))
@@ -294,6 +297,20 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
                                     "message": "send a JSON object, with idle_now true or false"})
         with self.server.sweeping:  # one sweep at a time, as one schedule would
             self._json(200, sweep_locally(idle_now=idle_now))
+
+    def _local_events(self, claims: dict) -> None:
+        """``GET /local/events``: the signed-in user's memory events the local sweeps published (eros.events, the
+        file `eros events` reads), oldest first, each once, the last EVENTS_SHOWN of them."""
+        from . import events_log
+
+        path, seen, mine = events_log(), set(), []
+        if path.exists():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                event = json.loads(line) if line.strip() else None
+                if event and event["user_id"] == claims.get("sub") and event["id"] not in seen:
+                    seen.add(event["id"])
+                    mine.append(event)
+        self._json(200, {"events": mine[-EVENTS_SHOWN:]})
 
     def _send_console(self, path: str) -> None:
         """The console's files (``console/``), with a policy that lets the page reach only this origin."""

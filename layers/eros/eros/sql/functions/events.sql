@@ -3,9 +3,10 @@
 --
 -- Triggers, not calls in each store module: every path that changes a memory (dreaming's write and its
 -- consolidation, the deep pass, the memory API, erasure, a future one) is covered by the one definition here, and an
--- event cannot be forgotten or written twice. Only profile-layer rows (instance_id IS NULL): the relationship
--- layer's utterances are written on every chat turn and are not memories a subscriber acts on (the WHEN clauses keep
--- a turn's insert from calling anything). What the change was is read from the row:
+-- event cannot be forgotten or written twice. Profile-layer rows (instance_id IS NULL) and episodes (source
+-- 'episode': a session's story, kept per persona instance); not the relationship layer's utterances, written on
+-- every chat turn and not memories a subscriber acts on (the WHEN clauses keep a turn's insert from calling
+-- anything). What the change was is read from the row:
 --
 -- * INSERT                                  -> memory.created (a new version of an edited fact too: its old
 --                                              version's event says what happened to it)
@@ -13,6 +14,8 @@
 -- * reason 'duplicate'                      -> memory.merged
 -- * any other reason ('changed', ...)       -> memory.superseded
 -- * superseded_at cleared                   -> memory.restored
+-- * an episode's text rewritten in place    -> memory.edited (the user's edit, or dreaming extending the episode
+--                                              of a resumed session; no superseded_by)
 -- * DELETE                                  -> memory.deleted, unless the transaction erases the user
 --                                              (engine.erasing: one user.erased event says it all)
 -- * chat_sessions.extracted_at set          -> session.extracted
@@ -65,6 +68,9 @@ BEGIN
     ELSIF TG_OP = 'INSERT' THEN
         row_now := NEW;
         kind := 'memory.created';
+    ELSIF NEW.superseded_at IS NOT DISTINCT FROM OLD.superseded_at THEN  -- an episode rewritten in place
+        row_now := NEW;
+        kind := 'memory.edited';
     ELSIF NEW.superseded_at IS NULL THEN
         row_now := NEW;
         kind := 'memory.restored';
@@ -84,16 +90,22 @@ $$;
 
 CREATE OR REPLACE TRIGGER companion_memories_event_on_insert
     AFTER INSERT ON engine.companion_memories
-    FOR EACH ROW WHEN (NEW.instance_id IS NULL)
+    FOR EACH ROW WHEN (NEW.instance_id IS NULL OR NEW.source = 'episode')
     EXECUTE FUNCTION engine.record_memory_event();
 CREATE OR REPLACE TRIGGER companion_memories_event_on_supersession
     AFTER UPDATE OF superseded_at ON engine.companion_memories
-    FOR EACH ROW WHEN (NEW.instance_id IS NULL AND NEW.superseded_at IS DISTINCT FROM OLD.superseded_at
+    FOR EACH ROW WHEN ((NEW.instance_id IS NULL OR NEW.source = 'episode')
+                       AND NEW.superseded_at IS DISTINCT FROM OLD.superseded_at
                        AND (NEW.superseded_at IS NULL OR OLD.superseded_at IS NULL))
+    EXECUTE FUNCTION engine.record_memory_event();
+CREATE OR REPLACE TRIGGER companion_memories_event_on_episode_rewrite
+    AFTER UPDATE OF content ON engine.companion_memories
+    FOR EACH ROW WHEN (NEW.source = 'episode' AND NEW.content IS DISTINCT FROM OLD.content
+                       AND NEW.superseded_at IS NOT DISTINCT FROM OLD.superseded_at)
     EXECUTE FUNCTION engine.record_memory_event();
 CREATE OR REPLACE TRIGGER companion_memories_event_on_delete
     AFTER DELETE ON engine.companion_memories
-    FOR EACH ROW WHEN (OLD.instance_id IS NULL)
+    FOR EACH ROW WHEN (OLD.instance_id IS NULL OR OLD.source = 'episode')
     EXECUTE FUNCTION engine.record_memory_event();
 
 CREATE OR REPLACE FUNCTION engine.record_session_event() RETURNS trigger
