@@ -298,7 +298,7 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
         with self.server.sweeping:  # one sweep at a time, as one schedule would
             self._json(200, sweep_locally(idle_now=idle_now))
 
-    def _local_events(self, claims: dict) -> None:
+    def _local_events(self, claims: dict | None) -> None:
         """``GET /local/events``: the signed-in user's memory events the local sweeps published (eros.events, the
         file `eros events` reads), oldest first, each once, the last EVENTS_SHOWN of them."""
         from . import events_log
@@ -307,7 +307,7 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
         if path.exists():
             for line in path.read_text(encoding="utf-8").splitlines():
                 event = json.loads(line) if line.strip() else None
-                if event and event["user_id"] == claims.get("sub") and event["id"] not in seen:
+                if event and claims and event["user_id"] == claims.get("sub") and event["id"] not in seen:
                     seen.add(event["id"])
                     mine.append(event)
         self._json(200, {"events": mine[-EVENTS_SHOWN:]})
