@@ -229,3 +229,18 @@ def test_the_local_stacks_sweep_publishes_them_and_eros_events_shows_each_once(d
     assert cli.main(["events", "--user", "bob"]) == 0 and capsys.readouterr().out == ""
     assert cli.main(["events", "--json"]) == 0
     assert [json.loads(line)["seq"] for line in capsys.readouterr().out.splitlines()] == [1, 2, 3, 4]
+
+
+@pytest.mark.integration
+def test_the_local_events_route_shows_the_signed_in_user_their_own_events_only(db, local_server):
+    alice, bob = local_server.client("alice"), local_server.client("bob")
+    sid = alice.post("/v1/sessions", json={"persona_id": "luna"}).json()["id"]
+    assert alice.post(f"/v1/sessions/{sid}/turns", json={"content": "I live in Lisbon."}).status_code == 200
+    assert alice.post("/local/sweep", json={"idle_now": True}).status_code == 200
+    mine = alice.get("/local/events").json()["events"]
+    assert mine and {e["user_id"] for e in mine} == {"alice"}
+    assert [e["seq"] for e in mine] == sorted(e["seq"] for e in mine)
+    assert bob.get("/local/events").json() == {"events": []}
+    assert local_server.client(None).get("/local/events").status_code == 401
+    alice.close()
+    bob.close()

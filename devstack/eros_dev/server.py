@@ -200,7 +200,7 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
             return self._send_console(path)
         if self.command in ("GET", "HEAD") and path == "/local/stack":
             return self._json(200, {"local": True, "dreaming_idle_secs": self.server.settings.dreaming_idle_secs})
-        if self.command in ("GET", "HEAD") and path.startswith("/local/exports/"):
+        if self.command in ("GET", "HEAD") and path.startswith("/local/") and path != "/local/events":
             return self._send_export()
         try:
             body = self._body()
