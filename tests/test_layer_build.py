@@ -8,6 +8,7 @@ the wheels (pip's cache makes a second run quick)."""
 from __future__ import annotations
 
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -83,6 +84,32 @@ def test_only_the_stream_functions_layer_holds_the_token_verification(built):
     else:
         assert names == TOKEN_PACKAGES | {"bin"}
         assert list(site.rglob("*.pyc")) and not list(site.rglob("*.py"))
+
+
+HOST_ARCH = {"x86_64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine())
+SIGN_AND_VERIFY = """
+import sys
+sys.path[:0] = [sys.argv[1]]
+import jwt
+from cryptography.hazmat.primitives.asymmetric import rsa
+key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+token = jwt.encode({"sub": "u-1"}, key, algorithm="RS256")
+assert jwt.decode(token, key.public_key(), algorithms=["RS256"]) == {"sub": "u-1"}
+assert jwt.__file__.startswith(sys.argv[1]) and jwt.__file__.endswith(".pyc")
+"""
+
+
+def test_the_token_layer_alone_signs_and_verifies_rs256_on_its_architecture(built):
+    """AuthLayer as built (bytecode only, the platform's compiled code) runs PyJWT's RS256 with nothing else on the
+    path (-I -S: no virtualenv). The build of the machine's own architecture only: the other's cannot load here."""
+    layer, arch, site = built
+    if layer != "AuthLayer":
+        pytest.skip("PyJWT is AuthLayer's")
+    if arch != HOST_ARCH:
+        pytest.skip(f"a layer for {arch} does not load on this machine ({platform.machine()})")
+    run = subprocess.run([sys.executable, "-I", "-S", "-c", SIGN_AND_VERIFY, str(site)], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
 
 
 @pytest.mark.parametrize("layer", LAYERS)
