@@ -22,11 +22,12 @@ help: ## this list
 	@awk -F':.*## ' '/^[a-z-]+:.*## / { printf "  make %-10s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
 # Exact versions everywhere: requirements-dev.lock is what the virtualenv (tests, `make run`, the tools) gets;
-# layers/eros/requirements.lock is what the Lambda layer ships -- the same versions, for Lambda's platform,
-# with hashes. `make lock` writes both again after a change to what pyproject.toml, requirements-dev.txt or
-# layers/eros/requirements.txt ask for; tests/test_packaging.py checks that they agree and match the virtualenv.
-$(VENV)/.installed: pyproject.toml requirements-dev.lock layers/eros/requirements.txt requirements-dev.txt \
-		clients/python/pyproject.toml
+# layers/eros/requirements.lock and layers/auth/requirements.lock are what the Lambda layers ship -- the same
+# versions, for Lambda's platform, with hashes. `make lock` writes them again after a change to what
+# pyproject.toml, requirements-dev.txt or a layer's requirements.txt ask for; tests/test_packaging.py checks that
+# they agree and match the virtualenv.
+$(VENV)/.installed: pyproject.toml requirements-dev.lock layers/eros/requirements.txt layers/auth/requirements.txt \
+		requirements-dev.txt clients/python/pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 is required (python3.12 on PATH, or pyenv install 3.12)"; exit 1; }
 	@echo "setting up $(VENV) with $(PYTHON312) (the first time: about a minute and a half)"
 	@$(PYTHON312) -m venv $(VENV)
@@ -116,15 +117,18 @@ bench: venv ## the turn-overhead bench
 RUNTIME_PROVIDED := boto3 botocore s3transfer urllib3 python-dateutil six
 UV_VERSION := 0.13.9
 
-# Both architectures' wheels: uv writes the hashes of every file of each pinned version, so one lock serves the
-# layer built for arm64 and for x86_64 (tests/test_layer_build.py builds it for each and checks the wheels).
-lock: venv ## write requirements-dev.lock and layers/eros/requirements.lock again
+# Both architectures' wheels: uv writes the hashes of every file of each pinned version, so one lock serves a
+# layer built for arm64 and for x86_64 (tests/test_layer_build.py builds each for both and checks the wheels).
+# Two layers: ErosLayer (every function) and AuthLayer (the stream function's token check alone), each locked from
+# its own requirements.txt with the versions of requirements-dev.lock.
+LAYER_LOCK = $(VENV)/bin/uv pip compile --quiet --no-cache --python-version 3.12 --python-platform x86_64-manylinux_2_28 \
+	--generate-hashes $(addprefix --no-emit-package ,$(RUNTIME_PROVIDED)) --constraint requirements-dev.lock
+lock: venv ## write requirements-dev.lock and the layers' requirements.lock again
 	$(PY) -m pip install --quiet uv==$(UV_VERSION)
 	$(VENV)/bin/uv pip compile --quiet --no-cache --python-version 3.12 --extra dev \
 		--output-file requirements-dev.lock pyproject.toml
-	$(VENV)/bin/uv pip compile --quiet --no-cache --python-version 3.12 --python-platform x86_64-manylinux_2_28 \
-		--generate-hashes $(addprefix --no-emit-package ,$(RUNTIME_PROVIDED)) --constraint requirements-dev.lock \
-		--output-file layers/eros/requirements.lock layers/eros/requirements.txt
+	$(LAYER_LOCK) --output-file layers/eros/requirements.lock layers/eros/requirements.txt
+	$(LAYER_LOCK) --output-file layers/auth/requirements.lock layers/auth/requirements.txt
 
 clean: stop ## remove .venv, the SAM build and the local data
 	rm -rf $(VENV) .aws-sam .data .artifacts

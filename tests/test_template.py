@@ -20,6 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 FUNCTIONS = ("ChatFunction", "ChatStreamFunction", "SweeperFunction", "ExtractFunction", "MigrateFunction")
 # Each function's handler; the stream function's module is beside the chat function's app.py (one CodeUri).
 HANDLERS = {name: "app.lambda_handler" for name in FUNCTIONS} | {"ChatStreamFunction": "stream.lambda_handler"}
+# The layers and the folders they are built from: ErosLayer for every function, AuthLayer (PyJWT with cryptography,
+# ~15 MB) for the stream function alone, the one that verifies tokens itself (eros.auth).
+LAYERS = {"ErosLayer": "layers/eros", "AuthLayer": "layers/auth"}
+FUNCTION_LAYERS = {name: ["ErosLayer"] for name in FUNCTIONS} | {"ChatStreamFunction": ["ErosLayer", "AuthLayer"]}
 # Resources SAM makes of a function's properties (a function URL), by the function they come with.
 SAM_GENERATED = {"ChatStreamFunctionUrl": "ChatStreamFunction"}
 SAM_MANAGED_POLICIES = {  # what SAM attaches for a function with tracing and a VPC; nothing else
@@ -66,8 +70,12 @@ def props(template: dict, name: str) -> dict:
 
 
 def function_setting(template: dict, name: str, key: str):
-    """A function property as deployed: the function's own value, else the Globals one."""
-    return props(template, name).get(key, template["Globals"]["Function"].get(key))
+    """A function property as deployed: the function's own value, else the Globals one; a list is the Globals'
+    followed by the function's own (SAM concatenates them: a function's Layers add to the Globals' layers)."""
+    own, common = props(template, name).get(key), template["Globals"]["Function"].get(key)
+    if isinstance(own, list) and isinstance(common, list):
+        return common + own
+    return common if own is None else own
 
 
 def statements(template: dict, name: str) -> list[dict]:
@@ -157,8 +165,9 @@ def test_every_function_is_python312_of_the_architecture_parameter_with_active_t
     assert sorted(functions) == sorted(FUNCTIONS)
     architecture = template["Parameters"]["Architecture"]
     assert architecture["Default"] == "arm64" and set(architecture["AllowedValues"]) == {"arm64", "x86_64"}
-    assert props(template, "ErosLayer")["CompatibleArchitectures"] == [{"Ref": "Architecture"}]
-    assert resource(template, "ErosLayer")["Metadata"]["BuildArchitecture"] == {"Ref": "Architecture"}
+    for layer in LAYERS:
+        assert props(template, layer)["CompatibleArchitectures"] == [{"Ref": "Architecture"}], layer
+        assert resource(template, layer)["Metadata"]["BuildArchitecture"] == {"Ref": "Architecture"}, layer
     # sam build does not tell the layer's makefile the architecture: the Makefile builds both with one value.
     makefile = (ROOT / "Makefile").read_text()
     assert "export LAMBDA_ARCH := $(ARCH)" in makefile and "--parameter-overrides Architecture=$(ARCH)" in makefile
@@ -168,7 +177,7 @@ def test_every_function_is_python312_of_the_architecture_parameter_with_active_t
         assert function_setting(template, name, "Architectures") == [{"Ref": "Architecture"}], name
         assert function_setting(template, name, "Tracing") == "Active", name
         assert function_setting(template, name, "Handler") == HANDLERS[name], name
-        assert function_setting(template, name, "Layers") == [{"Ref": "ErosLayer"}], name
+        assert function_setting(template, name, "Layers") == [{"Ref": layer} for layer in FUNCTION_LAYERS[name]], name
         vpc = function_setting(template, name, "VpcConfig")
         assert vpc == {"SubnetIds": {"Fn::If": ["OwnDatabase", [{"Ref": "PrivateSubnetA"}, {"Ref": "PrivateSubnetB"}],
                                                 {"Ref": "SubnetIds"}]},
@@ -191,6 +200,34 @@ def test_the_layer_is_built_for_python312_from_the_eros_package(template):
     assert (content / "requirements.lock").is_file() and (content / "eros/__init__.py").is_file()
     assert list((content / "eros/migrations").glob("*.sql")) and list((content / "eros/personas").glob("*.json"))
     assert list((content / "eros/sql/functions").glob("*.sql"))  # the functions' current definitions
+
+
+def test_the_stream_functions_token_layer_is_built_like_the_shared_one_without_code(template):
+    """AuthLayer: PyJWT[crypto] at the locked versions for the Architecture, compiled (layers/auth/Makefile);
+    tests/test_packaging.py checks its lock, tests/test_layer_build.py its platform."""
+    layer = resource(template, "AuthLayer")
+    assert layer["Type"] == "AWS::Serverless::LayerVersion"
+    assert layer["Properties"]["ContentUri"].rstrip("/") == LAYERS["AuthLayer"]
+    assert layer["Properties"]["CompatibleRuntimes"] == props(template, "ErosLayer")["CompatibleRuntimes"]
+    assert layer["Properties"]["RetentionPolicy"] == props(template, "ErosLayer")["RetentionPolicy"]
+    assert layer["Metadata"]["BuildMethod"] == "makefile"
+    content = ROOT / LAYERS["AuthLayer"]
+    makefile = (content / "Makefile").read_text()
+    assert "build-AuthLayer:" in makefile and "--require-hashes" in makefile and "-r requirements.lock" in makefile
+    assert "cp -R" not in makefile and not list(content.rglob("*.py"))  # no code of this repository in it
+    assert (content / "requirements.lock").is_file()
+
+
+def test_only_the_stream_function_loads_the_token_layer(transformed):
+    """As deployed (SAM adds a function's Layers to the Globals'): the stream function has both layers, ErosLayer
+    first, each once; every other function ErosLayer alone."""
+    resources = transformed["Resources"]
+    logical = {n: r for n, r in resources.items() if r["Type"] == "AWS::Lambda::LayerVersion"}
+    named = {layer: [n for n in logical if n.startswith(layer)] for layer in LAYERS}  # SAM adds a content hash
+    assert all(len(found) == 1 for found in named.values()) and len(logical) == len(LAYERS), named
+    for name in FUNCTIONS:
+        layers = resources[name]["Properties"]["Layers"]
+        assert layers == [{"Ref": named[layer][0]} for layer in FUNCTION_LAYERS[name]], name
 
 
 def test_powertools_is_configured_for_every_function(template):

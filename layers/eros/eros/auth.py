@@ -19,6 +19,10 @@ authorizer makes, so both front doors accept exactly the same tokens:
 ``JWT_ISSUER`` set in the environment (the template sets it on the stream function) turns this on. Unset -- the
 local stack, whose dev server verifies its own tokens as the HTTP API would and puts the claims in the event --
 the event's ``requestContext.authorizer.jwt.claims`` are the answer.
+
+PyJWT and cryptography are not in ErosLayer, which every function loads, but in AuthLayer (layers/auth), which only
+the stream function has: import this module from the stream path alone (functions/chat/stream.py;
+tests/test_packaging.py checks that no other handler can reach it).
 """
 
 from __future__ import annotations
