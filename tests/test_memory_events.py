@@ -232,7 +232,8 @@ def test_the_local_stacks_sweep_publishes_them_and_eros_events_shows_each_once(d
 
 
 @pytest.mark.integration
-def test_the_local_events_route_shows_the_signed_in_user_their_own_events_only(db, local_server):
+def test_the_local_events_route_shows_the_signed_in_user_their_own_events_only(db, local_server, env, tmp_path):
+    env(EVENTS_LOG=str(tmp_path / "events.jsonl"))  # this test's alone (the run's file has other tests' alice)
     alice, bob = local_server.client("alice"), local_server.client("bob")
     sid = alice.post("/v1/sessions", json={"persona_id": "luna"}).json()["id"]
     assert alice.post(f"/v1/sessions/{sid}/turns", json={"content": "I live in Lisbon."}).status_code == 200
