@@ -212,6 +212,11 @@ FROM (
 """
 
 
+# The data set is loaded, not lived: no memory events for its rows (sql/functions/events.sql, engine.events_on; the
+# parallel chunks, each many users' rows, would also take the users' event counters in opposite orders).
+NO_EVENTS = "SET eros.events = 'off'"
+
+
 def load(url: str, args: argparse.Namespace) -> float:
     """Seed users, instances, sessions, history and both memory layers; returns the seconds it took."""
     from eros.config import EMBED_DIM
@@ -219,6 +224,7 @@ def load(url: str, args: argparse.Namespace) -> float:
 
     started = time.perf_counter()
     with connect(url) as conn:
+        conn.execute(NO_EVENTS)
         conn.execute(EMPTY_ENGINE)
         conn.execute("CREATE SCHEMA IF NOT EXISTS bench")
         conn.execute("DROP TABLE IF EXISTS bench.loaded, bench.skeleton")
@@ -262,6 +268,7 @@ def load(url: str, args: argparse.Namespace) -> float:
     def worker():
         try:
             with connect(url) as conn:
+                conn.execute(NO_EVENTS)
                 while True:
                     with lock:
                         if not bounds or errors:

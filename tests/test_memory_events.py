@@ -245,3 +245,15 @@ def test_the_local_events_route_shows_the_signed_in_user_their_own_events_only(d
     assert local_server.client(None).get("/local/events").status_code == 401
     alice.close()
     bob.close()
+
+
+@pytest.mark.integration
+def test_a_bulk_load_that_turns_events_off_writes_none_and_the_engine_never_does(db, database_url):
+    with psycopg.connect(database_url, autocommit=True) as loader:
+        loader.execute("SET eros.events = 'off'")
+        loader.execute("INSERT INTO engine.companion_memories (user_id, content, category, embedding, source)"
+                       " SELECT 'u' || i, 'seeded', 'fact', array_fill(0.1, ARRAY[512])::vector, 'dreaming'"
+                       " FROM generate_series(1, 50) i")
+    assert db.execute("SELECT count(*) AS n FROM engine.memory_events").fetchone()["n"] == 0
+    dream(db, "I live in Lisbon.")  # the engine's own connection: events as ever
+    assert [e["type"] for e in outbox(db)][-1] == "session.extracted"

@@ -52,6 +52,14 @@ CREATE OR REPLACE FUNCTION engine.erasing() RETURNS boolean
 LANGUAGE sql STABLE
 AS $$ SELECT coalesce(current_setting('eros.erasing', true), '') = 'on' $$;
 
+-- False on a connection that set eros.events = 'off': a bulk load of many users' rows (the benches' data sets, an
+-- operator's seeding) that is not a change anyone is told of. It also keeps such a load, whose transactions each
+-- write many users' rows in no common order, from taking their event counters in opposite orders (a deadlock).
+-- The engine never sets it.
+CREATE OR REPLACE FUNCTION engine.events_on() RETURNS boolean
+LANGUAGE sql STABLE
+AS $$ SELECT coalesce(current_setting('eros.events', true), '') <> 'off' $$;
+
 CREATE OR REPLACE FUNCTION engine.record_memory_event() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
@@ -59,6 +67,9 @@ DECLARE
     row_now engine.companion_memories;
     kind text;
 BEGIN
+    IF NOT engine.events_on() THEN
+        RETURN NULL;
+    END IF;
     IF TG_OP = 'DELETE' THEN
         IF engine.erasing() THEN
             RETURN NULL;
@@ -112,6 +123,9 @@ CREATE OR REPLACE FUNCTION engine.record_session_event() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 BEGIN
+    IF NOT engine.events_on() THEN
+        RETURN NULL;
+    END IF;
     PERFORM engine.record_event(NEW.user_id, 'session.extracted', NULL, NEW.id, jsonb_strip_nulls(
         jsonb_build_object('through_message_id', NEW.extraction_watermark)));
     RETURN NULL;
