@@ -49,7 +49,6 @@ CROSS_USER = {
     "events.published": "the published events, by the ids the drain just read: per shard",
     "events.record_memory_event": "a trigger on one memory row (its type names the table): writes the event of "
                                   "that row's own user, on that row's shard",
-    "events.backlog": "the events not published yet, over the whole deployment: summed over shards",
     "embedding.keep_embedding_space": "the same question, asked by the trigger only when a vector of another "
                                       "model than the recorded one is written: every shard",
 }

@@ -32,3 +32,24 @@ def events_log() -> Path:
     path = Path(os.environ.setdefault("EVENTS_LOG", str(data_dir() / "events.jsonl")))
     settings.cache_clear()
     return path
+
+
+def logged_events(path: Path, offset: int = 0, seen: set[str] | None = None) -> tuple[list[dict], int]:
+    """The events the log at ``path`` holds past ``offset`` (whole lines only: a line being written waits), each
+    id once (a killed sweep's batch is logged twice): those not in ``seen``, which is updated; and the offset
+    after them, to read on from (`eros events --follow`)."""
+    import json
+
+    seen = set() if seen is None else seen
+    found: list[dict] = []
+    if not path.exists():
+        return found, offset
+    with path.open(encoding="utf-8") as log:
+        log.seek(offset)
+        while (line := log.readline()).endswith("\n"):
+            offset = log.tell()
+            event = json.loads(line) if line.strip() else None
+            if event and event["id"] not in seen:
+                seen.add(event["id"])
+                found.append(event)
+    return found, offset

@@ -246,24 +246,18 @@ def cmd_events(args) -> int:
     waits for more."""
     import json
 
-    from . import events_log
+    from . import events_log, logged_events
 
-    path, shown = events_log(), set()
+    path, offset = events_log(), 0
+    shown: set[str] = set()
     if not path.exists() and not args.follow:
         print(f"no events yet: each sweep of the local stack (`make run`, `eros sweep`) publishes them to {path}")
         return 0
-    offset = 0
     while True:
-        if path.exists():
-            with path.open(encoding="utf-8") as log:
-                log.seek(offset)
-                while (line := log.readline()).endswith("\n"):
-                    offset = log.tell()
-                    event = json.loads(line)
-                    if event["id"] in shown or (args.user and event["user_id"] != args.user):
-                        continue
-                    shown.add(event["id"])
-                    print(json.dumps(event, ensure_ascii=False) if args.json else _event_line(event), flush=True)
+        events, offset = logged_events(path, offset, shown)
+        for event in events:
+            if not args.user or event["user_id"] == args.user:
+                print(json.dumps(event, ensure_ascii=False) if args.json else _event_line(event), flush=True)
         if not args.follow:
             return 0
         time.sleep(0.5)

@@ -301,15 +301,10 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
     def _local_events(self, claims: dict | None) -> None:
         """``GET /local/events``: the signed-in user's memory events the local sweeps published (eros.events, the
         file `eros events` reads), oldest first, each once, the last EVENTS_SHOWN of them."""
-        from . import events_log
+        from . import events_log, logged_events
 
-        path, seen, mine = events_log(), set(), []
-        if path.exists():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                event = json.loads(line) if line.strip() else None
-                if event and claims and event["user_id"] == claims.get("sub") and event["id"] not in seen:
-                    seen.add(event["id"])
-                    mine.append(event)
+        events, _ = logged_events(events_log())
+        mine = [e for e in events if claims and e["user_id"] == claims.get("sub")]
         self._json(200, {"events": mine[-EVENTS_SHOWN:]})
 
     def _send_console(self, path: str) -> None:

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 from psycopg import Connection
 
-from ..db import connection, one, transaction
+from ..db import one, transaction
 
 # A second drainer (an overlapping sweep) does not wait: it leaves the events to the one draining, whose order it
 # would otherwise break (the lock is the transaction's: released at commit, as RDS Proxy multiplexes).
@@ -39,7 +39,3 @@ def draining(limit: int, include_text: bool) -> Iterator[tuple[Connection, list[
 def published(conn: Connection, ids: Sequence[int]) -> None:
     conn.execute("DELETE FROM engine.memory_events WHERE id = ANY(%s)", (list(ids),))
 
-
-def backlog() -> int:
-    """Events not published yet (health, the tick's metric)."""
-    return one(connection().execute("SELECT count(*) AS n FROM engine.memory_events"))["n"]
