@@ -137,7 +137,7 @@ def _turn(user_id: str, session_id: UUID, content: str, client_turn_id: str | No
     paid: list[usage_store.Call] = []
     recorded, answering = False, None
     try:
-        stored, answering = _claim(user_id, session_id, content, turn_id, opened)
+        stored, answering = _claim(cfg, user_id, session_id, content, turn_id, opened)
         yield "turn", {"client_turn_id": turn_id, "user_message_id": stored["user"]["id"]}
         if answering is None:  # another request answered it meanwhile: its reply
             return (yield from _replayed(_replay(stored, turn_id), announced=True))
@@ -167,7 +167,7 @@ def _check_conflict(stored: TurnMessages, content: str) -> None:
         raise TurnConflict("client_turn_id was already used in this session for a different message")
 
 
-def _claim(user_id: str, session_id: UUID, content: str, turn_id: str,
+def _claim(cfg: Settings, user_id: str, session_id: UUID, content: str, turn_id: str,
            opened: OpenedTurn) -> tuple[TurnMessages, int | None]:
     """The turn's message, stored, and the right to answer it: the id of the message this request answers, or None
     when another request's reply to it is in ``stored`` (a replay). A message this request stored is its own to
@@ -184,7 +184,7 @@ def _claim(user_id: str, session_id: UUID, content: str, turn_id: str,
     message_id = stored["user"]["id"]
     if claimed:
         return stored, message_id
-    give_up = time.monotonic() + settings().turn_budget_secs + ANSWER_WAIT_MARGIN_SECS
+    give_up = time.monotonic() + cfg.turn_budget_secs + ANSWER_WAIT_MARGIN_SECS
     while True:
         now = clock.now()
         if chat_store.start_answering(user_id, message_id, now=now,
