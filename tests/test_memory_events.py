@@ -93,7 +93,7 @@ def test_published_events_are_the_documented_envelope_and_leave_the_outbox(db, t
     assert [e["id"] for e in published] == [str(e["id"]) for e in pending]
     first = published[0]
     assert first["schema"] == "eros.memory-event/1" and first["user_id"] == "alice" and first["seq"] == 1
-    assert set(first) == {"schema", "id", "type", "user_id", "seq", "occurred_at", "memory_id", "session_id",
+    assert set(first) == {"schema", "id", "type", "app", "user_id", "seq", "occurred_at", "memory_id", "session_id",
                           "detail"}
     assert events.publish_pending(settings()) == 0  # nothing twice
 

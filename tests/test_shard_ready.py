@@ -22,7 +22,8 @@ USER_TABLES = {"chat_sessions", "chat_messages", "companion_memories", "persona_
 # Reference data: on every shard. A user's own characters (migration 0030) are persona rows too: few and small,
 # replicated with the app's, written through the database's functions only.
 SHARED_TABLES = {"personas", "persona_versions", "provider_blocks", "schema_migrations", "schema_objects",
-                 "embedding_space", "embedding_calibrations"}  # the deployment's embedding model (migration 0032)
+                 "embedding_space", "embedding_calibrations",  # the deployment's embedding model (migration 0032)
+                 "apps", "app_keys"}  # the apps and their keys (migration 0036): few, keyed by the app
 # Cross-user by design, each with why. On a sharded database these run on every shard (a fan-out) or per shard.
 CROSS_USER = {
     "dreaming._CLAIM_TEMPLATE": "the sweeper claims idle sessions of everyone: run per shard (the follow-on claim "

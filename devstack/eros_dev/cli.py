@@ -491,9 +491,11 @@ def cmd_forget(args) -> int:
     """What ``DELETE /v1/me`` does, for an operator: erase every row of USER and their export files, once the
     person has seen what that is and typed the user id again (``--yes``: a script's choice, no question)."""
     from eros.account import erase, stored
+    from eros.apps import user_key
 
     _database()
-    found = stored(args.user)
+    key = user_key(args.app, args.user)
+    found = stored(key)
     if not any(found.values()):  # nothing to erase: say so rather than report zeros as an erasure
         print(f"nothing was stored about {args.user}")
         return 0
@@ -507,7 +509,7 @@ def cmd_forget(args) -> int:
             typed = ""
         if typed.strip() != args.user:
             raise CliError(f"nothing was erased: the answer was not {args.user!r}")
-    print(f"erased {args.user}: {_counted(erase(args.user))}")
+    print(f"erased {args.user}: {_counted(erase(key))}")
     return 0
 
 
@@ -607,15 +609,16 @@ def cmd_personas(args) -> int:
             problem = _persona_problem(args.id, args.name, prompt)
             if problem:
                 raise CliError(problem)
-            version = persona_store.keep_app(args.id, args.name, args.description or "", prompt, conn)
-            print(f"{args.id}: " + (f"version {version}" if version else "unchanged (same text, or a user's id)"))
+            version = persona_store.keep_app(args.app, args.id, args.name, args.description or "", prompt, conn)
+            print(f"{args.id}: " + (f"version {version}" if version else "unchanged (same text, or an id another"
+                                                                         " app or a user has)"))
         elif args.action == "retire":
             if not args.id:
                 raise CliError("retire needs ID")
-            if not persona_store.retire_app(args.id, conn):
+            if not persona_store.retire_app(args.app, args.id, conn):
                 raise CliError(f"no active app persona {args.id!r}")
             print(f"{args.id}: retired (listed no more; its sessions go on)")
-        for p in persona_store.app_personas(conn):
+        for p in persona_store.app_personas(args.app, conn):
             state = f"retired {p['retired_at']:%Y-%m-%d}" if p["retired_at"] else "active"
             print(f"{p['id']:<16} v{p['version']:<3} {state:<18} {p['name']}: {p['description']}")
     return 0
@@ -646,7 +649,10 @@ def cmd_usage(args) -> int:
         first, last = usage.days_of(args.first, args.last)
     except usage.BadRange as exc:
         raise CliError(f"--{exc.field}: {exc.problem}") from None
-    report = usage.report(args.user, first, last) if args.user else usage.by_user(first, last)
+    from eros import apps
+
+    report = (usage.report(apps.user_key(args.app, args.user), first, last) if args.user
+              else usage.by_user(args.app, first, last))
     if args.json:
         print(json.dumps(report, default=str, indent=2))
     else:
@@ -661,7 +667,8 @@ def _money(value: float) -> str:
 def _users_usage(report: dict, limit: int) -> list[str]:
     from eros.store.usage import PURPOSES
 
-    lines = [f"usage {report['from']} .. {report['to']} (UTC days), estimated {report['currency']} at list prices",
+    lines = [f"app {report['app']}: usage {report['from']} .. {report['to']} (UTC days), estimated"
+             f" {report['currency']} at list prices",
              f"{'user':<32} {'calls':>8} {'tokens':>12} " + " ".join(f"{p:>11}" for p in PURPOSES) + f" {'cost':>10}"]
     users = report["users"]
     for u in users[:limit]:
@@ -867,12 +874,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name")
     p.add_argument("--description")
     p.add_argument("--prompt-file", help="set: a text file with the persona's system prompt")
+    p.add_argument("--app", default="default", help="whose personas (default: the first app, default)")
     p.set_defaults(func=cmd_personas)
 
     p = sub.add_parser("usage", help="tokens, provider calls and estimated cost per user (or one user's per day)")
     p.add_argument("--from", dest="first", type=_day, help="first UTC day (YYYY-MM-DD); default 30 days ago")
     p.add_argument("--to", dest="last", type=_day, help="last UTC day, included; default today")
     p.add_argument("--user", help="one user's report per day, purpose and model")
+    p.add_argument("--app", default="default", help="whose users (default: the first app, default)")
     p.add_argument("--limit", type=int, default=50, help="users listed (default 50)")
     p.add_argument("--json", action="store_true", help="the report as JSON")
     p.set_defaults(func=cmd_usage)

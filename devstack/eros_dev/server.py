@@ -56,9 +56,11 @@ def _bad_local_user(user: object) -> str | None:
 
 EVENTS_SHOWN = 200  # the console's events panel: the user's newest this many
 # The streamed turn: sent to the stream function (functions/chat/stream.py), as the stack's StreamUrl is in AWS.
-STREAM_ROUTE = re.compile(r"^/v1/sessions/[^/]+/turns/stream$")
+STREAM_ROUTE = re.compile(r"^(/server)?/v1/sessions/[^/]+/turns/stream$")
 # Routes without the JWT authorizer; template.yaml marks the same ones `Authorizer: NONE` (a test checks).
 PUBLIC_ROUTES = frozenset({("GET", "/v1/health"), ("GET", "/v1/openapi.json"), ("GET", "/v1/docs")})
+# An app's servers' routes (eros.apps): no JWT authorizer; the function checks the app's API key (template.yaml too).
+SERVER_PREFIX = "/server/"
 # An export file, as eros.account names it: the local stack's stand-in for the presigned S3 URL (the random
 # name is the capability, as the URL's signature is in AWS).
 _EXPORT_FILE = re.compile(r"^/local/(exports/[0-9a-f]{32}/[0-9]{8}T[0-9]{6}Z-[0-9a-f]{32}\.json)$")
@@ -210,8 +212,10 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
                                                "message": str(refused)})
         if self.command == "POST" and path == "/local/token":
             return self._local_token(body)
-        claims = verify_token(self.headers.get("authorization"), self.server.settings, self.server.key)
-        if claims is None and (self.command, path) not in PUBLIC_ROUTES:
+        keyed = path.startswith(SERVER_PREFIX)
+        claims = None if keyed else verify_token(self.headers.get("authorization"), self.server.settings,
+                                                 self.server.key)
+        if claims is None and not keyed and (self.command, path) not in PUBLIC_ROUTES:
             return self._send(401, {"content-type": "application/json"}, '{"message":"Unauthorized"}')
         local = {("POST", "/local/sweep"): lambda: self._local_sweep(body),
                  ("GET", "/local/events"): lambda: self._local_events(claims)}.get((self.command, path))

@@ -16,7 +16,7 @@ from aws_lambda_powertools.event_handler.exceptions import NotFoundError, Servic
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.logging import correlation_paths
 
-from eros import errors, json_body, snapstart, streaming, tracing
+from eros import apps, errors, json_body, snapstart, streaming, tracing
 from eros.config import SettingsError, settings
 from eros.db import embedding_switched
 from eros.observability import logger, metrics
@@ -136,12 +136,37 @@ def _as_json_request(event: dict) -> dict | None:
     return None
 
 
+SERVER = "/server"  # an app's servers: the same routes under this prefix, with the app's API key (eros.apps)
+
+
+def _as_server_request(event: dict) -> dict | None:
+    """A request to ``/server/...``: its API key checked (template.yaml routes these without the JWT authorizer),
+    its caller put where a Lambda authorizer's context goes (``routes.current_caller`` reads it), and the prefix
+    taken off so the same routes answer. A refusal, or None when the event may be routed."""
+    path = event.get("rawPath") or ""
+    if path != SERVER and not path.startswith(SERVER + "/"):
+        return None
+    context = event.setdefault("requestContext", {})
+    context.pop("authorizer", None)  # only what this function verifies below speaks for the caller
+    headers = event.get("headers") or {}
+    try:
+        caller, _ = apps.from_key(headers.get("x-api-key"), headers.get("x-eros-user"))
+    except errors.Unauthorized as refused:
+        return _refuse(401, str(refused))
+    except psycopg.OperationalError:
+        return _refuse(503, "the database is unavailable; retry later", "database_unavailable")
+    event["rawPath"] = path[len(SERVER):] or "/"
+    context.setdefault("http", {})["path"] = event["rawPath"]
+    context["authorizer"] = {"lambda": {"app": caller.app, "user": caller.user}}
+    return None
+
+
 def handle(event: dict, context) -> dict:
     """A request through the guards and the routes: the API Gateway-shaped answer. A streamed turn's route answers
     its status and headers, and leaves its events in ``eros.streaming.pending`` for the caller to send."""
     streaming.pending.set(None)
     try:
-        refused = _as_json_request(event)  # the first to read the settings
+        refused = _as_json_request(event) or _as_server_request(event)  # the first to read the settings
     except SettingsError as error:
         return _refuse(503, *_misconfigured(error))
     return refused or app.resolve(event, context)

@@ -18,7 +18,7 @@ from eros.streaming import Streamed
 
 import app
 
-_ROUTE = re.compile(r"^/v1/sessions/[^/]+/turns/stream$")
+_ROUTE = re.compile(r"^(/server)?/v1/sessions/[^/]+/turns/stream$")  # /server: an app's API key (app.handle)
 _JSON = {"Content-Type": "application/json"}
 
 
@@ -32,6 +32,8 @@ def lambda_handler(event: dict, context) -> Streamed:
     if http.get("method") != "POST" or not _ROUTE.match(event.get("rawPath") or ""):
         return _whole(404, {"statusCode": 404, "code": "not_found", "message": "this URL streams chat turns only:"
                             " POST /v1/sessions/{session_id}/turns/stream; the rest of the API is at ApiUrl"})
+    if (event.get("rawPath") or "").startswith(app.SERVER + "/"):  # an app's server: app.handle checks its key
+        return _answer(event, context)
     try:
         claims = auth.stream_claims(event)
     except auth.IssuerUnavailable as exc:  # nothing decided about the token: retry, do not sign in again
@@ -39,6 +41,10 @@ def lambda_handler(event: dict, context) -> Streamed:
     if claims is None:  # what the HTTP API's authorizer answers
         return _whole(401, {"message": "Unauthorized"})
     event.setdefault("requestContext", {})["authorizer"] = {"jwt": {"claims": claims, "scopes": None}}
+    return _answer(event, context)
+
+
+def _answer(event: dict, context) -> Streamed:
     result = app.handle(event, context)
     events = streaming.pending.get()
     if events is None:  # refused before the stream began: the JSON route's answer

@@ -4,10 +4,10 @@ who the caller is, and how a route documents its answers."""
 from typing import cast
 
 from aws_lambda_powertools.event_handler.api_gateway import Router
-from aws_lambda_powertools.event_handler.exceptions import UnauthorizedError
 from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEventV2
 
-from models import unstorable
+from eros import apps, errors
+from eros.config import settings
 
 PUBLIC: list[dict[str, list[str]]] = [{}]  # OpenAPI: this route needs no token
 
@@ -60,30 +60,33 @@ The Python client raises `eros_client.Unauthorized` (`code` "unauthorized") for 
 Bad input is refused before any model call."""
 
 
-def current_user(router: Router) -> str:
-    """The user: the verified token's ``sub`` (the HTTP API's JWT authorizer checked the token)."""
+def current_caller(router: Router) -> apps.Caller:
+    """Who the request is from (eros.apps): an app's server by its API key (the ``/server`` routes: ``app.handle``
+    checked the key and put its caller where a Lambda authorizer's context goes), or an end user by the verified
+    JWT's ``sub`` and app claim (checked by the HTTP API's JWT authorizer in AWS)."""
     event = cast(APIGatewayProxyEventV2, router.current_event)  # the chat function's resolver is an HTTP API's
-    sub = event.request_context.authorizer.jwt_claim.get("sub")
-    if not isinstance(sub, str) or not sub or len(sub) > 255:
-        raise UnauthorizedError("a verified token with a subject is required")
-    problem = unstorable(sub)
-    if problem:
-        raise UnauthorizedError(f"the token's subject {problem}")
-    return sub
+    keyed = event.request_context.authorizer.get_lambda
+    if keyed:
+        return apps.Caller(keyed["app"], keyed.get("user"), True)
+    return apps.from_token(event.request_context.authorizer.jwt_claim, settings())
+
+
+def current_user(router: Router) -> str:
+    """The user: the engine's key of the token's ``sub`` in its app, or of the user an app's server names."""
+    user = current_caller(router).user
+    if user is None:
+        raise errors.Unauthorized("this route acts for one user: an app's server names them in X-Eros-User")
+    return user
 
 
 def current_operator(router: Router) -> str:
-    """The caller, when the verified token grants the operator scope (``Settings.operator_scope`` among the
-    space-separated ``scope`` claim): the app's personas are theirs to manage. Else a 403."""
-    from eros.config import settings
-    from eros.errors import Forbidden
-
-    user = current_user(router)
-    event = cast(APIGatewayProxyEventV2, router.current_event)
-    scopes = str(event.request_context.authorizer.jwt_claim.get("scope") or "").split()
-    if settings().operator_scope not in scopes:
-        raise Forbidden(f"this route is for operators: the token must grant the {settings().operator_scope!r} scope")
-    return user
+    """The app whose operator the caller is: a token granting the operator scope (``Settings.operator_scope``
+    among the space-separated ``scope`` claim), or the app's API key. Else a 403."""
+    caller = current_caller(router)
+    if not caller.operator:
+        raise errors.Forbidden(f"this route is for operators: the token must grant the {settings().operator_scope!r}"
+                               " scope, or the request come with the app's API key")
+    return caller.app
 
 
 def documented(ok: tuple[int, str], *errors: tuple[int, str], public: bool = False) -> dict:

@@ -87,8 +87,7 @@ class BadPersonaId(errors.ClientError):
             summary="the app's personas, retired ones too, with their prompts",
             responses=documented((200, "the app's personas"), _OPERATORS))
 def app_personas() -> AppPersonaList:
-    current_operator(router)
-    return AppPersonaList.model_validate({"personas": persona_store.app_personas()})
+    return AppPersonaList.model_validate({"personas": persona_store.app_personas(current_operator(router))})
 
 
 @router.put("/v1/operator/personas/<persona_id>", operation_id="setAppPersona", tags=["operator"],
@@ -97,17 +96,17 @@ def app_personas() -> AppPersonaList:
                         "theirs, new ones get it. The same text again changes nothing. A retired persona stays "
                         "retired.",
             responses=documented((200, "the persona as it is now"), _OPERATORS,
-                                 (409, "persona_taken: the id is a user's character")))
+                                 (409, "persona_taken: the id is a user's character or another app's persona")))
 def set_app_persona(persona_id: str, body: NewPersona) -> AppPersona:
-    current_operator(router)
+    app = current_operator(router)
     if not _APP_ID.fullmatch(persona_id) or persona_id.startswith("u-"):
         raise BadPersonaId(f"invalid request: path.persona_id: {persona_id[:64]!r} must be 1-64 of a-z 0-9 _ - "
                            "(starting with a letter or digit), not starting with u- (users' characters)",
                            errors=[{"field": "path.persona_id", "problem": "not an app persona id"}])
-    persona_store.keep_app(persona_id, body.name, body.description, body.system_prompt)
-    kept = next((p for p in persona_store.app_personas() if p["id"] == persona_id), None)
+    persona_store.keep_app(app, persona_id, body.name, body.description, body.system_prompt)
+    kept = next((p for p in persona_store.app_personas(app) if p["id"] == persona_id), None)
     if kept is None:
-        raise PersonaTaken(f"{persona_id!r} is a user's character, not one of the app's")
+        raise PersonaTaken(f"{persona_id!r} is taken (persona ids are the deployment's): choose another")
     return AppPersona.model_validate(kept)
 
 
@@ -116,7 +115,6 @@ def set_app_persona(persona_id: str, body: NewPersona) -> AppPersona:
                description="It is listed no more and starts no session; sessions already started with it go on.",
                responses=documented((204, "retired"), _OPERATORS, (404, "no active app persona by that id")))
 def retire_app_persona(persona_id: str):
-    current_operator(router)
-    if not persona_store.retire_app(persona_id):
+    if not persona_store.retire_app(current_operator(router), persona_id):
         raise errors.NotFound(f"no active app persona {persona_id[:64]!r}")
     return Response(204, None, "")

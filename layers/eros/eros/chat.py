@@ -11,8 +11,8 @@ from uuid import UUID
 
 from pydantic import BaseModel, Field
 
-from . import calibrated, clock, prompt, recall
-from .config import Settings, settings
+from . import apps, calibrated, clock, prompt, recall
+from .config import Settings
 from .context import MEMORY_DATA, RecalledMemory, remember
 from .errors import ClientError, ModelFailed, NotFound, provider_status
 from .observability import logger, metrics, tracer
@@ -117,7 +117,7 @@ def stream_turn(user_id: str, session_id: UUID, content: str, client_turn_id: st
 
 def _turn(user_id: str, session_id: UUID, content: str, client_turn_id: str | None, *,
           streaming: bool) -> Generator[Event, None, TurnResult]:
-    cfg = settings()
+    cfg = apps.settings_for(user_id)  # the deployment's, with the user's app's limits, budget and model over them
     turn_id = client_turn_id or str(uuid.uuid4())
     now = clock.now()
     # Of concurrent senders of one turn id, exactly one stores its message; the others are a conflict or,

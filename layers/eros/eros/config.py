@@ -223,6 +223,10 @@ class Settings(BaseModel):
     # The scope (in the token's space-separated `scope` claim) that lets a caller manage the app's personas through
     # /v1/operator/personas; the app's identity provider grants it to its operators alone.
     operator_scope: str = Field("eros/operator", min_length=1, max_length=200, pattern=r"^\S+$")
+    # The claim of an end user's token that names their app (eros.apps; migration 0036); a token without it is a
+    # user of the first app, "default". The deployment's identity provider sets it (e.g. Cognito's pre token
+    # generation trigger), as it grants the operator scope.
+    app_claim: str = Field("eros_app", min_length=1, max_length=100, pattern=r"^\S+$")
     eros_data_dir: str | None = None  # the embedded Postgres and the local signing key; default .data/
     local_jwt_secret: SecretStr | None = None  # the local tokens' HS256 key; default one generated into .data/
     port: int = Field(3000, ge=1, le=65535)  # the local API's port: `make run`, `eros chat`, the banner

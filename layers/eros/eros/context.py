@@ -15,8 +15,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, Field
 
-from . import ingest, prompt, recall
-from .config import settings
+from . import apps, ingest, prompt, recall
 from .errors import NotFound
 from .memory import EVENT_TIME_FORMS, MemoryLayer, Precision, event_time_text
 from .observability import metrics, tracer
@@ -84,7 +83,7 @@ def context_for(user_id: str, session_id: UUID, content: str, *, store: bool = F
     """The context a chat turn would give its model for ``content`` in this session, paying one query embedding
     (admitted by the spend limits as a turn is); with ``store``, the message is recorded too, as an appended user
     message (idempotent on ``client_message_id``: a retry recalls again and stores nothing twice)."""
-    cfg = settings()
+    cfg = apps.settings_for(user_id)  # the history length of the user's app
     if store:  # the session, its history and the message's id checked in one statement
         plan = ingest.plan(user_id, session_id, [ingest.Incoming("user", content, client_message_id)],
                            history=cfg.history_messages)

@@ -36,6 +36,12 @@ class NotFound(ClientError):
     status, code = 404, "not_found"
 
 
+class Unauthorized(ClientError):
+    """A verified token (or an API key) that does not name a caller the API can serve: a subject it cannot use, an
+    app that does not exist here or is being deleted, a key that is not live."""
+    status, code = 401, "unauthorized"
+
+
 class Forbidden(ClientError):
     """A verified caller without the right to this route (an operator route without the operator scope)."""
     status, code = 403, "forbidden"

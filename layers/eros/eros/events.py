@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from . import apps
 from .config import Settings
 from .observability import logger, metrics
 from .store import events as events_store
@@ -26,8 +27,10 @@ PUT_EVENTS_MAX = 10  # EventBridge takes at most 10 entries a PutEvents call
 
 
 def envelope(row: dict) -> dict:
-    """An outbox row as subscribers get it (docs/EVENTS.md): ids and metadata; ``content`` only when opted in."""
-    event = {"schema": SCHEMA, "id": str(row["id"]), "type": row["type"], "user_id": row["user_id"],
+    """An outbox row as subscribers get it (docs/EVENTS.md): ids and metadata; ``content`` only when opted in. The
+    user is named as their app knows them (``app``, and ``user_id`` the token's subject: eros.apps)."""
+    app, subject = apps.split(row["user_id"])
+    event = {"schema": SCHEMA, "id": str(row["id"]), "type": row["type"], "app": app, "user_id": subject,
              "seq": row["seq"], "occurred_at": row["occurred_at"].isoformat(),
              "memory_id": str(row["memory_id"]) if row["memory_id"] else None,
              "session_id": str(row["session_id"]) if row["session_id"] else None, "detail": row["detail"]}

@@ -164,11 +164,12 @@ def apply_function_files(conn: Connection) -> list[str]:
 def seed_personas(conn: Connection) -> None:
     """The package's personas (eros/personas/*.json), made or, when their text changed, given a new version
     (store.personas.keep_app: sessions already started keep theirs). A retired one stays retired."""
+    from .apps import DEFAULT
     from .store.personas import keep_app
 
     with conn.transaction():
         for p in personas():
-            keep_app(p["id"], p["name"], p.get("description", ""), p["system_prompt"], conn)
+            keep_app(DEFAULT, p["id"], p["name"], p.get("description", ""), p["system_prompt"], conn)
 
 
 APP_ROLE = "eros_app"

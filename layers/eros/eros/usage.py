@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 import psycopg
 
-from . import clock
+from . import apps, clock
 from .config import ModelPrice, Settings, settings
 from .errors import ClientError
 from .observability import logger, metrics
@@ -84,7 +84,7 @@ def admitted(user_id: str, reserve: int) -> Iterator[list[usage_store.Call]]:
     """Admit a request that pays a provider outside a chat turn (the memory API's embeddings) with the turn's
     limits and admission (``store.usage.admit``; raises OverLimit), then count what it paid, which the body
     appends to the list it is given, and release its reservation, however the body ends."""
-    cfg, now = settings(), clock.now()
+    cfg, now = apps.settings_for(user_id), clock.now()  # the user's app's limits
     held = usage_store.admit(user_id, now, cfg.turns_per_minute, cfg.daily_token_budget, reserve)
     if held is None:
         refuse(cfg, user_id, now)
@@ -145,7 +145,7 @@ def _sum(rows: Iterable[Mapping[str, Any]], *fields: str) -> dict[str, Any]:
 def report(user_id: str, first: date, last: date) -> dict[str, Any]:
     """The user's usage from ``first`` to ``last`` (UTC days, both included): per day (the budget's tokens,
     and each purpose and model's calls and tokens), per purpose over the range, and totals."""
-    cfg = settings()
+    cfg = apps.settings_for(user_id)  # the budget of the user's app
     unpriced: set[str] = set()
     calls = _priced(usage_store.calls_by_day(user_id, first, last), cfg.prices, unpriced)
     per_day: dict[date, list[dict]] = defaultdict(list)
@@ -165,13 +165,13 @@ def report(user_id: str, first: date, last: date) -> dict[str, Any]:
             "unpriced_models": sorted(unpriced)}
 
 
-def by_user(first: date, last: date) -> dict[str, Any]:
-    """Every user's usage in the range (an operator's report): per user their tokens, calls, tokens per
-    purpose and estimated cost, costliest first."""
+def by_user(app: str, first: date, last: date) -> dict[str, Any]:
+    """Every user of ``app``'s usage in the range (its operator's report): per user (the subject, as the app knows
+    them) their tokens, calls, tokens per purpose and estimated cost, costliest first; and the app's totals."""
     cfg = settings()
     unpriced: set[str] = set()
-    calls = _priced(usage_store.calls_by_user(first, last), cfg.prices, unpriced)
-    counted = usage_store.tokens_by_user(first, last)
+    calls = _priced(usage_store.calls_by_user(app, first, last), cfg.prices, unpriced)
+    counted = usage_store.tokens_by_user(app, first, last)
     per_user: dict[str, list[dict]] = defaultdict(list)
     for row in calls:
         per_user[row.pop("user_id")].append(row)
@@ -183,4 +183,9 @@ def by_user(first: date, last: date) -> dict[str, Any]:
                       "purposes": {p: sum(r["input_tokens"] + r["output_tokens"] for r in rows if r["purpose"] == p)
                                    for p in usage_store.PURPOSES}})
     users.sort(key=lambda u: (-u["estimated_cost"], -u["tokens"], u["user_id"]))
-    return {"from": first, "to": last, "currency": CURRENCY, "users": users, "unpriced_models": sorted(unpriced)}
+    for user in users:
+        user["user_id"] = apps.subject_of(user["user_id"])
+    return {"from": first, "to": last, "currency": CURRENCY, "app": app, "users": users,
+            "totals": {**_sum(calls, "calls", "input_tokens", "output_tokens"),
+                       "tokens": sum(u["tokens"] for u in users)},
+            "unpriced_models": sorted(unpriced)}

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
-from .. import clock
+from .. import apps, clock
 from ..config import Settings
 from ..db import embedding_switched
 from ..observability import logger, metrics
@@ -157,6 +157,7 @@ def run(kind: Kind, cfg: Settings, key: Mapping[str, Any], claim_token: datetime
     if row is None:  # a duplicate delivery, a retry after success, or a claim taken over by another
         return report(kind, JobResult(kind.name, key["user_id"], state, _session_id(key)))
     job = Job(kind, row, claim_token, moment)
+    cfg = apps.settings_for(row["user_id"], cfg)  # the user's app's budget and extraction model over the deployment's
     retry_at = usage_store.held_until(row["user_id"], moment, cfg.daily_token_budget)
     if retry_at is not None:
         # The user's daily token budget is spent (or held by turns in flight: what a turn's admission reads): the

@@ -15,9 +15,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from .. import clock, events
+from .. import apps, clock, events
 from ..config import Settings
 from ..observability import logger, metrics
+from ..store import apps as app_store
 from ..store import blocks as provider_blocks
 from ..store import claims
 from ..store import dreaming as dreaming_store
@@ -48,11 +49,17 @@ RETENTION_PER_TICK = 10000  # messages a sweep deletes at most (a backlog goes o
 
 
 def expire_transcripts(cfg: Settings, moment: datetime) -> int:
-    """Retention, once per sweep: off unless TRANSCRIPT_RETENTION_DAYS is set."""
-    if not cfg.transcript_retention_days:
-        return 0
-    expired = dreaming_store.expire_messages(moment - timedelta(days=cfg.transcript_retention_days),
-                                             RETENTION_PER_TICK)
+    """Retention, once per sweep, app by app: each app's ``transcript_retention_days`` (eros.apps.AppSettings), or
+    the deployment's TRANSCRIPT_RETENTION_DAYS; 0 keeps them."""
+    expired = 0
+    for app in app_store.every():
+        if app["deleted_at"] is not None:
+            continue
+        days = apps.remember(app["id"], app["settings"]).transcript_retention_days
+        days = cfg.transcript_retention_days if days is None else days
+        if days and expired < RETENTION_PER_TICK:
+            expired += dreaming_store.expire_messages(app["id"], moment - timedelta(days=days),
+                                                      RETENTION_PER_TICK - expired)
     metrics.add_metric(name="MessagesExpired", unit="Count", value=expired)
     return expired
 

@@ -110,6 +110,7 @@ WITH bound AS (
 ), old AS MATERIALIZED (
     SELECT m.id FROM bound, engine.chat_messages m JOIN engine.chat_sessions s ON s.id = m.session_id
     WHERE m.id < bound.first_kept AND m.sent_at < %(before)s AND m.id <= s.extraction_watermark
+      AND engine.app_of(m.user_id) = %(app)s
     ORDER BY m.id
     LIMIT %(limit)s
 )
@@ -117,9 +118,10 @@ DELETE FROM engine.chat_messages WHERE id IN (SELECT id FROM old)
 """
 
 
-def expire_messages(sent_before: datetime, limit: int) -> int:
-    """Delete up to ``limit`` extracted messages sent before ``sent_before``; returns how many went."""
-    return connection().execute(_EXPIRE, {"before": sent_before, "limit": limit}).rowcount
+def expire_messages(app: str, sent_before: datetime, limit: int) -> int:
+    """Delete up to ``limit`` of ``app``'s extracted messages sent before ``sent_before`` (each app keeps its
+    transcripts as long as its settings say); returns how many went."""
+    return connection().execute(_EXPIRE, {"app": app, "before": sent_before, "limit": limit}).rowcount
 
 
 def load(stale_before: datetime, idle_before: datetime) -> tuple[int, float]:

@@ -14,8 +14,9 @@ MAX_OWN = 20  # characters a user may have (not retired)
 
 _COLUMNS = ("id, name, description, version, owner_id IS NOT NULL AS own,"
             " CASE WHEN owner_id IS NOT NULL THEN system_prompt END AS system_prompt")
-# What a user may see and start sessions with: the app's personas and their own, not retired (store.chat too).
-USABLE = "retired_at IS NULL AND (owner_id IS NULL OR owner_id = %(user)s)"
+# What a user may see and start sessions with: their app's personas and their own, not retired (store.chat too).
+# The user's key names their app (eros.apps): engine.app_of reads it.
+USABLE = ("retired_at IS NULL AND (owner_id = %(user)s OR (owner_id IS NULL AND app_id = engine.app_of(%(user)s)))")
 
 
 def usable(user_id: str) -> list[Persona]:
@@ -49,24 +50,25 @@ def retire_own(user_id: str, persona_id: str) -> bool:
     return one(connection().execute("SELECT engine.retire_user_persona(%s, %s) AS r", (user_id, persona_id)))["r"]
 
 
-# --- the app's personas: the operator API, operators at the command line (eros personas) and the package's seed
-# (eros.migrate). A changed name, description or prompt is a new version; the same text again changes nothing
-# (engine.keep_app_persona, sql/functions/personas.sql).
+# --- an app's personas: the operator API, operators at the command line (eros personas) and the package's seed
+# (eros.migrate, the first app's). A changed name, description or prompt is a new version; the same text again
+# changes nothing (engine.keep_app_persona_v2, sql/functions/personas.sql).
 
-def keep_app(persona_id: str, name: str, description: str, prompt: str,
+def keep_app(app: str, persona_id: str, name: str, description: str, prompt: str,
              conn: Connection | None = None) -> int | None:
-    """One of the app's personas, made or changed. Returns the new version; None: nothing changed (or the id is a
-    user's character)."""
-    return one((conn or connection()).execute("SELECT engine.keep_app_persona(%s, %s, %s, %s) AS version",
-                                              (persona_id, name, description, prompt)))["version"]
+    """One of ``app``'s personas, made or changed. Returns the new version; None: nothing changed (or the id is a
+    user's character or another app's persona)."""
+    return one((conn or connection()).execute("SELECT engine.keep_app_persona_v2(%s, %s, %s, %s, %s) AS version",
+                                              (app, persona_id, name, description, prompt)))["version"]
 
 
-def retire_app(persona_id: str, conn: Connection | None = None) -> bool:
-    return one((conn or connection()).execute("SELECT engine.retire_app_persona(%s) AS r", (persona_id,)))["r"]
+def retire_app(app: str, persona_id: str, conn: Connection | None = None) -> bool:
+    return one((conn or connection()).execute("SELECT engine.retire_app_persona_v2(%s, %s) AS r",
+                                              (app, persona_id)))["r"]
 
 
-def app_personas(conn: Connection | None = None) -> list[dict]:
-    """Every one of the app's personas, retired ones too, each with its current text."""
+def app_personas(app: str, conn: Connection | None = None) -> list[dict]:
+    """Every one of ``app``'s personas, retired ones too, each with its current text."""
     return (conn or connection()).execute(
         "SELECT id, name, description, system_prompt, version, retired_at FROM engine.personas"
-        " WHERE owner_id IS NULL ORDER BY id").fetchall()
+        " WHERE owner_id IS NULL AND app_id = %s ORDER BY id", (app,)).fetchall()

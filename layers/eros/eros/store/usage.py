@@ -210,17 +210,20 @@ def calls_by_day(user_id: str, first: date, last: date) -> list[UsageCalls]:
         " WHERE user_id = %s AND day BETWEEN %s AND %s ORDER BY day, purpose, model", (user_id, first, last)).fetchall()
 
 
-def calls_by_user(first: date, last: date) -> list[UsageCalls]:
-    """Every user's provider calls in the range, summed per purpose and model (an operator's report)."""
+def calls_by_user(app: str, first: date, last: date) -> list[UsageCalls]:
+    """Every user of ``app``'s provider calls in the range, summed per purpose and model (its operator's report)."""
     return connection().execute(
         "SELECT user_id, purpose, model, sum(calls)::bigint AS calls, sum(input_tokens)::bigint AS input_tokens,"
-        " sum(output_tokens)::bigint AS output_tokens FROM engine.user_model_usage WHERE day BETWEEN %s AND %s"
-        " GROUP BY user_id, purpose, model ORDER BY user_id, purpose, model", (first, last)).fetchall()
+        " sum(output_tokens)::bigint AS output_tokens FROM engine.user_model_usage"
+        " WHERE day BETWEEN %(first)s AND %(last)s AND engine.app_of(user_id) = %(app)s"
+        " GROUP BY user_id, purpose, model ORDER BY user_id, purpose, model",
+        {"app": app, "first": first, "last": last}).fetchall()
 
 
-def tokens_by_user(first: date, last: date) -> dict[str, UsageCount]:
-    """Every user's tokens in the range, as the budget counted them."""
+def tokens_by_user(app: str, first: date, last: date) -> dict[str, UsageCount]:
+    """Every user of ``app``'s tokens in the range, as the budget counted them."""
     rows = connection().execute(
-        "SELECT user_id, sum(tokens)::bigint AS tokens"
-        " FROM engine.user_usage WHERE day BETWEEN %s AND %s GROUP BY user_id", (first, last)).fetchall()
+        "SELECT user_id, sum(tokens)::bigint AS tokens FROM engine.user_usage"
+        " WHERE day BETWEEN %(first)s AND %(last)s AND engine.app_of(user_id) = %(app)s GROUP BY user_id",
+        {"app": app, "first": first, "last": last}).fetchall()
     return {row.pop("user_id"): row for row in rows}

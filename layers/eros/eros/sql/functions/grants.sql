@@ -14,6 +14,11 @@
 --                                       model as the role that writes it, and the next one once none of it is
 --                                       left; the runtime never removes the row
 --   embedding_calibrations              SELECT, INSERT: `eros calibrate` adds a row; a row is never changed
+--   apps                                SELECT: apps are made, set and deleted by operators at the command line
+--                                       (`eros apps`), with the migration credentials (migration 0036)
+--   app_keys                            SELECT, INSERT, UPDATE: an app's operator makes, rotates and revokes its
+--                                       keys through the API (a revoked key is kept, refused); a row is deleted
+--                                       only with its app
 --   every other table                   SELECT, INSERT, UPDATE, DELETE (sessions, memories, dreaming and usage
 --                                       state are updated in place); a later migration's table gets the same by
 --                                       0006's default privileges until a line here narrows it
@@ -33,6 +38,8 @@ BEGIN
     REVOKE UPDATE ON engine.relationship_terms FROM eros_app;
     REVOKE DELETE ON engine.embedding_space FROM eros_app;
     REVOKE UPDATE, DELETE ON engine.embedding_calibrations FROM eros_app;
+    REVOKE INSERT, UPDATE, DELETE ON engine.apps FROM eros_app;
+    REVOKE DELETE ON engine.app_keys FROM eros_app;
     GRANT UPDATE (user_id) ON engine.persona_instances TO eros_app;
 END
 $$;

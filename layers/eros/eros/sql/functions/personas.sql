@@ -18,8 +18,8 @@ AS $$
 DECLARE
     kept int;
 BEGIN
-    INSERT INTO engine.personas AS p (id, name, description, system_prompt, owner_id, version)
-    VALUES (of_id, of_name, of_description, of_prompt, of_owner, 1)
+    INSERT INTO engine.personas AS p (id, name, description, system_prompt, owner_id, version, app_id)
+    VALUES (of_id, of_name, of_description, of_prompt, of_owner, 1, engine.app_of(of_owner))
     ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name, description = EXCLUDED.description,
                                    system_prompt = EXCLUDED.system_prompt, version = p.version + 1
     WHERE p.owner_id = of_owner AND p.retired_at IS NULL
@@ -56,20 +56,22 @@ AS $$
     SELECT count(*)::int FROM gone
 $$;
 
--- The app's personas, for the operator API (/v1/operator/personas, its callers checked for the operator scope):
--- made, or a new version when the text changed (the statement eros.store.personas.KEEP_APP runs for operators at
--- the command line and for the package's seed); NULL: nothing changed, or of_id is a user's character.
-CREATE OR REPLACE FUNCTION engine.keep_app_persona(of_id text, of_name text, of_description text, of_prompt text)
+-- An app's personas, for the operator API (/v1/operator/personas: a caller with the operator scope of of_app, or
+-- of_app's API key), for operators at the command line (eros personas --app) and for the package's seed (the first
+-- app's): made, or a new version when the text changed. NULL: nothing changed, or of_id is taken by a user's
+-- character or by another app's persona (persona ids are the deployment's: a session names its persona by id).
+CREATE OR REPLACE FUNCTION engine.keep_app_persona_v2(of_app text, of_id text, of_name text, of_description text,
+                                                      of_prompt text)
 RETURNS int
 LANGUAGE sql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     WITH kept AS (
-        INSERT INTO engine.personas AS p (id, name, description, system_prompt)
-        VALUES (of_id, of_name, of_description, of_prompt)
+        INSERT INTO engine.personas AS p (id, name, description, system_prompt, app_id)
+        VALUES (of_id, of_name, of_description, of_prompt, of_app)
         ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name, description = EXCLUDED.description,
                                        system_prompt = EXCLUDED.system_prompt, version = p.version + 1
-        WHERE p.owner_id IS NULL
+        WHERE p.owner_id IS NULL AND p.app_id = of_app
           AND (p.name, p.description, p.system_prompt) IS DISTINCT FROM (EXCLUDED.name, EXCLUDED.description,
                                                                           EXCLUDED.system_prompt)
         RETURNING p.id, p.version, p.name, p.description, p.system_prompt
@@ -80,21 +82,40 @@ AS $$
     SELECT (SELECT version FROM kept)
 $$;
 
--- Retire one of the app's personas: listed no more, starts no session; its sessions go on.
-CREATE OR REPLACE FUNCTION engine.retire_app_persona(of_id text) RETURNS boolean
+-- Retire one of of_app's personas: listed no more, starts no session; its sessions go on.
+CREATE OR REPLACE FUNCTION engine.retire_app_persona_v2(of_app text, of_id text) RETURNS boolean
 LANGUAGE sql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     WITH retired AS (
-        UPDATE engine.personas SET retired_at = now() WHERE id = of_id AND owner_id IS NULL AND retired_at IS NULL
+        UPDATE engine.personas SET retired_at = now()
+        WHERE id = of_id AND owner_id IS NULL AND app_id = of_app AND retired_at IS NULL
         RETURNING 1
     )
     SELECT EXISTS (SELECT FROM retired)
 $$;
 
+-- The previous release's two (the _v2 rule), for its containers while a deploy replaces them: the first app's.
+CREATE OR REPLACE FUNCTION engine.keep_app_persona(of_id text, of_name text, of_description text, of_prompt text)
+RETURNS int
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT engine.keep_app_persona_v2('default', of_id, of_name, of_description, of_prompt)
+$$;
+
+CREATE OR REPLACE FUNCTION engine.retire_app_persona(of_id text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT engine.retire_app_persona_v2('default', of_id)
+$$;
+
 REVOKE ALL ON FUNCTION engine.keep_user_persona(text, text, text, text, text), engine.retire_user_persona(text, text),
     engine.erase_user_personas(text), engine.keep_app_persona(text, text, text, text),
-    engine.retire_app_persona(text) FROM PUBLIC;
+    engine.retire_app_persona(text), engine.keep_app_persona_v2(text, text, text, text, text),
+    engine.retire_app_persona_v2(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION engine.keep_user_persona(text, text, text, text, text),
     engine.retire_user_persona(text, text), engine.erase_user_personas(text), engine.keep_app_persona(text, text, text, text),
-    engine.retire_app_persona(text) TO eros_app;
+    engine.retire_app_persona(text), engine.keep_app_persona_v2(text, text, text, text, text),
+    engine.retire_app_persona_v2(text, text) TO eros_app;

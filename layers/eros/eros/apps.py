@@ -1,0 +1,183 @@
+"""Apps (tenants, migration 0036): one deployment serves several apps, each with its own users, personas, settings,
+usage and API keys, and no app sees another's.
+
+**The user key.** Every table of a user's data is keyed by the engine's user key, and the key names the app: a
+user of the first app, ``default``, is the bare subject of their token (as before apps existed); a user of any
+other app is ``<app>\\x1f<subject>`` (U+001F, which a subject may not hold: ``unusable_subject``). So every
+statement scoped by its user is scoped by its app, and the few that span users say which app they read
+(tests/test_shard_ready.py). ``user_key`` writes keys and ``split`` reads them (``engine.app_of`` in SQL); nothing
+else builds one.
+
+**Who the caller is.** An end user's JWT names the app in a claim (``APP_CLAIM``, default ``eros_app``; absent:
+the first app); an app's server sends one of the app's API keys (``X-Api-Key``) to the ``/server`` routes, and
+names the user it acts for in ``X-Eros-User`` (the key is the app's operator's: it may act for any of the app's
+users, and use the app's operator routes). Either way the app must exist and not be being deleted, which is asked
+on every request (one index probe): a deleted app's tokens and a revoked key are refused at once.
+
+**Settings.** An app may set some of the deployment's settings for itself (``AppSettings``: limits, budgets,
+models, retention); ``settings_for`` is the deployment's settings with the app's over them, read at most
+``SETTINGS_CACHE_SECS`` old.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import time
+from typing import Any, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .config import Settings, settings
+
+DEFAULT = "default"
+SEPARATOR = "\x1f"
+APP_ID = re.compile(r"^[a-z][a-z0-9-]{1,39}$")  # engine.apps' CHECK
+KEY_PREFIX = "ek_"  # an API key: ek_ and 43 characters of base64url (256 random bits)
+KEY_SHOWN = 10  # the characters of a key a listing shows (its prefix)
+KEY_PATTERN = re.compile(r"^ek_[A-Za-z0-9_-]{43}$")
+SETTINGS_CACHE_SECS = 30.0
+
+
+class AppSettings(BaseModel):
+    """What an app may set for itself over the deployment's settings (``engine.apps.settings``): each field is the
+    ``Settings`` field of the same name; unset, the deployment's applies."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    turns_per_minute: int | None = Field(None, ge=0, description="a user's turns and memory requests a minute")
+    daily_token_budget: int | None = Field(None, ge=0, description="a user's provider tokens a UTC day")
+    chat_model: str | None = Field(None, min_length=1, max_length=200, pattern=r"^\S+$")
+    extract_model: str | None = Field(None, min_length=1, max_length=200, pattern=r"^\S+$")
+    transcript_retention_days: int | None = Field(None, ge=0, description="messages kept this long once extracted")
+    history_messages: int | None = Field(None, ge=0, le=200)
+    chat_max_tokens: int | None = Field(None, ge=16, le=100_000)
+    events_include_text: bool | None = Field(None, description="memory events carry the memory's text")
+
+    def overrides(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class Caller(NamedTuple):
+    """Who a request is from: its app, the user (the engine's key) or None for an app's server acting as the app's
+    operator, and whether it may use the operator routes."""
+
+    app: str
+    user: str | None
+    operator: bool
+
+
+def user_key(app: str, subject: str) -> str:
+    """The engine's key of ``subject`` in ``app``."""
+    return subject if app == DEFAULT else f"{app}{SEPARATOR}{subject}"
+
+
+def split(key: str) -> tuple[str, str]:
+    """(app, subject) of a user key."""
+    app, sep, subject = key.partition(SEPARATOR)
+    return (app, subject) if sep else (DEFAULT, key)
+
+
+def app_of(key: str) -> str:
+    return split(key)[0]
+
+
+def subject_of(key: str) -> str:
+    return split(key)[1]
+
+
+def unusable_subject(subject: str) -> str | None:
+    """Why a token's subject (or a server's X-Eros-User) cannot name a user, or None."""
+    if SEPARATOR in subject:
+        return "holds the character U+001F, which the engine keeps to join an app and a user"
+    return None
+
+
+def new_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def key_hash(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+_cached: dict[str, tuple[float, AppSettings]] = {}
+
+
+def remember(app: str, raw: dict[str, Any]) -> AppSettings:
+    """The app's settings as read from its row, kept for ``settings_for``."""
+    kept = AppSettings.model_validate(raw or {})
+    _cached[app] = (time.monotonic(), kept)
+    return kept
+
+
+def app_settings(app: str) -> AppSettings:
+    at, kept = _cached.get(app, (float("-inf"), None))
+    if kept is None or time.monotonic() - at > SETTINGS_CACHE_SECS:
+        from .store import apps as app_store
+
+        row = app_store.find(app)
+        kept = remember(app, row["settings"] if row else {})
+    return kept
+
+
+def settings_for(user: str, base: Settings | None = None) -> Settings:
+    """The deployment's settings (or ``base``) with the user's app's over them."""
+    base = base or settings()
+    overrides = app_settings(app_of(user)).overrides()
+    return base.model_copy(update=overrides) if overrides else base
+
+
+MAX_SUBJECT = 255
+
+
+def _subject(subject: object, where: str) -> str:
+    from .json_body import unstorable
+
+    if not isinstance(subject, str) or not subject or len(subject) > MAX_SUBJECT:
+        raise _unauthorized(f"{where} must name the user: 1 to {MAX_SUBJECT} characters")
+    problem = unstorable(subject) or unusable_subject(subject)
+    if problem:
+        raise _unauthorized(f"{where} {problem}")
+    return subject
+
+
+def _unauthorized(message: str) -> Exception:
+    from .errors import Unauthorized
+
+    return Unauthorized(message)
+
+
+def from_token(claims: dict, cfg: Settings) -> Caller:
+    """The caller an end user's verified token names: its app (the ``cfg.app_claim`` claim; the first app
+    without one), the user, and the operator scope. The app must exist and not be being deleted."""
+    app = claims.get(cfg.app_claim) or DEFAULT
+    if not isinstance(app, str) or not APP_ID.fullmatch(app):
+        raise _unauthorized(f"the token's {cfg.app_claim} claim is not an app id")
+    if app != DEFAULT:  # the first app cannot be deleted: asked of the others only
+        from .store import apps as app_store
+
+        row = app_store.find(app)
+        if row is None:
+            raise _unauthorized(f"the token's app {app!r} is not served here")
+        remember(app, row["settings"])
+    subject = _subject(claims.get("sub"), "the token's subject")
+    operator = cfg.operator_scope in str(claims.get("scope") or "").split()
+    return Caller(app, user_key(app, subject), operator)
+
+
+def from_key(key: str | None, user: str | None) -> tuple[Caller, dict]:
+    """The caller an app's server is, by one of the app's live API keys (``X-Api-Key``), acting for ``user`` (its
+    ``X-Eros-User``; None: as the app's operator). Also the key's row (its id, for the logs)."""
+    from .store import apps as app_store
+
+    if not key:
+        raise _unauthorized("the /server routes take one of an app's API keys in the X-Api-Key header")
+    row = app_store.identify(key_hash(key)) if KEY_PATTERN.fullmatch(key) else None
+    if row is None:
+        raise _unauthorized("the API key is not a live key of an app served here")
+    remember(row["app_id"], row["settings"])
+    app = row["app_id"]
+    subject = None if user is None else _subject(user, "X-Eros-User")
+    return Caller(app, None if subject is None else user_key(app, subject), True), row
