@@ -851,6 +851,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("forget", help="erase everything stored about USER (what DELETE /v1/me does), after showing"
                                       " what that is and asking for the user id again")
     p.add_argument("user")
+    p.add_argument("--app", default="default", help="the user's app (default: the first app, default)")
     p.add_argument("--yes", action="store_true", help="erase without asking (a script; needed without a terminal)")
     p.set_defaults(func=cmd_forget)
 

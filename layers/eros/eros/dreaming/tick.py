@@ -50,16 +50,19 @@ RETENTION_PER_TICK = 10000  # messages a sweep deletes at most (a backlog goes o
 
 def expire_transcripts(cfg: Settings, moment: datetime) -> int:
     """Retention, once per sweep, app by app: each app's ``transcript_retention_days`` (eros.apps.AppSettings), or
-    the deployment's TRANSCRIPT_RETENTION_DAYS; 0 keeps them."""
-    expired = 0
+    the deployment's TRANSCRIPT_RETENTION_DAYS; 0 keeps them (no app keeping them for a limited time: no metric)."""
+    kept_for = {}
     for app in app_store.every():
-        if app["deleted_at"] is not None:
-            continue
         days = apps.remember(app["id"], app["settings"]).transcript_retention_days
         days = cfg.transcript_retention_days if days is None else days
-        if days and expired < RETENTION_PER_TICK:
-            expired += dreaming_store.expire_messages(app["id"], moment - timedelta(days=days),
-                                                      RETENTION_PER_TICK - expired)
+        if days and app["deleted_at"] is None:
+            kept_for[app["id"]] = days
+    if not kept_for:
+        return 0
+    expired = 0
+    for app, days in kept_for.items():
+        if expired < RETENTION_PER_TICK:
+            expired += dreaming_store.expire_messages(app, moment - timedelta(days=days), RETENTION_PER_TICK - expired)
     metrics.add_metric(name="MessagesExpired", unit="Count", value=expired)
     return expired
 
