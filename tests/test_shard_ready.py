@@ -158,3 +158,78 @@ def test_every_job_table_is_a_table_of_a_users_data():
 def test_the_cross_user_list_names_only_statements_that_exist():
     owners = {owner for owner, _ in statements() + function_statements()}
     assert set(CROSS_USER) <= owners, set(CROSS_USER) - owners
+
+
+# --- apps (migration 0036): the same proof for the app ------------------------------------------------------------
+# The user key names the app (eros.apps: a bare subject is the first app's, any other app's users are
+# '<app>\x1f<subject>'), so each statement above that names its user is scoped by the app as well. What is left to
+# hold: the statements that span users either name the app they read, or span the apps on purpose (listed with why);
+# and the app's own rows (its personas, its keys) are found by the app.
+ACROSS_APPS = {
+    "dreaming._CLAIM_TEMPLATE": "the deployment's sweeper claims idle sessions of every app; each job runs with its "
+                                "user's app's settings (eros.dreaming.jobs.run: eros.apps.settings_for)",
+    "dreaming.load": "the deployment's dreaming load and backlog age, over every app (its alarms are the operator's)",
+    "dreaming.redrive": "the deployment's operator re-drives given-up sessions (or one user's: then scoped)",
+    "deep_pass._CLAIM": "the sweeper claims users of every app due a deep pass",
+    "grants.grant_app_role": "DDL",
+    "embedding.holds": "the embedding model is the deployment's, one for every app",
+    "embedding.keep_embedding_space": "the same: the deployment's model",
+    "reembedding._CLAIM": "a change of the deployment's embedder re-embeds every app's users",
+    "reembedding._BEGIN": "the same", "reembedding._PROGRESS": "the same", "reembedding.switch": "the same",
+    "reembedding.cancel": "the same", "reembedding.late_rows": "the same", "reembedding.any_pending": "the same",
+    "reembedding.redrive": "the same",
+    "events._PENDING": "the sweeper publishes every app's events to the deployment's bus; each names its app "
+                       "(eros.events.envelope), and subscribers filter by it",
+    "events.published": "by the ids the drain just read",
+    "events.record_memory_event": "a trigger on one memory row: that row's own user's event",
+}
+APP_TABLES = {"personas", "persona_versions", "app_keys", "apps"}
+# ... and the few that read every app's rows on purpose.
+EVERY_APP = {
+    "apps.every": "the deployment's operator lists the apps (eros apps list), and retention reads each app's days",
+    "personas.keep_user_persona": "its second statement writes the version row of the character its first wrote, "
+                                  "of_owner's",
+}
+
+
+def _names_the_app(sql: str) -> bool:
+    return bool(re.search(r"app_of|%\(app\)s|\bapp_id\b|of_app", sql))
+
+
+def test_every_statement_across_users_names_its_app_or_spans_apps_on_purpose():
+    found = dict(statements() + function_statements())
+    assert set(ACROSS_APPS) <= set(CROSS_USER), set(ACROSS_APPS) - set(CROSS_USER)
+    per_app = set(CROSS_USER) - set(ACROSS_APPS)
+    assert {"dreaming._EXPIRE", "usage.calls_by_user", "usage.tokens_by_user"} <= per_app
+    unscoped = {owner for owner in per_app if not _names_the_app(found[owner])}
+    assert not unscoped, f"span users but name no app (scope them, or list them in ACROSS_APPS with why): {unscoped}"
+
+
+def test_every_statement_on_an_apps_rows_names_the_app_or_a_user_of_it():
+    """An app's personas, keys and row are found by the app (or, for a user's character and the persona of a user's
+    session, by the user, whose key names the app); a key by its secret's hash (eros.apps.from_key)."""
+    found = statements() + function_statements()
+    loose = sorted({owner for owner, sql in found if tables(sql) & APP_TABLES and not _names_the_app(sql)
+                    and not re.search(r"user_id|owner|%\(user\)s|USABLE|secret_sha256", sql)
+                    and owner not in {"grants.grant_app_role"} | EVERY_APP.keys()})
+    assert not loose, f"statements on an app's rows that name neither the app nor a user: {loose}"
+
+
+@pytest.mark.parametrize("app, subject", [("default", "alice"), ("acme", "alice"), ("acme", "default"),
+                                          ("acme", "globex:alice"), ("globex", "acme\u00a0alice"),
+                                          ("default", "auth0|42"), ("ab", "用户")])
+def test_the_user_key_names_its_app_in_python_and_in_sql(db, app, subject):
+    from eros import apps
+
+    key = apps.user_key(app, subject)
+    assert apps.split(key) == (app, subject)
+    assert db.execute("SELECT engine.app_of(%s) AS app", (key,)).fetchone()["app"] == app
+
+
+def test_two_apps_users_of_one_subject_never_share_a_key_and_the_separator_is_refused_in_a_subject():
+    from eros import apps
+
+    keys = {apps.user_key(app, "alice") for app in ("default", "acme", "globex")}
+    assert len(keys) == 3
+    assert apps.unusable_subject("acme\x1falice") and apps.unusable_subject("\x1f")
+    assert apps.unusable_subject("alice") is None

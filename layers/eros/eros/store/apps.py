@@ -15,8 +15,8 @@ _APP = "id, name, settings, created_at"
 
 def find(app: str, conn: Connection | None = None) -> dict | None:
     """The app, unless it does not exist or is being deleted: asked on every request (eros.apps)."""
-    return (conn or connection()).execute(f"SELECT {_APP} FROM engine.apps WHERE id = %s AND deleted_at IS NULL",
-                                          (app,)).fetchone()
+    return (conn or connection()).execute(f"SELECT {_APP} FROM engine.apps WHERE id = %(app)s AND deleted_at IS NULL",
+                                          {"app": app}).fetchone()
 
 
 def every(conn: Connection | None = None) -> list[dict]:
@@ -26,15 +26,16 @@ def every(conn: Connection | None = None) -> list[dict]:
 def create(app: str, name: str, settings: dict[str, Any], conn: Connection | None = None) -> dict | None:
     """A new app; None when the id is taken (by a live app or one being deleted)."""
     return (conn or connection()).execute(
-        f"INSERT INTO engine.apps (id, name, settings) VALUES (%s, %s, %s) ON CONFLICT (id) DO NOTHING"
-        f" RETURNING {_APP}", (app, name, json.dumps(settings))).fetchone()
+        f"INSERT INTO engine.apps (id, name, settings) VALUES (%(app)s, %(name)s, %(settings)s)"
+        f" ON CONFLICT (id) DO NOTHING RETURNING {_APP}",
+        {"app": app, "name": name, "settings": json.dumps(settings)}).fetchone()
 
 
 def set_settings(app: str, settings: dict[str, Any], conn: Connection | None = None) -> dict | None:
     """Replace the app's settings (already checked against eros.apps.AppSettings)."""
     return (conn or connection()).execute(
-        f"UPDATE engine.apps SET settings = %s WHERE id = %s AND deleted_at IS NULL RETURNING {_APP}",
-        (json.dumps(settings), app)).fetchone()
+        f"UPDATE engine.apps SET settings = %(settings)s WHERE id = %(app)s AND deleted_at IS NULL RETURNING {_APP}",
+        {"settings": json.dumps(settings), "app": app}).fetchone()
 
 
 # --- API keys ----------------------------------------------------------------------------------------------------
