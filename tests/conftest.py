@@ -138,10 +138,11 @@ def _one_botocore_loader():
 def reset_process_state() -> None:
     """Forget cached settings, providers, connections and what the database said of the embedding space (tests
     change the environment and clean the database)."""
-    from eros import calibrated, db, providers
+    from eros import apps, calibrated, db, providers
     from eros.config import settings
 
     settings.cache_clear()
+    apps.forget()
     providers.reset()
     calibrated.reset()
     db.reset()
@@ -164,7 +165,11 @@ def clean_schema() -> str:
         "DELETE FROM engine.persona_versions WHERE version > 1",
         "UPDATE engine.personas p SET name = v.name, description = v.description, system_prompt = v.system_prompt,"
         " version = 1, retired_at = NULL FROM engine.persona_versions v WHERE v.persona_id = p.id AND v.version = 1"
-        " AND (p.version, p.retired_at) IS DISTINCT FROM (1, NULL)"])
+        " AND (p.version, p.retired_at) IS DISTINCT FROM (1, NULL)",
+        # Apps (migration 0036): the first app alone, as migrated.
+        "DELETE FROM engine.app_keys", "DELETE FROM engine.apps WHERE id <> 'default'",
+        "UPDATE engine.apps SET settings = '{}', deleted_at = NULL WHERE id = 'default'"
+        " AND (settings, deleted_at) IS DISTINCT FROM ('{}'::jsonb, NULL)"])
 
 
 @pytest.fixture(scope="session")

@@ -112,6 +112,11 @@ def remember(app: str, raw: dict[str, Any]) -> AppSettings:
     return kept
 
 
+def forget() -> None:
+    """Drop what was read of the apps' settings (tests; a process that changed them)."""
+    _cached.clear()
+
+
 def app_settings(app: str) -> AppSettings:
     at, kept = _cached.get(app, (float("-inf"), None))
     if kept is None or time.monotonic() - at > SETTINGS_CACHE_SECS:
