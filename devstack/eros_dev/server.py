@@ -308,7 +308,8 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
         from . import events_log, logged_events
 
         events, _ = logged_events(events_log())
-        mine = [e for e in events if claims and e["user_id"] == claims.get("sub")]
+        app = (claims or {}).get(self.server.settings.app_claim) or "default"  # the user's app (eros.apps)
+        mine = [e for e in events if claims and e["user_id"] == claims.get("sub") and e.get("app", "default") == app]
         self._json(200, {"events": mine[-EVENTS_SHOWN:]})
 
     def _send_console(self, path: str) -> None:
