@@ -190,7 +190,7 @@ def test_every_route_answers_each_app_with_its_own_rows_and_every_table_keeps_th
         assert usage["totals"]["tokens"] == counted > 0
         link = ok(s.call(app, "GET", "/v1/export"))["url"]
         exported = (s.exports / link.split("/local/", 1)[1]).read_text()
-        assert json.loads(exported)["user_id"] == key_of(app)
+        assert (json.loads(exported)["app"], json.loads(exported)["user_id"]) == (app, "alice")
         _only_mine(app, exported)
         operators = ok(s.call(app, "GET", "/v1/operator/personas", operator=True))["personas"]
         assert {p["id"] for p in operators} == _app_personas(app)

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+from .. import apps
 from ..db import connection, one, retried, transaction
 from ..memory import event_time_text
 from . import consolidation
@@ -134,11 +135,14 @@ def _session(user_id: str, session: dict) -> Iterator[str]:
 
 
 def export_document(user_id: str, now: datetime) -> Iterator[str]:
-    """The user's whole record as one JSON object, in pieces: ``user_id``, ``exported_at``, ``sessions``
+    """The user's whole record as one JSON object, in pieces: ``app`` and ``user_id`` (the user as their app knows
+    them: eros.apps), ``exported_at``, ``sessions``
     (oldest first, each with its ``messages``), ``memories`` (both layers, history included, oldest first,
     never an embedding), ``personas`` (the characters the user made, every version), ``usage`` (per UTC day)
     and ``usage_by_model`` (per day, purpose and model)."""
-    yield '{"user_id":' + _json(user_id) + ',"exported_at":' + _json(now.isoformat()) + ',"sessions":'
+    app, subject = apps.split(user_id)
+    yield ('{"app":' + _json(app) + ',"user_id":' + _json(subject) + ',"exported_at":' + _json(now.isoformat())
+           + ',"sessions":')
     yield "["
     for n, session in enumerate(_pages(_SESSIONS, {"user": user_id})):
         yield "," if n else ""
