@@ -178,13 +178,11 @@ def by_user(app: str, first: date, last: date) -> dict[str, Any]:
     users = []
     for user in set(counted) | set(per_user):
         rows = per_user[user]
-        users.append({"user_id": user, "tokens": counted.get(user, _NONE)["tokens"],
+        users.append({"user_id": apps.subject_of(user), "tokens": counted.get(user, _NONE)["tokens"],
                       **_sum(rows, "calls", "input_tokens", "output_tokens"),
                       "purposes": {p: sum(r["input_tokens"] + r["output_tokens"] for r in rows if r["purpose"] == p)
                                    for p in usage_store.PURPOSES}})
     users.sort(key=lambda u: (-u["estimated_cost"], -u["tokens"], u["user_id"]))
-    for user in users:
-        user["user_id"] = apps.subject_of(user["user_id"])
     return {"from": first, "to": last, "currency": CURRENCY, "app": app, "users": users,
             "totals": {**_sum(calls, "calls", "input_tokens", "output_tokens"),
                        "tokens": sum(u["tokens"] for u in users)},

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .. import calibrated, clock, usage
+from .. import apps, calibrated, clock, usage
 from .. import extraction as extraction_prompt
 from ..config import Settings
 from ..extraction import windows
@@ -54,8 +54,10 @@ def backfill(cfg: Settings, user_id: str | None = None, limit: int = 100, now: d
              time_budget_secs: float = 60.0) -> Backfilled:
     """Write the episodes of up to ``limit`` extracted sessions that have none (of ``user_id``, or everyone's)."""
     done = Backfilled(retention_skipped=len(dreaming_store.sessions_without_episode(user_id, limit, whole=False)))
+    base = cfg
     for session in dreaming_store.sessions_without_episode(user_id, limit):
         user = session["user_id"]
+        cfg = apps.settings_for(user, base)  # the user's app's budget and extraction model
         if user in done.deferred_users or usage_store.held_until(user, now or clock.now(), cfg.daily_token_budget):
             done.deferred += 1
             if user not in done.deferred_users:
