@@ -218,6 +218,9 @@ def test_every_route_answers_each_app_with_its_own_rows_and_every_table_keeps_th
             assert s.call(app, "DELETE", f"/v1/operator/personas/{PERSONA[other]}", operator=True)[0] == 404
         if app != "default":
             assert s.call(app, "POST", "/v1/sessions", {"persona_id": "luna"})[0] == 404
+        # The memory events the sweep published: the console's panel shows each alice her app's alone.
+        shown = ok(s.call(app, "GET", "/local/events"))["events"]
+        assert shown and {(e["app"], e["user_id"]) for e in shown} == {(app, "alice")}
     _every_table_keeps_the_apps_apart(db)
     # What is left of the routes: deletions, each app's own.
     for app in APPS:
