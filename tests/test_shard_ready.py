@@ -50,6 +50,10 @@ CROSS_USER = {
     "events.published": "the published events, by the ids the drain just read: per shard",
     "events.record_memory_event": "a trigger on one memory row (its type names the table): writes the event of "
                                   "that row's own user, on that row's shard",
+    "account.app_users": "an app's deletion finds every user of the app (engine.app_of): every shard",
+    "account.scan": "what is left of an app being deleted, in every table: summed over shards",
+    "account._ERASE_APP": "an app's deletion removes its users' leftover events and counters (every shard), then its "
+                          "personas, keys and row",
     "embedding.keep_embedding_space": "the same question, asked by the trigger only when a vector of another "
                                       "model than the recorded one is written: every shard",
 }

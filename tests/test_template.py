@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from eros.config import Settings
-from eros_dev.server import PUBLIC_ROUTES
+from eros_dev.server import PUBLIC_ROUTES, SERVER_PREFIX
 
 ROOT = Path(__file__).resolve().parents[1]
 FUNCTIONS = ("ChatFunction", "ChatStreamFunction", "SweeperFunction", "ExtractFunction", "MigrateFunction")
@@ -242,9 +242,31 @@ def test_powertools_is_configured_for_every_function(template):
 
 # --- the API ----------------------------------------------------------------------------------
 def test_public_routes_are_exactly_the_local_servers(template):
-    public = {(p["Method"].upper(), p["Path"]) for p in http_events(template).values()
-              if p.get("Auth", {}).get("Authorizer") == "NONE"}
-    assert public == set(PUBLIC_ROUTES)
+    """Every route without the JWT authorizer is public (as the local server's) or an app's servers' (under
+    /server, the key checked in the function): nothing else goes around the authorizer."""
+    unauthorized = {(p["Method"].upper(), p["Path"]) for p in http_events(template).values()
+                    if p.get("Auth", {}).get("Authorizer") == "NONE"}
+    keyed = {route for route in unauthorized if route[1].startswith(SERVER_PREFIX)}
+    assert unauthorized - keyed == set(PUBLIC_ROUTES)
+    assert keyed == {("ANY", SERVER_PREFIX + "{proxy+}")}
+
+
+def test_the_server_routes_are_the_ones_whose_api_key_the_function_checks(template):
+    """/server/... goes around the JWT authorizer (template.yaml) because the chat function checks the app's API key
+    on exactly that prefix (functions/chat/app.py) and the local server lets exactly that prefix through: a
+    route of that prefix the function did not check would be public."""
+    from eros_dev.lambda_runtime import load_function
+
+    assert SERVER_PREFIX == load_function("chat").SERVER + "/"
+    assert not any(path.startswith(SERVER_PREFIX) for _, path in PUBLIC_ROUTES)
+
+
+def test_the_functions_that_read_tokens_read_the_app_claim_the_stack_is_given(template):
+    assert template["Parameters"]["AppClaim"]["Default"] == Settings.model_fields["app_claim"].default
+    for name in ("ChatFunction", "ChatStreamFunction"):
+        assert props(template, name)["Environment"]["Variables"]["APP_CLAIM"] == {"Ref": "AppClaim"}, name
+    groups = template["Metadata"]["AWS::CloudFormation::Interface"]["ParameterGroups"]
+    assert any("AppClaim" in g["Parameters"] and "JwtIssuer" in g["Parameters"] for g in groups)
 
 
 def test_every_other_route_goes_through_the_jwt_authorizer(template):

@@ -1,6 +1,6 @@
 """The ``eros`` command: serve (the local stack) and stop it, migrate, token, chat, mcp, sweep, invoke, doctor,
-calibrate, forget, usage, events, backfill-episodes. Every failure is one line on stderr (EROS_DEBUG=1 shows the
-traceback)."""
+calibrate, forget, usage, events, backfill-episodes, personas, apps, keys. Every failure is one line on stderr
+(EROS_DEBUG=1 shows the traceback)."""
 
 from __future__ import annotations
 
@@ -637,6 +637,217 @@ def _persona_problem(persona_id: str, name: str, prompt: str) -> str | None:
     return None
 
 
+def cmd_apps(args) -> int:
+    """The deployment's apps (tenants, eros.apps), for operators with the migration credentials: list them, create
+    one, change its settings, or delete one whole (its users erased as ``eros forget`` erases one, then its
+    personas, keys and row) once the person has seen what that is and typed the app id again."""
+    from eros.store import apps as app_store
+
+    _database()
+    args.pairs = args.pairs + args.sets  # create's --set, set's KEY=VALUE: either way
+    if args.action == "list":
+        if args.id or args.pairs:
+            raise BadInput("list takes no ID or settings")
+        return _apps_list(app_store)
+    if not args.id:
+        raise BadInput(f"{args.action} needs the app's ID")
+    if args.action == "create":
+        return _apps_create(args, app_store)
+    if args.action == "set":
+        row = app_store.find(args.id)
+        if row is None:
+            raise CliError(f"there is no app {args.id!r} (`eros apps list` lists them)")
+        if not args.pairs:
+            raise BadInput("set needs at least one KEY=VALUE (KEY=none clears one)")
+        kept = app_store.set_settings(args.id, _app_settings(args.pairs, row["settings"]))
+        if kept is None:
+            raise CliError(f"the app {args.id!r} is being deleted")
+        print(f"{args.id}: settings {_shown_settings(kept['settings'])} (running functions take them within"
+              " 30 s)")
+        return 0
+    if args.pairs:
+        raise BadInput("delete takes no settings")
+    return _apps_delete(args)
+
+
+def _apps_list(app_store) -> int:
+    from eros.account import app_stored
+
+    print(f"{'id':<20} {'name':<24} {'created':<10} {'users':>6} {'live keys':>9}  settings")
+    for app in app_store.every():
+        live = sum(k["revoked_at"] is None for k in app_store.keys(app["id"]))
+        users, _ = app_stored(app["id"])
+        state = f" (being deleted since {app['deleted_at']:%Y-%m-%d %H:%M})" if app["deleted_at"] else ""
+        print(f"{app['id']:<20} {app['name'][:24]:<24} {app['created_at']:%Y-%m-%d} {users:>6,} {live:>9}"
+              f"  {_shown_settings(app['settings'])}{state}")
+    return 0
+
+
+def _apps_create(args, app_store) -> int:
+    from eros.apps import APP_ID
+
+    if not APP_ID.fullmatch(args.id):
+        raise BadInput(f"the app id {args.id!r} must be 2 to 40 of a-z 0-9 -, starting with a letter")
+    name = (args.name or "").strip()
+    if not 1 <= len(name) <= 200:
+        raise BadInput("create needs --name, 1 to 200 characters")
+    made = app_store.create(args.id, name, _app_settings(args.pairs, {}))
+    if made is None:
+        raise CliError(f"the app id {args.id!r} is taken (by an app, or one being deleted)")
+    print(f"app {made['id']} ({made['name']}) created: settings {_shown_settings(made['settings'])}; its users'"
+          f" tokens name it in the {_app_claim()} claim; `eros keys create --app {made['id']}` makes a key for its"
+          " servers")
+    return 0
+
+
+def _app_claim() -> str:
+    from eros.config import settings
+
+    return settings().app_claim
+
+
+def _apps_delete(args) -> int:
+    from eros.account import app_stored, erase_app
+    from eros.apps import DEFAULT
+    from eros.store import apps as app_store
+
+    if args.id == DEFAULT:
+        raise CliError(f"the first app, {DEFAULT}, cannot be deleted (`eros forget USER` erases one of its users)")
+    row = next((app for app in app_store.every() if app["id"] == args.id), None)
+    if row is None:
+        raise CliError(f"there is no app {args.id!r} (`eros apps list` lists them)")
+    users, rows = app_stored(args.id)
+    print(f"stored for app {args.id} ({row['name']}): {users} users; rows: {_rows(rows)}")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise BadInput("an app's deletion cannot be undone: run it at a terminal to confirm it, or pass --yes")
+        try:
+            typed = input(f"Delete the app, its users and everything of theirs, for good? Type the app id"
+                          f" ({args.id}) to confirm: ")
+        except EOFError:
+            typed = ""
+        if typed.strip() != args.id:
+            raise CliError(f"nothing was deleted: the answer was not {args.id!r}")
+    done = erase_app(args.id)
+    print(f"deleted app {args.id}: {done.users} users erased ({_counted(done.erased)}); then "
+          + ", ".join(f"{count} {kind.replace('_', ' ')}" for kind, count in done.leftovers.items()))
+    left = {table: n for table, n in done.scan.items() if n}
+    print(f"scan of every table for the app's rows: {_rows(done.scan) if left else 'none left'}")
+    if left:
+        raise CliError(f"rows of the app are left ({_rows(left)}): run `eros apps delete {args.id}` again")
+    return 0
+
+
+def _rows(counts: dict[str, int]) -> str:
+    return ", ".join(f"{table} {count:,}" for table, count in counts.items() if count) or "none"
+
+
+def _shown_settings(values: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(values.items())) or "(the deployment's)"
+
+
+def _app_settings(pairs: list[str], current: dict) -> dict:
+    """``current`` with each KEY=VALUE of ``pairs`` over it (KEY=none: unset), checked as eros.apps.AppSettings."""
+    from pydantic import ValidationError
+
+    from eros.apps import AppSettings
+
+    fields = AppSettings.model_fields
+    merged = dict(current)
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise BadInput(f"{pair!r} is not KEY=VALUE")
+        if key not in fields:
+            raise BadInput(f"unknown setting {key!r}: an app may set {', '.join(fields)}")
+        if value.strip().lower() == "none":
+            merged.pop(key, None)
+        else:
+            merged[key] = _setting_value(key, value.strip(), fields[key].annotation)
+    try:
+        return AppSettings.model_validate(merged).overrides()
+    except ValidationError as exc:
+        raise BadInput("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
+
+
+def _setting_value(key: str, value: str, annotation) -> object:
+    """VALUE as the setting's type: a whole number, true/false, or text."""
+    from typing import get_args
+
+    kinds = set(get_args(annotation)) or {annotation}
+    if bool in kinds:
+        truth = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False,
+                 "0": False}.get(value.lower())
+        if truth is None:
+            raise BadInput(f"{key} is true or false, not {value!r}")
+        return truth
+    if int in kinds:
+        try:
+            return int(value)
+        except ValueError:
+            raise BadInput(f"{key} is a whole number, not {value!r}") from None
+    return value
+
+
+def cmd_keys(args) -> int:
+    """An app's API keys, for its servers (the /server routes, X-Api-Key): make one, list them, rotate one (a new
+    key in its place, the old one refused from then on) or revoke one. A key is shown once, when it is made."""
+    from eros.apps import KEY_SHOWN, key_hash, new_key
+    from eros.store import apps as app_store
+
+    _database()
+    if app_store.find(args.app) is None:
+        raise CliError(f"there is no app {args.app!r} (`eros apps list` lists them)")
+    if args.action in ("create", "list") and args.key_id:
+        raise BadInput(f"{args.action} takes no KEY_ID")
+    if args.action == "list":
+        return _keys_list(app_store.keys(args.app))
+    secret = new_key()
+    if args.action == "create":
+        name = (args.name or "default").strip()
+        if not 1 <= len(name) <= 100:
+            raise BadInput("--name must be 1 to 100 characters")
+        made = app_store.add_key(args.app, name, secret[:KEY_SHOWN], key_hash(secret))
+    elif args.action == "revoke":
+        key_id = _key_id(args)
+        if app_store.revoke(args.app, key_id) is None:
+            raise CliError(f"{key_id} is not a live key of the app {args.app!r}")
+        print(f"key {key_id} of app {args.app}: revoked (refused from now on)")
+        return 0
+    else:
+        key_id = _key_id(args)
+        rotated = app_store.rotate(args.app, key_id, secret[:KEY_SHOWN], key_hash(secret))
+        if rotated is None:
+            raise CliError(f"{key_id} is not a live key of the app {args.app!r}")
+        print(f"key {key_id} of app {args.app}: revoked, replaced by the key below")
+        made = rotated
+    print(f"key {made['id']} ({made['name']}) of app {args.app}:\n{secret}\n"
+          "This key is shown once and not again (only its hash is kept): store it now.")
+    return 0
+
+
+def _keys_list(keys: list[dict]) -> int:
+    for k in keys:
+        state = ("live" if k["revoked_at"] is None else f"revoked {k['revoked_at']:%Y-%m-%d %H:%M}"
+                 + (f", replaced by {k['replaced_by']}" if k["replaced_by"] else ""))
+        used = f"{k['last_used_at']:%Y-%m-%d %H:%M}" if k["last_used_at"] else "never"
+        print(f"{k['id']}  {k['prefix']}...  {k['name'][:24]:<24} created {k['created_at']:%Y-%m-%d}"
+              f"  used {used:<16}  {state}")
+    return 0
+
+
+def _key_id(args):
+    from uuid import UUID
+
+    if not args.key_id:
+        raise BadInput(f"{args.action} needs the KEY_ID (`eros keys list --app {args.app}`)")
+    try:
+        return UUID(args.key_id)
+    except ValueError:
+        raise BadInput(f"{args.key_id!r} is not a key id (`eros keys list --app {args.app}`)") from None
+
+
 def cmd_usage(args) -> int:
     """An operator's usage report: every user's tokens, calls and estimated cost in a range of UTC days
     (costliest first), or one user's per day, purpose and model (what ``GET /v1/usage`` answers)."""
@@ -877,6 +1088,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-file", help="set: a text file with the persona's system prompt")
     p.add_argument("--app", default="default", help="whose personas (default: the first app, default)")
     p.set_defaults(func=cmd_personas)
+
+    p = sub.add_parser("apps", help="the deployment's apps (tenants): list, create, set (settings) or delete one")
+    p.add_argument("action", nargs="?", choices=["list", "create", "set", "delete"], default="list")
+    p.add_argument("id", nargs="?")
+    p.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help="set: the app's settings (KEY=none clears one)")
+    p.add_argument("--name", help="create: the app's name")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="create: one of the app's settings (again for more)")
+    p.add_argument("--yes", action="store_true", help="delete without asking (a script; needed without a terminal)")
+    p.set_defaults(func=cmd_apps)
+
+    p = sub.add_parser("keys", help="an app's API keys for its servers: create, list, rotate or revoke one")
+    p.add_argument("action", choices=["create", "list", "rotate", "revoke"])
+    p.add_argument("key_id", nargs="?", help="rotate, revoke: the key's id (`eros keys list`)")
+    p.add_argument("--app", required=True, help="whose keys")
+    p.add_argument("--name", help="create: what the key is for (default: default)")
+    p.set_defaults(func=cmd_keys)
 
     p = sub.add_parser("usage", help="tokens, provider calls and estimated cost per user (or one user's per day)")
     p.add_argument("--from", dest="first", type=_day, help="first UTC day (YYYY-MM-DD); default 30 days ago")

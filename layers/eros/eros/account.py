@@ -1,5 +1,5 @@
 """A user's whole record, in their hands: the export (``GET /v1/export``) and erasure (``DELETE /v1/me``,
-``eros forget``).
+``eros forget``); and an app's deletion (``eros apps delete``), which erases each of its users that way.
 
 An export is too big for a Lambda response (6 MB through API Gateway; a user with 100,000 messages has
 tens of MB), so it is written where the user can fetch it: in AWS an S3 object (EXPORT_BUCKET, uploaded in
@@ -67,6 +67,55 @@ def erase(user_id: str) -> dict[str, int]:
     """Every row of the user (``store.account.erase``), then their export files; returns the counts."""
     erased = account_store.erase(user_id)
     return erased | {"exports": _forget_exports(settings(), owner(user_id))}
+
+
+class AppNotDeletable(ClientError):
+    """An app that cannot be deleted: the first app, or one that does not exist."""
+    status, code = 409, "app_not_deletable"
+
+
+ERASE_PASSES = 3  # an app's users looked for again after they are erased: a request let in before may have written
+
+
+@dataclass
+class AppErasure:
+    users: int  # the app's users erased, each as ``erase`` erases one
+    erased: dict[str, int]  # their rows and export files, by kind, summed over them
+    leftovers: dict[str, int]  # then the app's own rows: events, personas and their versions, keys, the app
+    scan: dict[str, int]  # what is left of the app in each table afterwards (``account_store.scan``): all zeros
+
+
+def erase_app(app: str) -> AppErasure:
+    """Delete an app whole (an operator's act at the command line, with the migration credentials): mark it as
+    being deleted, from when on none of its tokens or keys is accepted (eros.apps); erase each of its users as
+    ``erase`` erases one (their locks taken, their export files deleted too), looking again for users a request
+    let in before the mark has written; then the app's own rows. Returns the counts and the scan of what is left
+    of the app. An interrupted deletion is finished by running it again."""
+    from .apps import DEFAULT
+
+    if app == DEFAULT:
+        raise AppNotDeletable(f"the first app, {DEFAULT}, cannot be deleted: a token that names no app is its"
+                              " user's")
+    if not account_store.begin_app_deletion(app):
+        raise AppNotDeletable(f"there is no app {app!r} (`eros apps list` lists them)")
+    erased: dict[str, int] = {}
+    users: set[str] = set()
+    for _ in range(ERASE_PASSES):
+        found = account_store.app_users(app)
+        if not found:
+            break
+        for user in found:
+            users.add(user)
+            for kind, count in erase(user).items():
+                erased[kind] = erased.get(kind, 0) + count
+    leftovers = account_store.erase_app_rows(app)
+    logger.info("app deleted", extra={"app": app, "users": len(users)})
+    return AppErasure(len(users), erased, leftovers, account_store.scan(app))
+
+
+def app_stored(app: str) -> tuple[int, dict[str, int]]:
+    """What ``erase_app`` would delete now: the app's users, and its rows in each table (``account_store.scan``)."""
+    return len(account_store.app_users(app)), account_store.scan(app)
 
 
 def stored(user_id: str) -> dict[str, int]:

@@ -30,6 +30,8 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+from psycopg import sql
+
 from .. import apps
 from ..db import connection, one, retried, transaction
 from ..memory import event_time_text
@@ -200,3 +202,81 @@ def _erase_rows(user_id: str) -> dict[str, int]:
 @retried
 def _erase_usage(user_id: str) -> dict[str, int]:
     return one(connection().execute(_ERASE_USAGE, {"user": user_id}))
+
+
+# --- an app's deletion (eros.account.erase_app) ------------------------------------------------------------------
+# Which rows are an app's is read from the catalog, not from a list kept here: every table of the engine schema
+# (a partitioned one as a whole) with a column that names a user (user_id, owner_id: the user key names the app,
+# engine.app_of reads it) or the app (app_id). A table a later migration adds is covered as it is created.
+_APP_COLUMNS = ("SELECT c.relname AS table_name, array_agg(a.attname::text ORDER BY a.attname) AS columns"
+                " FROM pg_catalog.pg_class c"
+                " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'engine'"
+                " JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped"
+                " WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition"
+                " AND a.attname IN ('user_id', 'owner_id', 'app_id')"
+                " GROUP BY c.relname ORDER BY c.relname")
+_USER_COLUMNS = ("user_id", "owner_id")
+
+
+def _app_columns() -> dict[str, list[str]]:
+    """Each table of the engine schema that holds an app's rows, with the columns that say whose a row is."""
+    return {r["table_name"]: r["columns"] for r in connection().execute(_APP_COLUMNS).fetchall()}
+
+
+def _the_apps(column: str) -> sql.Composable:
+    """The condition that a row's ``column`` names the app (%(app)s): the app itself, or one of its users."""
+    if column in _USER_COLUMNS:
+        return sql.SQL("engine.app_of({}::text) = %(app)s").format(sql.Identifier(column))
+    return sql.SQL("{}::text = %(app)s").format(sql.Identifier(column))
+
+
+def app_users(app: str) -> list[str]:
+    """Every user key of ``app`` that any table holds (a user with only a character, or only an event left, too).
+    Cross-user by design (an app's deletion): on a sharded database, every shard."""
+    selects = [sql.SQL("SELECT {column} AS user_id FROM engine.{table} WHERE engine.app_of({column}) = %(app)s").format(
+        column=sql.Identifier(column), table=sql.Identifier(table))
+        for table, columns in _app_columns().items() for column in columns if column in _USER_COLUMNS]
+    if not selects:
+        return []
+    statement = sql.SQL("SELECT DISTINCT user_id FROM ({}) AS u ORDER BY user_id").format(
+        sql.SQL(" UNION ALL ").join(selects))
+    return [r["user_id"] for r in connection().execute(statement, {"app": app}).fetchall()]
+
+
+def scan(app: str) -> dict[str, int]:
+    """How many rows of each table of the engine schema are the app's (its users', its personas, its keys), and
+    whether its row in engine.apps is still there (``apps``): what an app's deletion leaves must be all zeros."""
+    counts: list[sql.Composable] = [sql.SQL("(SELECT count(*) FROM engine.{table} WHERE {of_app}) AS {name}").format(
+        table=sql.Identifier(table), name=sql.Identifier(table),
+        of_app=sql.SQL(" OR ").join(_the_apps(column) for column in columns))
+        for table, columns in _app_columns().items()]
+    counts.append(sql.SQL("(SELECT count(*) FROM engine.apps WHERE id = %(app)s) AS apps"))
+    return dict(one(connection().execute(sql.SQL("SELECT {}").format(sql.SQL(", ").join(counts)), {"app": app})))
+
+
+def begin_app_deletion(app: str) -> bool:
+    """Mark the app as being deleted (kept if it already was: an interrupted deletion is taken up again); from the
+    commit on, no token or key of the app is accepted (eros.store.apps.find, identify). False: no such app."""
+    return connection().execute("UPDATE engine.apps SET deleted_at = coalesce(deleted_at, now()) WHERE id = %(app)s"
+                                " RETURNING id", {"app": app}).fetchone() is not None
+
+
+# What is left of an app once each of its users is erased, in one transaction, children before parents: the
+# user.erased event each erasure wrote (the app that would read it is going) and any event counter, the app's
+# personas with their versions (the migrating user's: the app role may not delete persona rows), its keys, its row.
+_ERASE_APP = (
+    ("events", "DELETE FROM engine.memory_events WHERE engine.app_of(user_id) = %(app)s"),
+    ("event_sequences", "DELETE FROM engine.user_event_sequence WHERE engine.app_of(user_id) = %(app)s"),
+    ("persona_versions", "DELETE FROM engine.persona_versions WHERE persona_id IN"
+                         " (SELECT id FROM engine.personas WHERE app_id = %(app)s)"),
+    ("personas", "DELETE FROM engine.personas WHERE app_id = %(app)s"),
+    ("keys", "DELETE FROM engine.app_keys WHERE app_id = %(app)s"),
+    ("app", "DELETE FROM engine.apps WHERE id = %(app)s AND deleted_at IS NOT NULL"),
+)
+
+
+@retried
+def erase_app_rows(app: str) -> dict[str, int]:
+    """Delete what is left of an app being deleted once its users are erased; how many rows of each kind went."""
+    with transaction() as conn:
+        return {kind: conn.execute(statement, {"app": app}).rowcount for kind, statement in _ERASE_APP}
