@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+from typing import Any
 
 import pytest
 from helpers import go_idle
@@ -37,7 +38,7 @@ def online(providers, env):
     return providers
 
 
-def call(app: str, method: str, path: str, body=None, *, key: str | None = None) -> tuple[int, dict | None]:
+def call(app: str, method: str, path: str, body=None, *, key: str | None = None) -> tuple[int, Any]:
     """A request to the chat function as ``app``'s alice: her token (the app claim naming the app, none for the
     first app's), or with ``key`` one of the app's API keys on the /server routes acting for her."""
     data = json.dumps(body).encode() if body is not None else b""
@@ -67,8 +68,8 @@ def an_app(app: str) -> str:
     return secret
 
 
-def chats(db, app: str, key: str) -> None:
-    """alice of ``app``: two sessions of turns, a character of her own, a memory stated through the app's key."""
+def chats(db, app: str) -> None:
+    """alice of ``app``: a character of her own, two sessions of turns (one with it), a deep-pass row."""
     status, made = call(app, "POST", "/v1/personas", {"name": "Pip", "system_prompt": f"zqx-{app}-character"})
     assert status == 201, made
     for persona in (guide(app), made["id"]):
@@ -126,7 +127,7 @@ def mentioning(db, needle: str) -> dict[str, int]:
 def three_apps(online, db) -> dict[str, str]:
     keys = {app: an_app(app) for app in APPS}
     for app in APPS:
-        chats(db, app, keys[app])
+        chats(db, app)
     go_idle(db)
     dreamed_and_stated(keys)
     return keys
@@ -173,7 +174,7 @@ def test_deleting_an_app_leaves_nothing_of_it_and_keeps_the_other_apps_same_subj
 
 def test_an_apps_tokens_and_keys_are_refused_once_its_deletion_begins_and_a_cut_deletion_is_finished(online, db):
     key = an_app("acme")
-    chats(db, "acme", key)
+    chats(db, "acme")
     assert account_store.begin_app_deletion("acme")  # a deletion cut off right after its first step
     assert call("acme", "GET", "/v1/sessions")[0] == 401
     assert call("acme", "GET", "/v1/sessions", key=key)[0] == 401
@@ -185,8 +186,8 @@ def test_an_apps_tokens_and_keys_are_refused_once_its_deletion_begins_and_a_cut_
 
 
 def test_the_first_app_an_unknown_app_and_a_deleted_app_are_refused_with_nothing_changed(online, db):
-    key = an_app("acme")
-    chats(db, "acme", key)
+    an_app("acme")
+    chats(db, "acme")
     done = account.erase_app("acme")
     before = {app: rows_of(db, app) for app in ("acme", apps.DEFAULT)}
     with pytest.raises(account.AppNotDeletable, match="the first app, default, cannot be deleted"):
@@ -222,9 +223,9 @@ class Terminal(io.StringIO):
 
 def test_eros_apps_delete_shows_what_it_deletes_asks_for_the_id_and_prints_the_scan(online, db, monkeypatch,
                                                                                   capsys):
-    key = an_app("acme")
+    an_app("acme")
     an_app("globex")
-    chats(db, "acme", key)
+    chats(db, "acme")
     stored = rows_of(db, "acme")
     capsys.readouterr()
 
