@@ -245,7 +245,7 @@ def app_users(app: str) -> list[str]:
 
 def scan(app: str) -> dict[str, int]:
     """How many rows of each table of the engine schema are the app's (its users', its personas, its keys), and
-    whether its row in engine.apps is still there (``apps``): what an app's deletion leaves must be all zeros."""
+    whether the app's own row is still there (``apps``): what an app's deletion leaves must be all zeros."""
     counts: list[sql.Composable] = [sql.SQL("(SELECT count(*) FROM engine.{table} WHERE {of_app}) AS {name}").format(
         table=sql.Identifier(table), name=sql.Identifier(table),
         of_app=sql.SQL(" OR ").join(_the_apps(column) for column in columns))
