@@ -113,6 +113,19 @@ def rows_of(db, app: str) -> dict[str, int]:
     return found
 
 
+def contents_of(db, app: str) -> dict[str, str | None]:
+    """A digest of every row of ``app``'s alice in each table, and of the app's personas and keys: equal digests,
+    equal rows."""
+    user = apps.user_key(app, SUBJECT)
+    digest = "SELECT md5(string_agg(r::text, '|' ORDER BY r::text)) AS d FROM engine.{} AS r WHERE "
+    found = {table: db.execute(digest.format(table) + "user_id = %s", (user,)).fetchone()["d"]
+             for table in user_tables(db)}
+    found["personas"] = db.execute(digest.format("personas") + "app_id = %s OR owner_id = %s",
+                                   (app, user)).fetchone()["d"]
+    found["app_keys"] = db.execute(digest.format("app_keys") + "app_id = %s", (app,)).fetchone()["d"]
+    return found
+
+
 def mentioning(db, needle: str) -> dict[str, int]:
     """Rows of every table of the engine schema whose text (as Postgres prints the row) contains ``needle``."""
     tables = [r["table_name"] for r in db.execute(
@@ -141,7 +154,9 @@ def test_deleting_an_app_leaves_nothing_of_it_and_keeps_the_other_apps_same_subj
                   "personas", "persona_versions", "app_keys"):
         assert acme[table] > 0, (table, acme)  # every kind of row there is, for the deletion to delete
     others = {app: rows_of(db, app) for app in ("globex", apps.DEFAULT)}
-    assert others["globex"] == acme  # the same history in each app
+    their_rows = {app: contents_of(db, app) for app in ("globex", apps.DEFAULT)}
+    # The same history in each app (how many memories two concurrent extractions of one user keep may differ).
+    assert {t for t, n in others["globex"].items() if n} == {t for t, n in acme.items() if n}
     scanned = account.app_stored("acme")
     assert scanned[0] == 1 and scanned[1]["apps"] == 1
     assert {t: n for t, n in scanned[1].items() if n} == {t: n for t, n in acme.items()
@@ -164,6 +179,7 @@ def test_deleting_an_app_leaves_nothing_of_it_and_keeps_the_other_apps_same_subj
     assert app_store.find("acme") is None and "acme" not in {a["id"] for a in app_store.every()}
     # The same subject in the other apps kept every row.
     assert {app: rows_of(db, app) for app in ("globex", apps.DEFAULT)} == others
+    assert {app: contents_of(db, app) for app in ("globex", apps.DEFAULT)} == their_rows
     # The deleted app's token and key are refused; the others' are not.
     status, body = call("acme", "GET", "/v1/sessions")
     assert status == 401 and "'acme' is not served here" in body["message"]

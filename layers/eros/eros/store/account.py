@@ -226,14 +226,16 @@ def _app_columns() -> dict[str, list[str]]:
 def _the_apps(column: str) -> sql.Composable:
     """The condition that a row's ``column`` names the app (%(app)s): the app itself, or one of its users."""
     if column in _USER_COLUMNS:
-        return sql.SQL("engine.app_of({}::text) = %(app)s").format(sql.Identifier(column))
+        return sql.SQL("engine.app_of({column}::text) = %(app)s AND {column} IS NOT NULL").format(
+            column=sql.Identifier(column))  # app_of(NULL) is the first app's (a bare subject): no owner is no one
     return sql.SQL("{}::text = %(app)s").format(sql.Identifier(column))
 
 
 def app_users(app: str) -> list[str]:
     """Every user key of ``app`` that any table holds (a user with only a character, or only an event left, too).
     Cross-user by design (an app's deletion): on a sharded database, every shard."""
-    selects = [sql.SQL("SELECT {column} AS user_id FROM engine.{table} WHERE engine.app_of({column}) = %(app)s").format(
+    selects = [sql.SQL("SELECT {column} AS user_id FROM engine.{table}"
+                       " WHERE engine.app_of({column}) = %(app)s AND {column} IS NOT NULL").format(
         column=sql.Identifier(column), table=sql.Identifier(table))
         for table, columns in _app_columns().items() for column in columns if column in _USER_COLUMNS]
     if not selects:
