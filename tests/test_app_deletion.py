@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 import pytest
+from apiclient import Api
 from helpers import go_idle
 
 from eros import account, apps
@@ -18,8 +19,6 @@ from eros.store import apps as app_store
 from eros.store import personas as persona_store
 from eros_dev import cli
 from eros_dev.dreaming import sweep_locally
-from eros_dev.lambda_runtime import LambdaContext, load_function
-from eros_dev.server import http_api_event
 
 SUBJECT = "alice"  # the same subject in every app: three different users
 APPS = ("acme", "globex", apps.DEFAULT)
@@ -41,17 +40,9 @@ def online(providers, env):
 def call(app: str, method: str, path: str, body=None, *, key: str | None = None) -> tuple[int, Any]:
     """A request to the chat function as ``app``'s alice: her token (the app claim naming the app, none for the
     first app's), or with ``key`` one of the app's API keys on the /server routes acting for her."""
-    data = json.dumps(body).encode() if body is not None else b""
-    headers = {"content-type": "application/json"}
     if key is None:
-        claims = {"sub": SUBJECT, "iss": "test", "aud": "test"} | ({} if app == apps.DEFAULT else {"eros_app": app})
-    else:
-        claims, path = None, "/server" + path
-        headers |= {"x-api-key": key, "x-eros-user": SUBJECT}
-    result = load_function("chat").lambda_handler(http_api_event(method, path, headers, data, claims),
-                                                  LambdaContext("chat"))
-    text = result.get("body") or ""
-    return result["statusCode"], (json.loads(text) if text else None)
+        return Api().call(method, path, body, user=SUBJECT, app=None if app == apps.DEFAULT else app)
+    return Api().call(method, "/server" + path, body, user=None, headers={"x-api-key": key, "x-eros-user": SUBJECT})
 
 
 def guide(app: str) -> str:
