@@ -48,8 +48,9 @@ def test_eros_apps_create_set_and_list(db, capsys):
     app_store.add_key("acme", "one", "ek_xxxxxxx", b"\x01" * 32)
     app_store.add_key("acme", "two", "ek_yyyyyyy", b"\x02" * 32)
     app_store.revoke("acme", app_store.keys("acme")[0]["id"])
-    db.execute("INSERT INTO engine.user_usage (user_id, day, tokens) VALUES (%s, current_date, 1), (%s, current_date,"
-               " 1), ('bob', current_date, 1)", (apps.user_key("acme", "alice"), apps.user_key("acme", "carol")))
+    db.execute("INSERT INTO engine.persona_instances (user_id, persona_id) VALUES (%s, 'luna'), (%s, 'luna'),"
+               " (%s, 'kai'), ('bob', 'luna')",  # users with a session: what the listing counts
+               (apps.user_key("acme", "alice"), apps.user_key("acme", "carol"), apps.user_key("acme", "carol")))
     code, out, err = run(capsys, "apps")  # list, the default action
     assert code == 0, err
     lines = out.splitlines()

@@ -48,6 +48,7 @@ CROSS_USER = {
     "events._PENDING": "the sweeper publishes every user's events, oldest first: run per shard (a user's events are "
                        "on the user's shard, in their order)",
     "events.published": "the published events, by the ids the drain just read: per shard",
+    "apps.users_by_app": "the operator's list of apps counts each app's users: summed over shards",
     "events.record_memory_event": "a trigger on one memory row (its type names the table): writes the event of "
                                   "that row's own user, on that row's shard",
     "account.app_users": "an app's deletion finds every user of the app (engine.app_of): every shard",
@@ -185,6 +186,7 @@ ACROSS_APPS = {
     "events._PENDING": "the sweeper publishes every app's events to the deployment's bus; each names its app "
                        "(eros.events.envelope), and subscribers filter by it",
     "events.published": "by the ids the drain just read",
+    "apps.users_by_app": "the deployment's operator's list of apps, with each app's users",
     "events.record_memory_event": "a trigger on one memory row: that row's own user's event",
 }
 APP_TABLES = {"personas", "persona_versions", "app_keys", "apps"}

@@ -23,6 +23,14 @@ def every(conn: Connection | None = None) -> list[dict]:
     return (conn or connection()).execute(f"SELECT {_APP}, deleted_at FROM engine.apps ORDER BY id").fetchall()
 
 
+def users_by_app(conn: Connection | None = None) -> dict[str, int]:
+    """How many users each app has that started a session (one read of the persona instances: what `eros apps
+    list` shows; an app's deletion finds every user of it in every table instead)."""
+    return {r["app"]: r["users"] for r in (conn or connection()).execute(
+        "SELECT engine.app_of(user_id) AS app, count(DISTINCT user_id) AS users FROM engine.persona_instances"
+        " GROUP BY 1").fetchall()}
+
+
 def create(app: str, name: str, settings: dict[str, Any], conn: Connection | None = None) -> dict | None:
     """A new app; None when the id is taken (by a live app or one being deleted)."""
     return (conn or connection()).execute(
