@@ -394,3 +394,24 @@ def test_a_client_takes_a_token_or_an_api_key_and_a_user_only_with_a_key():
     assert (sent[0].headers["x-api-key"], sent[0].headers["x-eros-user"]) == ("ek_x", "alice")
     assert "authorization" not in sent[0].headers
     assert sent[1].headers["authorization"] == "Bearer a-token" and "x-api-key" not in sent[1].headers
+
+
+def test_the_readmes_api_key_example_runs(db, local_server, monkeypatch):
+    """clients/python/README.md's server-side example as written, with a key of the first app."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "clients" / "python" / "README.md").read_text(encoding="utf-8")
+    example = re.search(r"## Server-side, with an app's API key.*?```python\n(.*?)```", readme, re.S)
+    assert example is not None
+    with Client(local_server.url, local_token("ops", operator=True)) as ops:
+        made = ops.create_key("backend")
+    monkeypatch.setenv("EROS_URL", local_server.url)
+    monkeypatch.setenv("EROS_API_KEY", made.secret)
+    namespace: dict = {}
+    exec(compile(example[1], "README api key example", "exec"), namespace)  # noqa: S102 (our own README)
+    assert [k.id for k in namespace["keys"]] == [made.id] and namespace["report"].app == "default"
+    owner = db.execute("SELECT user_id FROM engine.chat_sessions").fetchone()["user_id"]
+    assert owner == "alice"  # the first app's users are their bare subjects
+    assert {k["name"]: k["revoked_at"] is not None for k in
+            db.execute("SELECT name, revoked_at FROM engine.app_keys").fetchall()} == {"backend": False, "spare": True}
