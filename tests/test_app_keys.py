@@ -197,10 +197,11 @@ def test_no_app_sees_or_touches_another_apps_keys(api, db, acme):
     assert keyed(api, ours["secret"], "GET", "/v1/sessions", user="alice")[1]["sessions"] == []
 
 
+SOME_ID = "00000000-0000-4000-8000-000000000001"  # fixed: xdist's workers must collect the same test ids
 OPERATOR_ROUTES = [("GET", "/v1/operator/app", None), ("GET", "/v1/operator/keys", None),
                    ("POST", "/v1/operator/keys", {"name": "x"}), ("GET", "/v1/operator/usage", None),
-                   ("POST", f"/v1/operator/keys/{uuid.uuid4()}/rotate", None),
-                   ("DELETE", f"/v1/operator/keys/{uuid.uuid4()}", None)]
+                   ("POST", f"/v1/operator/keys/{SOME_ID}/rotate", None),
+                   ("DELETE", f"/v1/operator/keys/{SOME_ID}", None)]
 
 
 @pytest.mark.parametrize("method,path,body", OPERATOR_ROUTES)

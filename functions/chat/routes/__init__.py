@@ -103,7 +103,8 @@ def documented(ok: tuple[int, str], *errors: tuple[int, str], public: bool = Fal
     """OpenAPI responses of a route: its success and the errors it answers besides 422 (``INVALID_REQUEST``, on
     every route) and 401 (unless the route is ``public``)."""
     if not public:
-        errors = ((401, "no valid bearer token"), *errors)
+        errors = ((401, "no valid bearer token (under /server: no live API key of the app, or an X-Eros-User that"
+                         " cannot name a user)"), *errors)
     error = {"application/json": {"schema": {"type": "object", "required": ["statusCode", "code", "message"],
                                               "properties": {"statusCode": {"type": "integer"},
                                                              "code": {"type": "string"},
