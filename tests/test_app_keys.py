@@ -416,3 +416,20 @@ def test_the_readmes_api_key_example_runs(db, local_server, monkeypatch):
     assert owner == "alice"  # the first app's users are their bare subjects
     assert {k["name"]: k["revoked_at"] is not None for k in
             db.execute("SELECT name, revoked_at FROM engine.app_keys").fetchall()} == {"backend": False, "spare": True}
+
+
+def test_a_streamed_turn_with_an_api_key_goes_to_the_server_stream_route(providers, db, acme, local_server):
+    fake_llm, _ = providers
+    fake_llm.responder = lambda body: "fake reply"
+    with Client(local_server.url, local_token("ops", "acme", operator=True)) as ops:
+        made = ops.create_key("stream")
+    with Client(local_server.url, api_key=made.secret, user="alice") as alice:
+        session = alice.create_session("nova").id
+        turn = alice.stream_turn(session, "Hello there")
+        assert "".join(turn) == "fake reply" and turn.result.reply == "fake reply"
+        assert turn.user_message_id is not None  # from the stream's `turn` event: streamed, not the JSON fallback
+    owner = db.execute("SELECT DISTINCT user_id FROM engine.chat_messages").fetchall()
+    assert [r["user_id"] for r in owner] == ["acme\x1falice"]
+    wrong_key = made.secret[:-1] + ("A" if made.secret[-1] != "A" else "B")
+    with Client(local_server.url, api_key=wrong_key, user="alice") as wrong, pytest.raises(Unauthorized):
+        wrong.stream_turn(session, "Hello again")
