@@ -1046,8 +1046,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--operator", action="store_true", help="with the operator scope (OPERATOR_SCOPE): the app's"
                                                            " routes (/v1/operator/...: the app's personas,"
                                                            " API keys and usage)")
-    p.add_argument("--app", help="a user of APP (the token's eros_app claim, APP_CLAIM); default: the"
-                                               " first app, default")
+    p.add_argument("--app", help="a user of APP (the token's eros_app claim, APP_CLAIM); default: the first app,"
+                                 " default")
     p.set_defaults(func=cmd_token)
 
     p = sub.add_parser("chat", help="chat in the terminal against the running local stack")

@@ -65,7 +65,8 @@ another each of the three times it was tried, and nothing of it was written |
 A 401 comes in two shapes; branch on the status, not the body. A missing, malformed or expired token, or one of \
 another issuer or audience, never reaches the API: in AWS the HTTP API's JWT authorizer answers \
 `{"message": "Unauthorized"}` (no `code`), and the local stack answers the same body. A verified token whose \
-subject the API cannot use gets the API's own `{"statusCode": 401, "code": "unauthorized", ...}`, everywhere. \
+subject the API cannot use gets the API's own `{"statusCode": 401, "code": "unauthorized", ...}`, everywhere; \
+so does every refused request to the `/server` routes (the API checks their key itself). \
 The Python client raises `eros_client.Unauthorized` (`code` "unauthorized") for both. \
 Bad input is refused before any model call."""
 
