@@ -37,6 +37,8 @@ PUBLIC = {("GET", "/v1/health"), ("GET", "/v1/health/deep"), ("GET", "/v1/openap
 class Stack:
     """The local server, with a token per (app, user) and a record of the routes each request reached."""
 
+    keys: dict[str, str]  # each app's server's API key (the stack fixture's)
+
     def __init__(self, server):
         from eros.config import settings
         from eros_dev.tokens import local_jwt_key
@@ -194,6 +196,7 @@ def test_every_route_answers_each_app_with_its_own_rows_and_every_table_keeps_th
         _only_mine(app, exported)
         operators = ok(s.call(app, "GET", "/v1/operator/personas", operator=True))["personas"]
         assert {p["id"] for p in operators} == _app_personas(app)
+        _the_operator_sees_the_app_alone(s, app, counted)
         # Another app's ids are ids that do not exist.
         for other in theirs:
             session, memory, character = other["session"], other["memory"], other["character"]
@@ -222,6 +225,7 @@ def test_every_route_answers_each_app_with_its_own_rows_and_every_table_keeps_th
         shown = ok(s.call(app, "GET", "/local/events"))["events"]
         assert shown and {(e["app"], e["user_id"]) for e in shown} == {(app, "alice")}
     _every_table_keeps_the_apps_apart(db)
+    _keys_stay_in_their_app(s)
     # What is left of the routes: deletions, each app's own.
     for app in APPS:
         mine = ids[app]
@@ -239,6 +243,36 @@ def test_every_route_answers_each_app_with_its_own_rows_and_every_table_keeps_th
         {k: v for k, v in before.items() if k[1] != key_of("acme")}
     unreached = s.routes - s.reached - PUBLIC
     assert not unreached, f"routes this test does not reach (exercise them for every app): {sorted(unreached)}"
+
+
+def _the_operator_sees_the_app_alone(s: Stack, app: str, tokens: int) -> None:
+    """The app, its keys and its users' usage: its operator's, by token or by the app's key, and no other app's."""
+    for by_key in (False, True):
+        def operator(method: str, path: str, by_key=by_key):
+            return s.keyed(s.keys[app], method, path, user=None) if by_key else s.call(app, method, path, operator=True)
+
+        assert ok(operator("GET", "/v1/operator/app"))["id"] == app
+        listed = ok(operator("GET", "/v1/operator/keys"))["keys"]
+        assert [k["prefix"] for k in listed] == [s.keys[app][:len(listed[0]["prefix"])]]
+        users = ok(operator("GET", "/v1/operator/usage"))["users"]
+        assert [(u["user_id"], u["tokens"]) for u in users] == [("alice", tokens)]
+
+
+def _keys_stay_in_their_app(s: Stack) -> None:
+    """Another app's key ids are ids that do not exist; an app's own are rotated and revoked."""
+    spares = {app: ok(s.call(app, "POST", "/v1/operator/keys", {"name": "spare"}, operator=True), 201)["id"]
+              for app in APPS}
+    for app in APPS:
+        for other in APPS:
+            if other != app:
+                assert s.call(app, "POST", f"/v1/operator/keys/{spares[other]}/rotate", operator=True)[0] == 404
+                assert s.call(app, "DELETE", f"/v1/operator/keys/{spares[other]}", operator=True)[0] == 404
+        rotated = ok(s.call(app, "POST", f"/v1/operator/keys/{spares[app]}/rotate", operator=True), 201)["id"]
+        ok(s.call(app, "DELETE", f"/v1/operator/keys/{rotated}", operator=True), 204)
+        kept = {k["id"]: k["revoked_at"] is not None
+                for k in ok(s.call(app, "GET", "/v1/operator/keys", operator=True))["keys"]}
+        assert len(kept) == 3 and kept[spares[app]] and kept[rotated]  # and the server's key, live
+        assert not set(kept) & {spares[o] for o in APPS if o != app}
 
 
 def _user_tables(db) -> dict[str, str]:

@@ -96,11 +96,16 @@ def cmd_migrate(args) -> int:
 
 
 def cmd_token(args) -> int:
+    from eros.apps import APP_ID
     from eros.config import settings
 
     from .tokens import issue_token, local_jwt_key
 
-    print(issue_token(args.user, settings(), local_jwt_key(), ttl_secs=args.ttl, operator=args.operator))
+    if args.app is not None and not APP_ID.fullmatch(args.app):
+        print(f"--app {args.app!r} is not an app id: 2 to 40 of a-z 0-9 -, starting with a letter", file=sys.stderr)
+        return 2
+    print(issue_token(args.user, settings(), local_jwt_key(), ttl_secs=args.ttl, operator=args.operator,
+                      app=args.app))
     return 0
 
 
@@ -1038,7 +1043,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("user")
     p.add_argument("--ttl", type=int, default=86400)
     p.add_argument("--operator", action="store_true", help="with the operator scope (OPERATOR_SCOPE): the app's"
-                                                           " personas through /v1/operator/personas")
+                                                           " routes (/v1/operator/...: the app's personas,"
+                                                           " API keys and usage)")
+    p.add_argument("--app", help="a user of APP (the token's eros_app claim, APP_CLAIM); default: the first app,"
+                                 " default")
     p.set_defaults(func=cmd_token)
 
     p = sub.add_parser("chat", help="chat in the terminal against the running local stack")

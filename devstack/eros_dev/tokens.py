@@ -26,10 +26,15 @@ def local_jwt_key() -> str:
     return path.read_text().strip()
 
 
-def issue_token(user: str, settings: Settings, key: str, ttl_secs: int = 86400, *, operator: bool = False) -> str:
+def issue_token(user: str, settings: Settings, key: str, ttl_secs: int = 86400, *, operator: bool = False,
+                app: str | None = None) -> str:
+    """A local token of ``user``: with the operator scope when ``operator``, of ``app`` (the APP_CLAIM claim) when
+    one is named (none: the first app's, "default")."""
     now = int(time.time())
     claims = {"sub": user, "iss": settings.jwt_issuer, "aud": settings.jwt_audience, "iat": now,
               "exp": now + ttl_secs, "scope": "chat" + (f" {settings.operator_scope}" if operator else "")}
+    if app is not None:
+        claims[settings.app_claim] = app
     return jwt.encode(claims, key, algorithm="HS256")
 
 

@@ -22,9 +22,10 @@ from eros.db import embedding_switched
 from eros.observability import logger, metrics
 
 from routes import account, health, imports, memories, personas, sessions
+from routes import apps as app_routes
 
 app = APIGatewayHttpResolver(enable_validation=True)
-for area in (health, personas, sessions, imports, memories, account):
+for area in (health, personas, sessions, imports, memories, account, app_routes):
     app.include_router(area.router)
 snapstart.register()  # with SnapStart (template.yaml: ChatColdStart): warm before the snapshot, renew after
 

@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from eros import context, curation, importing, ingest, recall
+from eros import apps, context, curation, importing, ingest, recall
 from eros.config import settings
 from eros.json_body import storable, unstorable  # noqa: F401 (unstorable: routes/__init__.py)
 from eros.memory import (
@@ -531,3 +531,63 @@ class ImportProgress(ApiModel):
     newest: datetime | None
     distilled_through: datetime | None = Field(description="the newest imported conversation dreaming has "
                                                            "extracted: it goes oldest first")
+
+
+# --- the app's operator: the app, its API keys, its users' usage ----------------------------------------------------
+class AppView(ApiModel):
+    """The caller's app (``eros apps`` makes and sets apps)."""
+    id: str
+    name: str
+    settings: apps.AppSettings = Field(description="what the app sets over the deployment's settings (null: the "
+                                                   "deployment's applies)")
+    created_at: datetime
+
+
+KeyName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100),
+                    BeforeValidator(storable), Field(description="what the key is for, to tell keys apart: 1 to 100 "
+                                                                 "characters")]
+
+
+class NewKey(Strict):
+    name: KeyName
+
+
+class ApiKey(ApiModel):
+    """One of the app's API keys, as listed: never its secret."""
+    id: UUID
+    name: str
+    prefix: str = Field(description="the key's first characters, to tell keys apart")
+    created_at: datetime
+    last_used_at: datetime | None = Field(description="when a request last came with it (to the minute)")
+    revoked_at: datetime | None = Field(description="refused since (null: live)")
+    replaced_by: UUID | None = Field(description="the key a rotation made in its place")
+
+
+class IssuedKey(ApiKey):
+    secret: str = Field(description="the key: send it in X-Api-Key to the /server routes. Shown this once: only "
+                                    "its SHA-256 is kept")
+
+
+class ApiKeyList(ApiModel):
+    keys: list[ApiKey] = Field(description="newest first, revoked ones too")
+
+
+class UserUsage(ApiModel):
+    user_id: str = Field(description="the user's subject, as the app names them")
+    tokens: int = Field(description="what the daily token budget counted")
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    estimated_cost: float
+    purposes: dict[str, int] = Field(description="tokens (input and output) per purpose")
+
+
+class AppUsageReport(ApiModel):
+    model_config = ConfigDict(populate_by_name=True)
+    first: date = Field(alias="from")
+    last: date = Field(alias="to")
+    currency: str
+    app: str
+    users: list[UserUsage] = Field(description="users with any usage, costliest first")
+    totals: UsageTotals
+    unpriced_models: list[str] = Field(description="models with no configured price: their cost is not in a total")

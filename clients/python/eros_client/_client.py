@@ -8,6 +8,10 @@ midnight: that error is raised at once, with its ``retry_after``). A request who
 only when that is safe: reads, deletes, and the writes whose ids make the server store them once (a turn's
 ``client_turn_id`` and a message's ``client_message_id`` are made once, before the first attempt, when the caller
 gives none).
+
+Who calls: an end user, by their bearer token (``token``), or an app's server, by one of the app's API keys
+(``api_key``): its requests then go to the ``/server`` routes with the key in ``X-Api-Key``, acting for ``user``
+(``X-Eros-User``), or, without one, as the app's operator.
 """
 
 from __future__ import annotations
@@ -47,10 +51,12 @@ class ApiError(Exception):
 
 class Unauthorized(ApiError):
     """A 401: no token, a token the API does not accept (expired, another issuer or audience), or one whose subject
-    it cannot use. Two bodies reach a client: API Gateway's JWT authorizer (in AWS; the local stack answers the
-    same) refuses the token itself with ``{"message": "Unauthorized"}``, before any function runs; the API refuses
-    a verified token whose subject is unusable with its own ``{"code": "unauthorized", "message": ...}``. Either
-    way this is raised, with ``code`` "unauthorized": get a new token (or sign in) and try again."""
+    or app it cannot use; with an API key: a key that is not live (revoked, rotated away, of a deleted app) or a
+    ``user`` the API cannot use. Two bodies reach a client: API Gateway's JWT authorizer (in AWS; the local stack
+    answers the same) refuses the token itself with ``{"message": "Unauthorized"}``, before any function runs; the
+    API refuses a verified token whose subject is unusable, and any request with a key it does not accept, with its
+    own ``{"code": "unauthorized", "message": ...}``. Either way this is raised, with ``code`` "unauthorized": get a
+    new token (or sign in, or use a live key) and try again."""
 
     def __init__(self, status: int, body: Any, retry_after: float | None):
         super().__init__(status, body, retry_after)
@@ -109,35 +115,45 @@ def _answer(call: Call[T], response: httpx.Response) -> T:
     raise _api_error(response.status_code, body, _retry_after(response))
 
 
-def _headers(token: Token | None) -> dict[str, str]:
-    if token is None:
-        return {}
-    return {"Authorization": f"Bearer {token() if callable(token) else token}"}
+SERVER = "/server"  # an app's servers' routes: the same routes, with the app's API key
 
 
 class _Base:
     def __init__(self, base_url: str, token: Token | None, max_retries: int, max_wait: float, backoff: float,
-                 stream_url: str | None = None):
+                 stream_url: str | None = None, api_key: str | None = None, user: str | None = None):
         for name, url in (("base_url", base_url), ("stream_url", stream_url or base_url)):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"{name} must start with http:// or https:// (got {url!r})")
-        self._token = token
+        if token is not None and api_key is not None:
+            raise ValueError("give a token (an end user's) or an api_key (an app's server), not both")
+        if user is not None and api_key is None:
+            raise ValueError("user names whom an app's server acts for: it goes with an api_key (a token names its"
+                             " own user)")
+        self._token, self._api_key, self._user = token, api_key, user
+        self._prefix = SERVER if api_key is not None else ""
         self._policy = _Policy(max_retries, max_wait, backoff)
         self._stream_root = (stream_url or "").rstrip("/")  # "": the base_url's
         self._streams = True  # False once the API answered that it has no stream route
 
+    def _headers(self) -> dict[str, str]:
+        if self._api_key is not None:
+            return {"X-Api-Key": self._api_key, **({"X-Eros-User": self._user} if self._user is not None else {})}
+        if self._token is None:
+            return {}
+        return {"Authorization": f"Bearer {self._token() if callable(self._token) else self._token}"}
+
     def _request(self, call: Call[Any]) -> dict[str, Any]:
-        return {"method": call.method, "url": call.path, "params": call.params or None,
-                "json": call.body, "headers": _headers(self._token)}
+        return {"method": call.method, "url": self._prefix + call.path, "params": call.params or None,
+                "json": call.body, "headers": self._headers()}
 
     def _stream_request(self, url: str, call: Call[Any]) -> dict[str, Any]:
         return {"method": "POST", "url": url, "json": call.body,
-                "headers": {**_headers(self._token), "Accept": "text/event-stream"}}
+                "headers": {**self._headers(), "Accept": "text/event-stream"}}
 
     def _streamed(self, session_id: UUID | str, content: str,
                   client_turn_id: str | None) -> tuple[Call[models.TurnResult], str]:
         call = op.take_turn(session_id, content, client_turn_id)
-        return call, f"{self._stream_root}{call.path}/stream"
+        return call, f"{self._stream_root}{self._prefix}{call.path}/stream"
 
     def _stream_refusal(self, response: httpx.Response, body: Any) -> ApiError | None:
         """The error a stream request was answered with; None when the API has no stream route (remembered)."""
@@ -149,14 +165,15 @@ class _Base:
 
 class Client(_Base):
     """The API, synchronously. ``token``: the user's bearer token (a JWT of your issuer), or a function that
-    returns a fresh one; ``base_url``: the API's root (the stack's ApiUrl output, or http://127.0.0.1:3000);
-    ``stream_url``: where ``stream_turn`` is sent when that is elsewhere (a deployed stack's stream URL), by default
-    ``base_url``."""
+    returns a fresh one; or, for an app's server, ``api_key``: one of the app's API keys, and ``user``: the user
+    it acts for (none: it acts as the app's operator); ``base_url``: the API's root (the stack's ApiUrl output, or
+    http://127.0.0.1:3000); ``stream_url``: where ``stream_turn`` is sent when that is elsewhere (a deployed
+    stack's stream URL), by default ``base_url``."""
 
-    def __init__(self, base_url: str, token: Token | None = None, *, timeout: float = 30.0, max_retries: int = 2,
-                 max_wait: float = 30.0, backoff: float = 0.5, http: httpx.Client | None = None,
-                 stream_url: str | None = None):
-        super().__init__(base_url, token, max_retries, max_wait, backoff, stream_url)
+    def __init__(self, base_url: str, token: Token | None = None, *, api_key: str | None = None,
+                 user: str | None = None, timeout: float = 30.0, max_retries: int = 2, max_wait: float = 30.0,
+                 backoff: float = 0.5, http: httpx.Client | None = None, stream_url: str | None = None):
+        super().__init__(base_url, token, max_retries, max_wait, backoff, stream_url, api_key, user)
         self._http = http or httpx.Client(base_url=base_url, timeout=timeout)
 
     def close(self) -> None:
@@ -238,7 +255,7 @@ class Client(_Base):
     def retire_persona(self, persona_id: str) -> None:
         self._send(op.retire_persona(persona_id))
 
-    # --- operator (a token with the operator scope)
+    # --- operator (a token with the operator scope, or the app's API key)
     def list_app_personas(self) -> models.AppPersonaList:
         return self._send(op.list_app_personas())
 
@@ -327,14 +344,35 @@ class Client(_Base):
     def get_usage(self, *, first: date | None = None, last: date | None = None) -> models.UsageReport:
         return self._send(op.get_usage(first, last))
 
+    # --- the app's operator: the app, its API keys, its users' usage
+    def get_app(self) -> models.AppView:
+        return self._send(op.get_app())
+
+    def create_key(self, name: str) -> models.IssuedKey:
+        """A new API key of the app; its ``secret`` is in this answer only (keep it: it is never shown again)."""
+        return self._send(op.create_key(name))
+
+    def list_keys(self) -> models.ApiKeyList:
+        return self._send(op.list_keys())
+
+    def rotate_key(self, key_id: UUID | str) -> models.IssuedKey:
+        """A new key (with its ``secret``) in place of a live one, which is refused from this answer on."""
+        return self._send(op.rotate_key(key_id))
+
+    def revoke_key(self, key_id: UUID | str) -> None:
+        self._send(op.revoke_key(key_id))
+
+    def get_app_usage(self, *, first: date | None = None, last: date | None = None) -> models.AppUsageReport:
+        return self._send(op.get_app_usage(first, last))
+
 
 class AsyncClient(_Base):
     """The API, with asyncio: the same methods as ``Client``, awaited."""
 
-    def __init__(self, base_url: str, token: Token | None = None, *, timeout: float = 30.0, max_retries: int = 2,
-                 max_wait: float = 30.0, backoff: float = 0.5, http: httpx.AsyncClient | None = None,
-                 stream_url: str | None = None):
-        super().__init__(base_url, token, max_retries, max_wait, backoff, stream_url)
+    def __init__(self, base_url: str, token: Token | None = None, *, api_key: str | None = None,
+                 user: str | None = None, timeout: float = 30.0, max_retries: int = 2, max_wait: float = 30.0,
+                 backoff: float = 0.5, http: httpx.AsyncClient | None = None, stream_url: str | None = None):
+        super().__init__(base_url, token, max_retries, max_wait, backoff, stream_url, api_key, user)
         self._http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout)
 
     async def aclose(self) -> None:
@@ -414,7 +452,7 @@ class AsyncClient(_Base):
     async def retire_persona(self, persona_id: str) -> None:
         await self._send(op.retire_persona(persona_id))
 
-    # --- operator (a token with the operator scope)
+    # --- operator (a token with the operator scope, or the app's API key)
     async def list_app_personas(self) -> models.AppPersonaList:
         return await self._send(op.list_app_personas())
 
@@ -500,3 +538,23 @@ class AsyncClient(_Base):
 
     async def get_usage(self, *, first: date | None = None, last: date | None = None) -> models.UsageReport:
         return await self._send(op.get_usage(first, last))
+
+    # --- the app's operator: the app, its API keys, its users' usage
+    async def get_app(self) -> models.AppView:
+        return await self._send(op.get_app())
+
+    async def create_key(self, name: str) -> models.IssuedKey:
+        return await self._send(op.create_key(name))
+
+    async def list_keys(self) -> models.ApiKeyList:
+        return await self._send(op.list_keys())
+
+    async def rotate_key(self, key_id: UUID | str) -> models.IssuedKey:
+        return await self._send(op.rotate_key(key_id))
+
+    async def revoke_key(self, key_id: UUID | str) -> None:
+        await self._send(op.revoke_key(key_id))
+
+    async def get_app_usage(self, *, first: date | None = None,
+                            last: date | None = None) -> models.AppUsageReport:
+        return await self._send(op.get_app_usage(first, last))

@@ -205,3 +205,27 @@ def erase_account() -> Call[models.Erasure]:
 
 def get_usage(first: date | None, last: date | None) -> Call[models.UsageReport]:
     return Call("GET", "/v1/usage", models.UsageReport, params=_query(**{"from": first, "to": last}))
+
+
+def get_app() -> Call[models.AppView]:
+    return Call("GET", "/v1/operator/app", models.AppView)
+
+
+def create_key(name: str) -> Call[models.IssuedKey]:
+    return Call("POST", "/v1/operator/keys", models.IssuedKey, body={"name": name}, resend=False)
+
+
+def list_keys() -> Call[models.ApiKeyList]:
+    return Call("GET", "/v1/operator/keys", models.ApiKeyList)
+
+
+def rotate_key(key_id: UUID | str) -> Call[models.IssuedKey]:
+    return Call("POST", f"/v1/operator/keys/{key_id}/rotate", models.IssuedKey, resend=False)
+
+
+def revoke_key(key_id: UUID | str) -> Call[None]:
+    return Call("DELETE", f"/v1/operator/keys/{key_id}", None)
+
+
+def get_app_usage(first: date | None, last: date | None) -> Call[models.AppUsageReport]:
+    return Call("GET", "/v1/operator/usage", models.AppUsageReport, params=_query(**{"from": first, "to": last}))

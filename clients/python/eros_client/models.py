@@ -3,10 +3,43 @@
 
 from __future__ import annotations
 
+from uuid import UUID
 from typing import Annotated, Any, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, RootModel
-from uuid import UUID
 from datetime import date
+
+
+class ApiKey(BaseModel):
+    """
+    One of the app's API keys, as listed: never its secret.
+    """
+
+    id: Annotated[UUID, Field(title="Id")]
+    name: Annotated[str, Field(title="Name")]
+    prefix: Annotated[str, Field(title="Prefix")]
+    """
+    the key's first characters, to tell keys apart
+    """
+    created_at: Annotated[AwareDatetime, Field(title="Created At")]
+    last_used_at: Annotated[AwareDatetime | None, Field(title="Last Used At")]
+    """
+    when a request last came with it (to the minute)
+    """
+    revoked_at: Annotated[AwareDatetime | None, Field(title="Revoked At")]
+    """
+    refused since (null: live)
+    """
+    replaced_by: Annotated[UUID | None, Field(title="Replaced By")]
+    """
+    the key a rotation made in its place
+    """
+
+
+class ApiKeyList(BaseModel):
+    keys: Annotated[list[ApiKey], Field(title="Keys")]
+    """
+    newest first, revoked ones too
+    """
 
 
 class AppPersona(BaseModel):
@@ -24,6 +57,105 @@ class AppPersona(BaseModel):
 
 class AppPersonaList(BaseModel):
     personas: Annotated[list[AppPersona], Field(title="Personas")]
+
+
+class TurnsPerMinute(RootModel[int]):
+    root: Annotated[int, Field(ge=0, title="Turns Per Minute")]
+    """
+    a user's turns and memory requests a minute
+    """
+
+
+class DailyTokenBudget(RootModel[int]):
+    root: Annotated[int, Field(ge=0, title="Daily Token Budget")]
+    """
+    a user's provider tokens a UTC day
+    """
+
+
+class ChatModel(RootModel[str]):
+    root: Annotated[
+        str, Field(max_length=200, min_length=1, pattern="^\\S+$", title="Chat Model")
+    ]
+
+
+class ExtractModel(RootModel[str]):
+    root: Annotated[
+        str,
+        Field(max_length=200, min_length=1, pattern="^\\S+$", title="Extract Model"),
+    ]
+
+
+class TranscriptRetentionDays(RootModel[int]):
+    root: Annotated[int, Field(ge=0, title="Transcript Retention Days")]
+    """
+    messages kept this long once extracted
+    """
+
+
+class HistoryMessages(RootModel[int]):
+    root: Annotated[int, Field(ge=0, le=200, title="History Messages")]
+
+
+class ChatMaxTokens(RootModel[int]):
+    root: Annotated[int, Field(ge=16, le=100000, title="Chat Max Tokens")]
+
+
+class AppSettings(BaseModel):
+    """
+    What an app may set for itself over the deployment's settings (``engine.apps.settings``): each field is the
+    ``Settings`` field of the same name; unset, the deployment's applies.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    turns_per_minute: Annotated[
+        TurnsPerMinute | None, Field(title="Turns Per Minute")
+    ] = None
+    """
+    a user's turns and memory requests a minute
+    """
+    daily_token_budget: Annotated[
+        DailyTokenBudget | None, Field(title="Daily Token Budget")
+    ] = None
+    """
+    a user's provider tokens a UTC day
+    """
+    chat_model: Annotated[ChatModel | None, Field(title="Chat Model")] = None
+    extract_model: Annotated[ExtractModel | None, Field(title="Extract Model")] = None
+    transcript_retention_days: Annotated[
+        TranscriptRetentionDays | None, Field(title="Transcript Retention Days")
+    ] = None
+    """
+    messages kept this long once extracted
+    """
+    history_messages: Annotated[
+        HistoryMessages | None, Field(title="History Messages")
+    ] = None
+    chat_max_tokens: Annotated[ChatMaxTokens | None, Field(title="Chat Max Tokens")] = (
+        None
+    )
+    events_include_text: Annotated[bool | None, Field(title="Events Include Text")] = (
+        None
+    )
+    """
+    memory events carry the memory's text
+    """
+
+
+class AppView(BaseModel):
+    """
+    The caller's app (``eros apps`` makes and sets apps).
+    """
+
+    id: Annotated[str, Field(title="Id")]
+    name: Annotated[str, Field(title="Name")]
+    settings: AppSettings
+    """
+    what the app sets over the deployment's settings (null: the deployment's applies)
+    """
+    created_at: Annotated[AwareDatetime, Field(title="Created At")]
 
 
 class AppendedMessage(BaseModel):
@@ -292,6 +424,32 @@ class ImportedMessage(BaseModel):
     created_at: Annotated[AwareDatetime, Field(title="Created At")]
 
 
+class IssuedKey(BaseModel):
+    id: Annotated[UUID, Field(title="Id")]
+    name: Annotated[str, Field(title="Name")]
+    prefix: Annotated[str, Field(title="Prefix")]
+    """
+    the key's first characters, to tell keys apart
+    """
+    created_at: Annotated[AwareDatetime, Field(title="Created At")]
+    last_used_at: Annotated[AwareDatetime | None, Field(title="Last Used At")]
+    """
+    when a request last came with it (to the minute)
+    """
+    revoked_at: Annotated[AwareDatetime | None, Field(title="Revoked At")]
+    """
+    refused since (null: live)
+    """
+    replaced_by: Annotated[UUID | None, Field(title="Replaced By")]
+    """
+    the key a rotation made in its place
+    """
+    secret: Annotated[str, Field(title="Secret")]
+    """
+    the key: send it in X-Api-Key to the /server routes. Shown this once: only its SHA-256 is kept
+    """
+
+
 class Content(RootModel[str]):
     root: Annotated[str, Field(min_length=1, title="Content")]
     """
@@ -351,6 +509,16 @@ class MemorySearch(BaseModel):
     k: Annotated[int | None, Field(ge=1, le=50, title="K")] = 10
     """
     how many results at most
+    """
+
+
+class NewKey(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    name: Annotated[str, Field(max_length=100, min_length=1, title="Name")]
+    """
+    what the key is for, to tell keys apart: 1 to 100 characters
     """
 
 
@@ -656,6 +824,41 @@ class UsageTotals(BaseModel):
     input_tokens: Annotated[int, Field(title="Input Tokens")]
     output_tokens: Annotated[int, Field(title="Output Tokens")]
     estimated_cost: Annotated[float, Field(title="Estimated Cost")]
+
+
+class UserUsage(BaseModel):
+    user_id: Annotated[str, Field(title="User Id")]
+    """
+    the user's subject, as the app names them
+    """
+    tokens: Annotated[int, Field(title="Tokens")]
+    """
+    what the daily token budget counted
+    """
+    calls: Annotated[int, Field(title="Calls")]
+    input_tokens: Annotated[int, Field(title="Input Tokens")]
+    output_tokens: Annotated[int, Field(title="Output Tokens")]
+    estimated_cost: Annotated[float, Field(title="Estimated Cost")]
+    purposes: Annotated[dict[str, int], Field(title="Purposes")]
+    """
+    tokens (input and output) per purpose
+    """
+
+
+class AppUsageReport(BaseModel):
+    from_: Annotated[date, Field(alias="from", title="From")]
+    to: Annotated[date, Field(title="To")]
+    currency: Annotated[str, Field(title="Currency")]
+    app: Annotated[str, Field(title="App")]
+    users: Annotated[list[UserUsage], Field(title="Users")]
+    """
+    users with any usage, costliest first
+    """
+    totals: UsageTotals
+    unpriced_models: Annotated[list[str], Field(title="Unpriced Models")]
+    """
+    models with no configured price: their cost is not in a total
+    """
 
 
 class Appended(BaseModel):

@@ -6,14 +6,20 @@ from typing import cast
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEventV2
 
-from eros import apps, errors
+from eros import errors
+from eros.apps import Caller, from_token  # not `apps`: routes/apps.py is this package's `apps`
 from eros.config import settings
 
 PUBLIC: list[dict[str, list[str]]] = [{}]  # OpenAPI: this route needs no token
+# The 403 of the operator routes (current_operator).
+OPERATORS = (403, "forbidden: neither a token with the operator scope (OPERATOR_SCOPE) nor the app's API key")
 
 # The OpenAPI document's description (its ``info``): what every route shares. app.py writes the error answers.
 CONVENTIONS = """\
-No request names its user: the user is the token's `sub`.
+No request names its user: the user is the token's `sub`, in the app its `eros_app` claim names (none: the \
+first app, "default"). An app's servers call the same routes under `/server` (`/server/v1/...`) with one of the \
+app's API keys in `X-Api-Key` (no token), naming the user they act for in `X-Eros-User`; without it, they act as \
+the app's operator.
 
 ## Errors
 
@@ -24,9 +30,13 @@ Every error is a JSON object `{"statusCode", "code", "message", ...}`. `code` is
 | --- | --- | --- |
 | 400 | `invalid_request` | the body is not UTF-8 JSON, is nested deeper than 32 levels, or has a number too long \
 to read |
-| 401 | `unauthorized` | the token's subject is missing, over 255 characters, or has a NUL character or a lone \
-surrogate |
-| 403 | `forbidden` | an operator route without the operator scope in the token (`OPERATOR_SCOPE`) |
+| 401 | `unauthorized` | the token's subject is missing, over 255 characters, or has a NUL character, a lone \
+surrogate or U+001F; the token's app (its `eros_app` claim, `APP_CLAIM`) is not an app id, unknown or being \
+deleted; on the `/server` routes: no `X-Api-Key`, or one that is not a live key of a live app (malformed, \
+revoked, rotated away), or an `X-Eros-User` that cannot name a user (empty, over 255 characters, a NUL character, \
+a lone surrogate or U+001F), or none on a route that acts for one user |
+| 403 | `forbidden` | an operator route without the operator scope in the token (`OPERATOR_SCOPE`); an app's API \
+key is its operator's |
 | 404 | `not_found` | an unknown route, or an unknown session, memory or persona (another user's id answers the same) |
 | 409 | `turn_conflict`, `turn_in_progress`, `message_conflict`, `out_of_order`, `session_gone`, `memory_active`, \
 `memory_not_current`, `too_many_personas`, `persona_taken` | as the route says (`turn_in_progress`: \
@@ -55,20 +65,21 @@ another each of the three times it was tried, and nothing of it was written |
 A 401 comes in two shapes; branch on the status, not the body. A missing, malformed or expired token, or one of \
 another issuer or audience, never reaches the API: in AWS the HTTP API's JWT authorizer answers \
 `{"message": "Unauthorized"}` (no `code`), and the local stack answers the same body. A verified token whose \
-subject the API cannot use gets the API's own `{"statusCode": 401, "code": "unauthorized", ...}`, everywhere. \
+subject the API cannot use gets the API's own `{"statusCode": 401, "code": "unauthorized", ...}`, everywhere; \
+so does every refused request to the `/server` routes (the API checks their key itself). \
 The Python client raises `eros_client.Unauthorized` (`code` "unauthorized") for both. \
 Bad input is refused before any model call."""
 
 
-def current_caller(router: Router) -> apps.Caller:
+def current_caller(router: Router) -> Caller:
     """Who the request is from (eros.apps): an app's server by its API key (the ``/server`` routes: ``app.handle``
     checked the key and put its caller where a Lambda authorizer's context goes), or an end user by the verified
     JWT's ``sub`` and app claim (checked by the HTTP API's JWT authorizer in AWS)."""
     event = cast(APIGatewayProxyEventV2, router.current_event)  # the chat function's resolver is an HTTP API's
     keyed = event.request_context.authorizer.get_lambda
     if keyed:
-        return apps.Caller(keyed["app"], keyed.get("user"), True)
-    return apps.from_token(event.request_context.authorizer.jwt_claim, settings())
+        return Caller(keyed["app"], keyed.get("user"), True)
+    return from_token(event.request_context.authorizer.jwt_claim, settings())
 
 
 def current_user(router: Router) -> str:
@@ -93,7 +104,8 @@ def documented(ok: tuple[int, str], *errors: tuple[int, str], public: bool = Fal
     """OpenAPI responses of a route: its success and the errors it answers besides 422 (``INVALID_REQUEST``, on
     every route) and 401 (unless the route is ``public``)."""
     if not public:
-        errors = ((401, "no valid bearer token"), *errors)
+        errors = ((401, "no valid bearer token (under /server: no live API key of the app, or an X-Eros-User that"
+                         " cannot name a user)"), *errors)
     error = {"application/json": {"schema": {"type": "object", "required": ["statusCode", "code", "message"],
                                               "properties": {"statusCode": {"type": "integer"},
                                                              "code": {"type": "string"},

@@ -11,7 +11,7 @@ from eros import errors
 from eros.store import personas as persona_store
 
 from models import AppPersona, AppPersonaList, NewPersona, PersonaEdit, PersonaList, PersonaView
-from routes import current_operator, current_user, documented
+from routes import OPERATORS, current_operator, current_user, documented
 
 router = Router()
 _NOT_YOURS = (404, "no character of yours by that id (the app's personas are not edited here)")
@@ -72,7 +72,6 @@ def retire_persona(persona_id: str):
 
 # --- the app's personas, for operators (the token's operator scope; `eros personas` at the command line) -----------
 _APP_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
-_OPERATORS = (403, "forbidden: the token lacks the operator scope (OPERATOR_SCOPE)")
 
 
 class PersonaTaken(errors.ClientError):
@@ -85,7 +84,7 @@ class BadPersonaId(errors.ClientError):
 
 @router.get("/v1/operator/personas", operation_id="listAppPersonas", tags=["operator"],
             summary="the app's personas, retired ones too, with their prompts",
-            responses=documented((200, "the app's personas"), _OPERATORS))
+            responses=documented((200, "the app's personas"), OPERATORS))
 def app_personas() -> AppPersonaList:
     return AppPersonaList.model_validate({"personas": persona_store.app_personas(current_operator(router))})
 
@@ -95,7 +94,7 @@ def app_personas() -> AppPersonaList:
             description="A changed name, description or prompt is a new version: sessions already started keep "
                         "theirs, new ones get it. The same text again changes nothing. A retired persona stays "
                         "retired.",
-            responses=documented((200, "the persona as it is now"), _OPERATORS,
+            responses=documented((200, "the persona as it is now"), OPERATORS,
                                  (409, "persona_taken: the id is a user's character or another app's persona")))
 def set_app_persona(persona_id: str, body: NewPersona) -> AppPersona:
     app = current_operator(router)
@@ -113,7 +112,7 @@ def set_app_persona(persona_id: str, body: NewPersona) -> AppPersona:
 @router.delete("/v1/operator/personas/<persona_id>", operation_id="retireAppPersona", tags=["operator"],
                summary="retire one of the app's personas",
                description="It is listed no more and starts no session; sessions already started with it go on.",
-               responses=documented((204, "retired"), _OPERATORS, (404, "no active app persona by that id")))
+               responses=documented((204, "retired"), OPERATORS, (404, "no active app persona by that id")))
 def retire_app_persona(persona_id: str):
     if not persona_store.retire_app(current_operator(router), persona_id):
         raise errors.NotFound(f"no active app persona {persona_id[:64]!r}")

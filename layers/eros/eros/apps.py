@@ -186,3 +186,51 @@ def from_key(key: str | None, user: str | None) -> tuple[Caller, dict]:
     app = row["app_id"]
     subject = None if user is None else _subject(user, "X-Eros-User")
     return Caller(app, None if subject is None else user_key(app, subject), True), row
+
+
+
+# --- keys --------------------------------------------------------------------------------------------------------
+# An app's operator keeps its API keys (GET/POST /v1/operator/keys): a key's secret is made here, answered once, and
+# only its SHA-256 (``key_hash``) and its first KEY_SHOWN characters (its prefix, to tell keys apart) are kept. The
+# logs name a key by its id, never by its secret.
+
+
+def _logged(what: str, app: str, key_id: Any) -> None:
+    from .observability import logger
+
+    logger.info(what, extra={"app": app, "key_id": str(key_id)})
+
+
+def create_key(app: str, name: str) -> dict:
+    """A new API key of ``app``: its row and, this once, its ``secret``."""
+    from .store import apps as app_store
+
+    secret = new_key()
+    made = app_store.add_key(app, name, secret[:KEY_SHOWN], key_hash(secret))
+    _logged("API key made", app, made["id"])
+    return {**made, "secret": secret}
+
+
+def rotate_key(app: str, key_id: Any) -> dict | None:
+    """A new key (its row and, this once, its ``secret``) in place of one of ``app``'s live keys, which is revoked
+    in the same transaction: refused from the commit on. None when ``key_id`` is not a live key of ``app`` (another
+    app's key answers the same: ids do not leak across apps)."""
+    from .store import apps as app_store
+
+    secret = new_key()
+    made = app_store.rotate(app, key_id, secret[:KEY_SHOWN], key_hash(secret))
+    if made is None:
+        return None
+    _logged("API key rotated: the old key is revoked", app, key_id)
+    _logged("API key made by a rotation", app, made["id"])
+    return {**made, "secret": secret}
+
+
+def revoke_key(app: str, key_id: Any) -> dict | None:
+    """Revoke one of ``app``'s live keys (refused from now on); None when it is not one."""
+    from .store import apps as app_store
+
+    revoked = app_store.revoke(app, key_id)
+    if revoked is not None:
+        _logged("API key revoked", app, key_id)
+    return revoked
