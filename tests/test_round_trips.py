@@ -46,10 +46,12 @@ def wire(providers, database_url, env):
 
 def warm() -> None:
     """A warm container: it has read the embedding space and its calibration (eros.calibrated keeps them a minute:
-    a round trip a minute, not a turn; test_a_cold_container_reads_the_embedding_space_once counts it)."""
-    from eros import calibrated, providers
+    a round trip a minute, not a turn; test_a_cold_container_reads_the_embedding_space_once counts it), and the
+    first app's settings (eros.apps keeps them SETTINGS_CACHE_SECS)."""
+    from eros import apps, calibrated, providers
 
     calibrated.guard(providers.embedder().model)
+    apps.app_settings(apps.DEFAULT)
 
 
 @pytest.fixture(params=[False, True], ids=["no limits", "spend limits"])
@@ -162,13 +164,14 @@ def test_a_cold_container_reads_the_embedding_space_once(wire, db):
     """Issue 30: the turn checks that its embedder is the stored vectors' model and uses that model's thresholds;
     what the database says of them costs a container's first turn one round trip, and no turn after it (until
     eros.calibrated.TTL_SECS have passed)."""
-    from eros import calibrated
+    from eros import apps, calibrated
 
     session = chat_store.create_session("alice", "luna")["id"]
     calibrated.reset()  # a new container
+    apps.forget()
     wire.reset()
     first = chat.take_turn("alice", session, "I adopted a cat named Miso", "t-1")
-    assert not first.replayed and wire.count == TURN + 1
+    assert not first.replayed and wire.count == TURN + 2  # and its app's settings (eros.apps), once as well
     wire.reset()
     second = chat.take_turn("alice", session, "Miso knocked my plant over", "t-2")
     assert not second.replayed and wire.count == TURN
