@@ -30,6 +30,10 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field
 
 from .config import Settings, settings
+from .errors import Unauthorized
+from .json_body import unstorable
+from .observability import logger
+from .store import apps as app_store
 
 DEFAULT = "default"
 SEPARATOR = "\x1f"
@@ -120,8 +124,6 @@ def forget() -> None:
 def app_settings(app: str) -> AppSettings:
     at, kept = _cached.get(app, (float("-inf"), None))
     if kept is None or time.monotonic() - at > SETTINGS_CACHE_SECS:
-        from .store import apps as app_store
-
         row = app_store.find(app)
         kept = remember(app, row["settings"] if row else {})
     return kept
@@ -138,20 +140,12 @@ MAX_SUBJECT = 255
 
 
 def _subject(subject: object, where: str) -> str:
-    from .json_body import unstorable
-
     if not isinstance(subject, str) or not subject or len(subject) > MAX_SUBJECT:
-        raise _unauthorized(f"{where} must name the user: 1 to {MAX_SUBJECT} characters")
+        raise Unauthorized(f"{where} must name the user: 1 to {MAX_SUBJECT} characters")
     problem = unstorable(subject) or unusable_subject(subject)
     if problem:
-        raise _unauthorized(f"{where} {problem}")
+        raise Unauthorized(f"{where} {problem}")
     return subject
-
-
-def _unauthorized(message: str) -> Exception:
-    from .errors import Unauthorized
-
-    return Unauthorized(message)
 
 
 def from_token(claims: dict, cfg: Settings) -> Caller:
@@ -159,13 +153,11 @@ def from_token(claims: dict, cfg: Settings) -> Caller:
     without one), the user, and the operator scope. The app must exist and not be being deleted."""
     app = claims.get(cfg.app_claim) or DEFAULT
     if not isinstance(app, str) or not APP_ID.fullmatch(app):
-        raise _unauthorized(f"the token's {cfg.app_claim} claim is not an app id")
+        raise Unauthorized(f"the token's {cfg.app_claim} claim is not an app id")
     if app != DEFAULT:  # the first app cannot be deleted: asked of the others only
-        from .store import apps as app_store
-
         row = app_store.find(app)
         if row is None:
-            raise _unauthorized(f"the token's app {app!r} is not served here")
+            raise Unauthorized(f"the token's app {app!r} is not served here")
         remember(app, row["settings"])
     subject = _subject(claims.get("sub"), "the token's subject")
     operator = cfg.operator_scope in str(claims.get("scope") or "").split()
@@ -175,13 +167,11 @@ def from_token(claims: dict, cfg: Settings) -> Caller:
 def from_key(key: str | None, user: str | None) -> tuple[Caller, dict]:
     """The caller an app's server is, by one of the app's live API keys (``X-Api-Key``), acting for ``user`` (its
     ``X-Eros-User``; None: as the app's operator). Also the key's row (its id, for the logs)."""
-    from .store import apps as app_store
-
     if not key:
-        raise _unauthorized("the /server routes take one of an app's API keys in the X-Api-Key header")
+        raise Unauthorized("the /server routes take one of an app's API keys in the X-Api-Key header")
     row = app_store.identify(key_hash(key)) if KEY_PATTERN.fullmatch(key) else None
     if row is None:
-        raise _unauthorized("the API key is not a live key of an app served here")
+        raise Unauthorized("the API key is not a live key of an app served here")
     remember(row["app_id"], row["settings"])
     app = row["app_id"]
     subject = None if user is None else _subject(user, "X-Eros-User")
@@ -196,15 +186,11 @@ def from_key(key: str | None, user: str | None) -> tuple[Caller, dict]:
 
 
 def _logged(what: str, app: str, key_id: Any) -> None:
-    from .observability import logger
-
     logger.info(what, extra={"app": app, "key_id": str(key_id)})
 
 
 def create_key(app: str, name: str) -> dict:
     """A new API key of ``app``: its row and, this once, its ``secret``."""
-    from .store import apps as app_store
-
     secret = new_key()
     made = app_store.add_key(app, name, secret[:KEY_SHOWN], key_hash(secret))
     _logged("API key made", app, made["id"])
@@ -215,8 +201,6 @@ def rotate_key(app: str, key_id: Any) -> dict | None:
     """A new key (its row and, this once, its ``secret``) in place of one of ``app``'s live keys, which is revoked
     in the same transaction: refused from the commit on. None when ``key_id`` is not a live key of ``app`` (another
     app's key answers the same: ids do not leak across apps)."""
-    from .store import apps as app_store
-
     secret = new_key()
     made = app_store.rotate(app, key_id, secret[:KEY_SHOWN], key_hash(secret))
     if made is None:
@@ -228,8 +212,6 @@ def rotate_key(app: str, key_id: Any) -> dict | None:
 
 def revoke_key(app: str, key_id: Any) -> dict | None:
     """Revoke one of ``app``'s live keys (refused from now on); None when it is not one."""
-    from .store import apps as app_store
-
     revoked = app_store.revoke(app, key_id)
     if revoked is not None:
         _logged("API key revoked", app, key_id)
