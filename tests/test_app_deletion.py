@@ -258,3 +258,22 @@ def test_eros_apps_delete_shows_what_it_deletes_asks_for_the_id_and_prints_the_s
     assert capsys.readouterr().err == "eros apps: there is no app 'acme' (`eros apps list` lists them)\n"
     assert cli.main(["apps", "delete", "default", "--yes"]) == 1
     assert "the first app, default, cannot be deleted" in capsys.readouterr().err
+
+
+def test_an_apps_export_is_its_users_records_and_its_personas_and_nothing_of_another_app(three_apps, db):
+    """Before an app goes, its operator takes its record: one line for the app (settings, personas with prompts),
+    then each of its users' documents as GET /v1/export gives them; the same subject in another app is not in it."""
+    out = io.BytesIO()
+    done = account.export_app("acme", out)
+    lines = [json.loads(line) for line in out.getvalue().decode().splitlines()]
+    assert done.users == len(lines) - 1 == 1 and done.bytes == len(out.getvalue())
+    header, [alice] = lines[0], lines[1:]
+    assert header["app"] == "acme" and header["settings"] == {"daily_token_budget": 900000}
+    assert {p["id"] for p in header["personas"]} == {"acme-guide"}
+    assert (alice["app"], alice["user_id"]) == ("acme", SUBJECT)
+    assert len(alice["sessions"]) == 2 and alice["memories"] and alice["personas"]
+    text = out.getvalue().decode()
+    assert "zqx-acme-prompt" in text and "zqx-acme-character" in text
+    assert "zqx-globex" not in text and "zqx-default" not in text
+    with pytest.raises(account.NoSuchApp):
+        account.export_app("initech", io.BytesIO())

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import BinaryIO
 
 from . import clock
 from .config import Settings, settings
@@ -111,6 +112,40 @@ def erase_app(app: str) -> AppErasure:
     leftovers = account_store.erase_app_rows(app)
     logger.info("app deleted", extra={"app": app, "users": len(users)})
     return AppErasure(len(users), erased, leftovers, account_store.scan(app))
+
+
+class NoSuchApp(ClientError):
+    status, code = 404, "not_found"
+
+
+@dataclass
+class AppExport:
+    users: int
+    bytes: int
+
+
+def export_app(app: str, out: BinaryIO) -> AppExport:
+    """An app's whole record, for its operator to take away (``eros apps export``): JSON lines, the first the app
+    (its id, name, settings and personas, with their prompts), then one line per user of the app, each the
+    document ``GET /v1/export`` gives that user (produced a page of rows at a time, as theirs is)."""
+    from .store import apps as app_store
+    from .store import personas as persona_store
+
+    found = app_store.find(app)
+    if found is None:
+        raise NoSuchApp(f"there is no app {app!r} (`eros apps list` lists them)")
+    now, written = clock.now(), 0
+    header = {"app": found["id"], "name": found["name"], "settings": found["settings"],
+              "created_at": found["created_at"].isoformat(), "exported_at": now.isoformat(),
+              "personas": persona_store.app_personas(app)}
+    for chunk in _encoded([account_store.to_json(header), "\n"]):
+        written += out.write(chunk)
+    users = account_store.app_users(app)
+    for user in users:
+        for chunk in _encoded([*account_store.export_document(user, now), "\n"]):
+            written += out.write(chunk)
+    logger.info("app exported", extra={"app": app, "users": len(users), "bytes": written})
+    return AppExport(len(users), written)
 
 
 def app_stored(app: str) -> tuple[int, dict[str, int]]:

@@ -92,8 +92,10 @@ _ERASE_USAGE = ("WITH days AS (DELETE FROM engine.user_usage WHERE user_id = %(u
                 " SELECT (SELECT count(*) FROM days) AS days, (SELECT count(*) FROM itemised) AS itemised")
 
 
-def _json(value: Any) -> str:
+def to_json(value: Any) -> str:
+    """A value as the export writes it: compact, UTF-8 as is, times and ids as text."""
     return json.dumps(value, default=str, ensure_ascii=False, separators=(",", ":"))
+
 
 
 def _pages(statement: str, values: dict) -> Iterator[dict]:
@@ -131,8 +133,8 @@ def _array(items: Iterator[str]) -> Iterator[str]:
 
 
 def _session(user_id: str, session: dict) -> Iterator[str]:
-    yield _json(session)[:-1] + ',"messages":'
-    yield from _array(_json(m) for m in _messages(user_id, session["id"]))
+    yield to_json(session)[:-1] + ',"messages":'
+    yield from _array(to_json(m) for m in _messages(user_id, session["id"]))
     yield "}"
 
 
@@ -143,20 +145,20 @@ def export_document(user_id: str, now: datetime) -> Iterator[str]:
     never an embedding), ``personas`` (the characters the user made, every version), ``usage`` (per UTC day)
     and ``usage_by_model`` (per day, purpose and model)."""
     app, subject = apps.split(user_id)
-    yield ('{"app":' + _json(app) + ',"user_id":' + _json(subject) + ',"exported_at":' + _json(now.isoformat())
-           + ',"sessions":')
+    yield ('{"app":' + to_json(app) + ',"user_id":' + to_json(subject) + ',"exported_at":'
+           + to_json(now.isoformat()) + ',"sessions":')
     yield "["
     for n, session in enumerate(_pages(_SESSIONS, {"user": user_id})):
         yield "," if n else ""
         yield from _session(user_id, session)
     yield '],"memories":'
-    yield from _array(_json(_exported(m)) for m in _pages(_MEMORIES, {"user": user_id}))
+    yield from _array(to_json(_exported(m)) for m in _pages(_MEMORIES, {"user": user_id}))
     yield ',"personas":'
-    yield from _array(_json(p) for p in connection().execute(_PERSONAS, (user_id,)).fetchall())
+    yield from _array(to_json(p) for p in connection().execute(_PERSONAS, (user_id,)).fetchall())
     yield ',"usage":'
-    yield from _array(_json(u) for u in connection().execute(_USAGE, (user_id,)).fetchall())
+    yield from _array(to_json(u) for u in connection().execute(_USAGE, (user_id,)).fetchall())
     yield ',"usage_by_model":'
-    yield from _array(_json(u) for u in connection().execute(_USAGE_BY_MODEL, (user_id,)).fetchall())
+    yield from _array(to_json(u) for u in connection().execute(_USAGE_BY_MODEL, (user_id,)).fetchall())
     yield "}"
 
 
