@@ -982,7 +982,8 @@ def cmd_chat(args) -> int:
     for option, given in (("--url", url), ("--stream-url", args.stream_url)):
         if given and not given.lower().startswith(("http://", "https://")):
             raise BadInput(f"{option} {given!r} needs its scheme: http:// or https:// (e.g. {option} http://{given})")
-    token = args.token or issue_token(args.user, settings(), local_jwt_key(), app=_local_app(args))
+    app = _local_app(args)
+    token = args.token or issue_token(args.user, settings(), local_jwt_key(), app=app)
     client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
     try:
         answer = client.get("/v1/personas")
