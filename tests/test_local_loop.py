@@ -144,7 +144,7 @@ def test_every_command_that_names_a_user_takes_their_app_and_refuses_one_not_ser
     assert json.loads(capsys.readouterr().out.splitlines()[0])["statusCode"] == 200
     assert cli.main(["forget", "dora", "--yes"]) == 0 and capsys.readouterr().out == "nothing was stored about dora\n"
     assert cli.main(["forget", "dora", "--app", "acme", "--yes"]) == 0
-    assert "erased dora: 1 session, 2 messages" in capsys.readouterr().out
+    assert "erased dora of app acme: 1 session, 2 messages" in capsys.readouterr().out
     assert cli.main(["forget", "x\x1fdora", "--yes"]) == 2
     assert "U+001F" in err_lines(capsys)[0]
     assert cli.main(["invoke", "chat", str(EVENTS / "chat_health.json"), "--app", "acme"]) == 2

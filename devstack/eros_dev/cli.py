@@ -538,14 +538,17 @@ def cmd_forget(args) -> int:
     """What ``DELETE /v1/me`` does, for an operator: erase every row of USER and their export files, once the
     person has seen what that is and typed the user id again (``--yes``: a script's choice, no question)."""
     from eros.account import erase, stored
+    from eros.apps import DEFAULT
 
     _database()
-    key = _user_key(_served_app(args.app), args.user)
+    app = _served_app(args.app)
+    key = _user_key(app, args.user)
+    who = args.user if app == DEFAULT else f"{args.user} of app {app}"  # another app's user: said, as erased
     found = stored(key)
     if not any(found.values()):  # nothing to erase: say so rather than report zeros as an erasure
-        print(f"nothing was stored about {args.user}")
+        print(f"nothing was stored about {who}")
         return 0
-    print(f"stored about {args.user}: {_counted(found)}")
+    print(f"stored about {who}: {_counted(found)}")
     if not args.yes:
         if not sys.stdin.isatty():
             raise BadInput("an erasure cannot be undone: run it at a terminal to confirm it, or pass --yes")
@@ -555,7 +558,7 @@ def cmd_forget(args) -> int:
             typed = ""
         if typed.strip() != args.user:
             raise CliError(f"nothing was erased: the answer was not {args.user!r}")
-    print(f"erased {args.user}: {_counted(erase(key))}")
+    print(f"erased {who}: {_counted(erase(key))}")
     return 0
 
 
