@@ -40,7 +40,7 @@ const STREAM = STREAM_TARGET.base || API;
 const REFUSED = TARGET.refused || STREAM_TARGET.refused;
 
 const state = {
-  local: false, token: null, user: null, personas: [], sessions: [], session: null,
+  local: false, token: null, user: null, app: null, personas: [], sessions: [], session: null,
   memories: new Map(), listed: "", live: new Map(), timer: null, down: false,
   streams: null,  // false once the API answered that it has no stream route
   unsent: null,  // the message whose turn failed, {key: session and text, id: its client_turn_id}
@@ -301,18 +301,29 @@ function subjectOf(token) {
   } catch { return "(token)"; }
 }
 
+// Who is signed in, as the page shows it: the user, and their app when it is not the first one ("alice @ acme").
+// A pasted token's app is not shown: its claim's name is the deployment's setting (APP_CLAIM).
+function whoAmI() {
+  return state.app && state.app !== "default" ? `${state.user} @ ${state.app}` : state.user;
+}
+
 async function signIn(event) {
   event.preventDefault();
   try {
     if (state.local) {
-      const answer = await call("POST", "/local/token", { user: $("user").value });
+      // The app field is optional: empty signs in a user of the first app, "default", as before apps.
+      const app = $("app-id").value.trim();
+      const asked = app ? { user: $("user").value, app } : { user: $("user").value };
+      const answer = await call("POST", "/local/token", asked);
       state.token = answer.token;
       state.user = answer.user;
+      state.app = answer.app || null;
     } else {
       state.token = $("token").value.trim();
       state.user = subjectOf(state.token);
+      state.app = null;
     }
-    sessionStorage.setItem("eros-console", JSON.stringify({ token: state.token, user: state.user }));
+    sessionStorage.setItem("eros-console", JSON.stringify({ token: state.token, user: state.user, app: state.app }));
     await start();
   } catch (error) {
     state.token = null;
@@ -323,7 +334,7 @@ async function signIn(event) {
 function signOut() {
   sessionStorage.removeItem("eros-console");
   clearInterval(state.timer);
-  Object.assign(state, { token: null, user: null, session: null, sessions: [], listed: "" });
+  Object.assign(state, { token: null, user: null, app: null, session: null, sessions: [], listed: "" });
   state.memories.clear();
   state.live.clear();
   $("app").hidden = true;
@@ -346,7 +357,7 @@ async function loadPersonas(selected) {
 
 async function start() {
   await loadPersonas();
-  $("me").textContent = state.user;
+  $("me").textContent = whoAmI();
   $("signin").hidden = true;
   $("whoami").hidden = false;
   $("app").hidden = false;
@@ -360,7 +371,7 @@ async function start() {
   }
   clearInterval(state.timer);
   state.timer = setInterval(() => { if (!document.hidden) poll(); }, POLL_MS);
-  say(`Signed in as ${state.user}.`);
+  say(`Signed in as ${whoAmI()}.`);
 }
 
 // The poll's refresh: a stack that stopped answering is said at once (the page would only look frozen), and so is
@@ -839,6 +850,7 @@ async function boot() {
       + "of quiet; “Sweep now” takes every session with new messages at once.";
   } catch { state.local = false; }
   $("user-field").hidden = !state.local;
+  $("app-field").hidden = !state.local;
   $("user").required = state.local;
   $("token-field").hidden = state.local;
   $("token").required = !state.local;

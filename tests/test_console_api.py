@@ -118,6 +118,39 @@ def test_local_sign_in_mints_a_token_for_any_user_and_refuses_bad_ones(local_ser
         assert client.get("/local/stack").json()["local"] is True
 
 
+def test_local_sign_in_names_the_users_app_and_refuses_an_app_that_is_not_served(local_server, db):
+    import jwt
+
+    from eros.store import apps as app_store
+    from eros.store import personas as persona_store
+
+    app_store.create("acme", "Acme", {}, db)
+    persona_store.keep_app("acme", "nova", "Nova", "", "You are Nova, a patient tutor.")
+    app_store.create("gone", "Gone", {}, db)
+    db.execute("UPDATE engine.apps SET deleted_at = now() WHERE id = 'gone'")  # being deleted: served no more
+    claim = local_server.settings.app_claim
+    with httpx.Client(base_url=local_server.url, timeout=30) as client:
+        answer = client.post("/local/token", json={"user": "dora", "app": "acme"})
+        assert answer.status_code == 200 and (answer.json()["user"], answer.json()["app"]) == ("dora", "acme")
+        token = answer.json()["token"]
+        assert jwt.decode(token, options={"verify_signature": False})[claim] == "acme"
+        personas = client.get("/v1/personas", headers={"Authorization": f"Bearer {token}"}).json()["personas"]
+        assert [p["id"] for p in personas] == ["nova"]  # acme's dora: acme's personas
+        for body in ({"user": "dora"}, {"user": "dora", "app": ""}, {"user": "dora", "app": None},
+                     {"user": "dora", "app": "default"}):  # the first app's dora, as before apps
+            answer = client.post("/local/token", json=body)
+            assert answer.status_code == 200 and answer.json()["app"] == "default", body
+            assert jwt.decode(answer.json()["token"], options={"verify_signature": False}).get(claim) in \
+                (None, "default")
+        for app, problem in (("globex", "there is no app 'globex'"), ("gone", "there is no app 'gone'"),
+                             ("Acme", "an app id is"), ("a", "an app id is"), ("acme\u001fx", "an app id is"),
+                             (7, "an app id is"), (["acme"], "an app id is"), (False, "an app id is")):
+            refused = client.post("/local/token", json={"user": "dora", "app": app})
+            assert refused.status_code == 422, (app, refused.text)
+            assert refused.json()["code"] == "invalid_request" and refused.json()["message"].startswith("app: ")
+            assert problem in refused.json()["message"], (app, refused.json())
+
+
 # What Python's parser cannot read without failing: nesting that exhausts its recursion (a RecursionError that
 # dropped the connection unanswered), a number past its digit limit; and what is not JSON at all.
 UNREADABLE = [(b"[" * 60_000, "nested deeper than 32 levels"),

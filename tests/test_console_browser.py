@@ -84,14 +84,17 @@ class Visit:
         if message.type == "error":
             self.errors.append(message.text)
 
-    def sign_in(self, user: str) -> None:
+    def sign_in(self, user: str, app: str | None = None) -> None:
         # The page enables "Sign in" once it knows how to sign in (console.js boot()); Enter in the form before that
         # submits nothing, and on a busy machine a fresh tab can be that slow.
         expect(self.page.locator("#signin-button")).to_be_enabled()
+        if app is not None:
+            self.page.get_by_label("App").fill(app)
         self.page.get_by_label("User").fill(user)
         self.page.get_by_label("User").press("Enter")  # the keyboard alone signs in
-        expect(self.page.locator("#me")).to_have_text(user)
-        expect(self.page.locator("#status")).to_have_text(f"Signed in as {user}.")  # its sessions are loaded
+        who = f"{user} @ {app}" if app else user
+        expect(self.page.locator("#me")).to_have_text(who)
+        expect(self.page.locator("#status")).to_have_text(f"Signed in as {who}.")  # its sessions are loaded
 
     def memory(self, text: str):
         return self.page.locator("#memory-groups li.memory", has_text=text)
@@ -248,6 +251,34 @@ def test_a_memory_stated_in_the_console_and_a_failed_sign_in(browser, stack):
     page.get_by_role("button", name="Sign out").click()
     expect(page.locator("#app")).to_be_hidden()
     # The browser logs the refused sign-in's answer; nothing else went wrong.
+    assert visit.errors == ["Failed to load resource: the server responded with a status of 422 (Unprocessable Entity)"]
+    visit.close()
+
+
+def test_a_user_of_another_app_signs_in_with_the_app_and_sees_that_apps_personas_alone(browser, stack, db):
+    from eros.store import apps as app_store
+    from eros.store import personas as persona_store
+
+    app_store.create("acme", "Acme", {}, db)
+    persona_store.keep_app("acme", "nova", "Nova", "a patient tutor", "You are Nova, a patient tutor.")
+    visit = Visit(browser, stack.url)
+    page = visit.page
+    expect(page.locator("#signin-button")).to_be_enabled()
+    page.get_by_label("App").fill("globex")  # no such app: said, and not signed in
+    page.get_by_label("User").fill("alice")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.locator("#status")).to_contain_text("Sign-in failed: app: there is no app 'globex'")
+    expect(page.locator("#app")).to_be_hidden()
+
+    visit.sign_in("alice", app="acme")
+    expect(page.locator("#persona option")).to_have_text(["Nova (nova)"])  # acme's personas, not luna, kai, mei
+    expect(page.locator("#memory-groups")).to_contain_text("No memories yet")  # not the first app's alice's
+    page.reload()  # the tab keeps its sign-in, app and all
+    expect(page.locator("#me")).to_have_text("alice @ acme")
+    page.get_by_role("button", name="Sign out").click()
+    visit.sign_in("alice", app="")  # empty: the first app's alice, as before apps
+    expect(visit.memory("Works as a nurse in Leeds")).to_be_visible()
+    assert "Nova" not in page.locator("#persona").inner_text()
     assert visit.errors == ["Failed to load resource: the server responded with a status of 422 (Unprocessable Entity)"]
     visit.close()
 

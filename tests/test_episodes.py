@@ -406,3 +406,39 @@ def test_the_backfill_never_replaces_an_episode_and_the_command_runs_offline(db,
     assert backfilled["content"] == written["content"]  # the same deterministic episode, from the whole transcript
     assert len(episodes(db)) == 2
     assert cli.main(["backfill-episodes"]) == 0 and "episodes written: 0;" in capsys.readouterr().out
+
+
+def test_the_backfill_takes_one_apps_users_with_app(db, capsys):
+    """`--app`: that app's users' sessions alone, and `--user` is a user of it (of the first app without it);
+    neither: every app's."""
+    from eros.store import apps as app_store
+    from eros.store import personas as persona_store
+    from eros_dev import cli
+
+    app_store.create("acme", "Acme", {}, db)
+    persona_store.keep_app("acme", "nova", "Nova", "", "You are Nova, a patient tutor.")
+    api = Api()
+    for user, app, persona in (("alice", None, "luna"), ("alice", "acme", "nova"), ("bob", "acme", "nova")):
+        sid = api.session(user=user, persona=persona, app=app)
+        status, body = api.call("POST", f"/v1/sessions/{sid}/turns", {"content": f"{user} runs on Sundays."},
+                                user=user, app=app)
+        assert status == 200, body
+    dream(db)
+    db.execute("DELETE FROM engine.companion_memories WHERE source = 'episode'")
+
+    def backfilled(*flags: str) -> list[str]:
+        before = {r["user_id"] for r in episodes(db)}
+        assert cli.main(["backfill-episodes", *flags]) == 0
+        capsys.readouterr()
+        return sorted({r["user_id"] for r in episodes(db)} - before)
+
+    assert backfilled("--user", "alice", "--app", "acme") == ["acme\x1falice"]
+    assert backfilled("--app", "acme") == ["acme\x1fbob"]
+    assert backfilled("--app", "acme") == []
+    assert backfilled("--user", "bob") == []  # the first app's bob has no session
+    assert backfilled("--user", "alice") == ["alice"]
+    db.execute("DELETE FROM engine.companion_memories WHERE source = 'episode'")
+    assert backfilled() == ["acme\x1falice", "acme\x1fbob", "alice"]  # an upgrade's backfill: every app's
+    assert cli.main(["backfill-episodes", "--app", "globex"]) == 1
+    assert "there is no app 'globex'" in capsys.readouterr().err
+

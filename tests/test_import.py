@@ -194,6 +194,38 @@ def test_the_command_reports_and_fails_on_refused_lines(online, db, tmp_path, ca
     assert "cannot read" in capsys.readouterr().err
 
 
+def test_the_command_imports_the_users_of_an_app_under_their_apps_keys(online, db, tmp_path, capsys):
+    """`--app`: the lines' user_id (and --user) are subjects of that app; a subject that would name another app's
+    user is refused, and so is an app this database does not serve."""
+    from eros.store import apps as app_store
+    from eros.store import personas as persona_store
+
+    app_store.create("acme", "Acme", {}, db)
+    persona_store.keep_app("acme", "nova", "Nova", "", "You are Nova, a patient tutor.")
+    path = write(tmp_path / "acme.jsonl", conversation("a-1", "alice", T0, "I live in Lisbon", persona="nova"),
+                 conversation("a-2", "bob", T0, "I live in Porto", persona="nova"),
+                 conversation("a-3", "alice", T0, "hello", persona="luna"),  # the first app's persona: not acme's
+                 conversation("a-4", "globex\u001fmallory", T0, "I am someone else", persona="nova"))
+    assert eros(["import", str(path), "--app", "acme", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["conversations"] == 2 and [r["line"] for r in report["refused"]] == [3, 4]
+    assert "no persona 'luna'" in report["refused"][0]["problem"]
+    assert "U+001F" in report["refused"][1]["problem"]
+    assert [(s["user_id"], s["external_id"]) for s in sessions(db)] == [("acme\x1falice", "a-1"),
+                                                                         ("acme\x1fbob", "a-2")]
+
+    one = write(tmp_path / "one.jsonl", conversation("a-5", None, T0, "I play the cello", persona="nova"))
+    assert eros(["import", str(one), "--app", "acme", "--user", "carol"]) == 0
+    assert ("acme\x1fcarol", "a-5") in [(s["user_id"], s["external_id"]) for s in sessions(db)]
+    assert eros(["import", str(one), "--user", "carol"]) == 1  # the first app's carol: acme's persona is not hers
+    assert not [s for s in sessions(db) if s["user_id"] == "carol"]
+    capsys.readouterr()
+    assert eros(["import", str(one), "--app", "globex"]) == 1
+    assert capsys.readouterr().err.strip() == "eros import: there is no app 'globex' (`eros apps list` lists them)"
+    assert eros(["import", str(one), "--app", "acme", "--user", "x\x1fy"]) == 2
+    assert "U+001F" in capsys.readouterr().err
+
+
 # --- through the API --------------------------------------------------------------------------------------
 
 def test_the_api_imports_conversations_and_reports_the_backfill(online, db):

@@ -92,6 +92,65 @@ def test_eros_chat_names_a_server_that_is_not_the_api(local_server, capsys):
                     "personas: is it the eros API? (--url, or the PORT it runs on)")
 
 
+def acme(db) -> None:
+    """A second app, with a persona of its own (as `eros apps create` and `eros personas set --app` make them)."""
+    from eros.store import apps as app_store
+    from eros.store import personas as persona_store
+
+    app_store.create("acme", "Acme", {}, db)
+    persona_store.keep_app("acme", "nova", "Nova", "", "You are Nova, a patient tutor.")
+
+
+def test_eros_chat_as_a_user_of_another_app(db, local_server, monkeypatch, capsys):
+    acme(db)
+    url = local_server.url
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello\n"))
+    assert cli.main(["chat", "dora", "--app", "acme", "--url", url, "--no-stream"]) == 0
+    assert " with nova " in capsys.readouterr().out  # acme's persona: its only one
+    assert [r["user_id"] for r in db.execute("SELECT user_id FROM engine.chat_sessions").fetchall()] == \
+        ["acme\x1fdora"]
+    assert db.execute("SELECT count(*) AS n FROM engine.chat_messages WHERE user_id = 'acme\x1fdora'"
+                      ).fetchone()["n"] == 2
+    assert cli.main(["chat", "dora", "--app", "acme", "--url", url, "--persona", "luna"]) == 1
+    assert err_lines(capsys) == ["eros chat: no persona 'luna': choose one of nova"]
+    assert cli.main(["chat", "dora", "--app", "globex", "--url", url]) == 1
+    assert err_lines(capsys) == [f"eros chat: {url} refused the token: the token's app 'globex' is not served here"]
+    assert cli.main(["chat", "dora", "--app", "Acme", "--url", url]) == 2
+    [line] = err_lines(capsys)
+    assert line.startswith("eros chat: --app 'Acme' is not an app id")
+    assert cli.main(["chat", "--token", "abc", "--app", "acme", "--url", url]) == 2
+    assert err_lines(capsys) == ["eros chat: --app names the app of the local token made for USER: a --token names "
+                                 "its own app"]
+
+
+def test_every_command_that_names_a_user_takes_their_app_and_refuses_one_not_served(db, tmp_path, capsys):
+    """forget, usage, personas, keys, invoke --as: --app must be an app id and an app this database serves."""
+    acme(db)
+    sid = Api().session(user="dora", persona="nova", app="acme")
+    turn = json.loads((EVENTS / "chat_stream_turn.json").read_text())
+    turn["rawPath"] = turn["requestContext"]["http"]["path"] = f"/v1/sessions/{sid}/turns/stream"
+    (tmp_path / "turn.json").write_text(json.dumps(turn))
+    capsys.readouterr()
+    for command in (["forget", "dora", "--yes"], ["usage", "--user", "dora"], ["personas", "list"],
+                    ["keys", "list"], ["invoke", "chat-stream", str(tmp_path / "turn.json"), "--as", "dora"]):
+        assert cli.main([*command, "--app", "globex"]) == 1, command
+        assert err_lines(capsys) == [f"eros {command[0]}: there is no app 'globex' (`eros apps list` lists them)"]
+        assert cli.main([*command, "--app", "Not An App"]) == 2, command
+        [line] = err_lines(capsys)
+        assert line == f"eros {command[0]}: --app 'Not An App' is not an app id: 2 to 40 of a-z 0-9 -, starting" \
+                       " with a letter", command
+    # acme's dora: her streamed turn, then her erasure (the first app's dora is someone else, with nothing stored)
+    assert cli.main(["invoke", "chat-stream", str(tmp_path / "turn.json"), "--as", "dora", "--app", "acme"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["statusCode"] == 200
+    assert cli.main(["forget", "dora", "--yes"]) == 0 and capsys.readouterr().out == "nothing was stored about dora\n"
+    assert cli.main(["forget", "dora", "--app", "acme", "--yes"]) == 0
+    assert "erased dora of app acme: 1 session, 2 messages" in capsys.readouterr().out
+    assert cli.main(["forget", "x\x1fdora", "--yes"]) == 2
+    assert "U+001F" in err_lines(capsys)[0]
+    assert cli.main(["invoke", "chat", str(EVENTS / "chat_health.json"), "--app", "acme"]) == 2
+    assert err_lines(capsys) == ["eros invoke: --as USER and --app are for chat-stream (a turn sent as a user)"]
+
+
 class Timed(io.StringIO):
     """stdout that keeps what the command wrote (not the in-process local server's threads: their metrics lines)
     and when each piece was written (print(..., flush=True))."""

@@ -292,6 +292,80 @@ def test_eros_mcp_against_an_api_with_a_users_token_refuses_garbage_and_expired_
         run([], refreshed, command="eros-mcp", env={"EROS_URL": stack.url, "EROS_TOKEN_FILE": file.name})
 
 
+@pytest.fixture
+def acme(stack, db):
+    """A second app, "acme", with a persona of its own and one API key for its server (as `eros apps create` and
+    `eros keys create` make them); the first app's alice has a memory of her own."""
+    from eros import apps
+    from eros.store import apps as app_store
+    from eros.store import personas as persona_store
+
+    app_store.create("acme", "Acme", {}, db)
+    persona_store.keep_app("acme", "nova", "Nova", "", "You are Nova, a patient tutor.")
+    secret = apps.new_key()
+    app_store.add_key("acme", "assistant", secret[:apps.KEY_SHOWN], apps.key_hash(secret), db)
+    default_alice = stack.client("alice").post("/v1/memories", json={"content": "Lives in Quito", "category": "fact"})
+    assert default_alice.status_code == 201, default_alice.text
+    return secret
+
+
+async def _acmes_alice(session: ClientSession) -> str:
+    """What acme's alice sees through the tools: her own memory, none of the first app's alice's, and acme's
+    persona (not the first app's). Her memory's id."""
+    added = await call(session, "add_memory", content="Lives in Lisbon", category="fact")
+    assert [m["content"] for m in (await call(session, "list_memories"))["memories"]] == ["Lives in Lisbon"]
+    found = await call(session, "search_memories", query="Lives in Quito")
+    assert "Lives in Quito" not in str(found)
+    assert (await call(session, "start_session", persona_id="nova"))["persona_id"] == "nova"
+    assert (await refused(session, "start_session", persona_id="luna"))["code"] == "not_found"
+    return added["id"]
+
+
+def _alices(db) -> dict[str, list[str]]:
+    rows = db.execute("SELECT user_id, content FROM engine.companion_memories WHERE source = 'user'").fetchall()
+    by_key: dict[str, list[str]] = {}
+    for row in rows:
+        by_key.setdefault(row["user_id"], []).append(row["content"])
+    return by_key
+
+
+def test_eros_mcp_with_an_apps_api_key_acts_for_that_apps_user_alone(stack, acme, db):
+    """`eros-mcp` run by an app's server: EROS_API_KEY and EROS_USER reach that user of the key's app through the
+    /server routes, and nothing of the first app's user of the same subject."""
+    run([], _acmes_alice, command="eros-mcp", env={"EROS_URL": stack.url, "EROS_API_KEY": acme, "EROS_USER": "alice"})
+    assert _alices(db) == {"alice": ["Lives in Quito"], "acme\x1falice": ["Lives in Lisbon"]}
+    with tempfile.NamedTemporaryFile("w", suffix=".key") as file:  # the key in a file
+        file.write(acme + "\n")
+        file.flush()
+
+        async def sees(session: ClientSession) -> None:
+            assert [m["content"] for m in (await call(session, "list_memories"))["memories"]] == ["Lives in Lisbon"]
+        run([], sees, command="eros-mcp", env={"EROS_URL": stack.url, "EROS_API_KEY_FILE": file.name,
+                                               "EROS_USER": "alice"})
+
+    async def unauthorized(session: ClientSession) -> None:  # not a live key: every tool says so
+        assert (await refused(session, "list_memories"))["code"] == "unauthorized"
+    other = acme[:-1] + ("y" if acme.endswith("x") else "x")
+    run([], unauthorized, command="eros-mcp", env={"EROS_URL": stack.url, "EROS_API_KEY": other, "EROS_USER": "alice"})
+
+
+def test_eros_mcp_for_a_user_of_another_app_with_app(stack, acme, db):
+    run(["mcp", "alice", "--app", "acme", "--url", stack.url], _acmes_alice)
+    assert _alices(db) == {"alice": ["Lives in Quito"], "acme\x1falice": ["Lives in Lisbon"]}
+
+
+def test_eros_mcp_refuses_an_app_the_stack_does_not_serve_or_that_is_not_an_app_id(stack):
+    import subprocess
+
+    unknown = subprocess.run([str(BIN / "eros"), "mcp", "alice", "--app", "globex", "--url", stack.url],
+                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert unknown.returncode == 1 and not unknown.stdout
+    assert "refused the token" in unknown.stderr and "'globex'" in unknown.stderr, unknown.stderr
+    bad = subprocess.run([str(BIN / "eros"), "mcp", "alice", "--app", "Not An App", "--url", stack.url],
+                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert bad.returncode == 2 and "not an app id" in bad.stderr and not bad.stdout
+
+
 def test_eros_mcp_without_the_stack_says_so_and_answers_api_unreachable(tmp_path):
     import socket
 
@@ -313,7 +387,8 @@ def test_eros_mcp_without_the_stack_says_so_and_answers_api_unreachable(tmp_path
 def test_the_server_refuses_to_start_without_a_url_or_a_token():
     import subprocess
 
-    base = {k: v for k, v in os.environ.items() if k not in ("EROS_URL", "EROS_TOKEN", "EROS_TOKEN_FILE")}
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("EROS_URL", "EROS_TOKEN", "EROS_TOKEN_FILE", "EROS_API_KEY", "EROS_API_KEY_FILE", "EROS_USER")}
     no_url = subprocess.run([str(BIN / "eros-mcp")], env={**base, "EROS_TOKEN": "t"}, capture_output=True,
                             text=True, timeout=60)
     assert no_url.returncode == 2 and "EROS_URL" in no_url.stderr and not no_url.stdout
@@ -325,6 +400,18 @@ def test_the_server_refuses_to_start_without_a_url_or_a_token():
                                 text=True, timeout=60)
     assert unreadable.returncode == 1 and "/nonexistent/token" in unreadable.stderr
     assert "Traceback" not in unreadable.stderr and not unreadable.stdout
+    for given, said in (
+            ({}, "no credential"),
+            ({"EROS_TOKEN": "t", "EROS_API_KEY": "ek_x"}, "not both"),
+            ({"EROS_TOKEN_FILE": "/nonexistent/token", "EROS_API_KEY_FILE": "/nonexistent/key"}, "not both"),
+            ({"EROS_API_KEY": "ek_x"}, "set EROS_USER"),
+            ({"EROS_API_KEY": "ek_x", "EROS_API_KEY_FILE": "/nonexistent/key", "EROS_USER": "alice"}, "not both"),
+            ({"EROS_API_KEY_FILE": "/nonexistent/key", "EROS_USER": "alice"}, "/nonexistent/key"),
+            ({"EROS_TOKEN": "t", "EROS_USER": "alice"}, "EROS_USER goes with an app's EROS_API_KEY")):
+        refused = subprocess.run([str(BIN / "eros-mcp"), "--url", "http://127.0.0.1:9"], env={**base, **given},
+                                 capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 1 and said in refused.stderr, (given, refused.stderr)
+        assert "Traceback" not in refused.stderr and not refused.stdout
     scheme = subprocess.run([str(BIN / "eros"), "mcp", "--url", "127.0.0.1:3000"], env=base, capture_output=True,
                             text=True, timeout=60)
     assert scheme.returncode == 2 and "http://" in scheme.stderr and not scheme.stdout

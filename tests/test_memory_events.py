@@ -231,6 +231,40 @@ def test_the_local_stacks_sweep_publishes_them_and_eros_events_shows_each_once(d
     assert [json.loads(line)["seq"] for line in capsys.readouterr().out.splitlines()] == [1, 2, 3, 4]
 
 
+def test_eros_events_filters_by_app_and_names_a_user_of_another_app(tmp_path, env, capsys):
+    """Events name the app and the user as their app knows them: `--app` is one app's, `--user` a user of `--app`
+    (of the first app without it), and a line names the app of a user who is not the first app's."""
+    from eros_dev import cli
+
+    def logged(seq: int, app: str | None, user: str) -> dict:
+        event = {"schema": "eros.memory.v1", "id": str(seq), "type": "memory.created", "user_id": user, "seq": seq,
+                 "occurred_at": "2026-12-04T10:00:00+00:00", "memory_id": f"m{seq}", "session_id": None,
+                 "detail": {"category": "fact"}}
+        return event | ({"app": app} if app else {})  # a line logged before apps has no app: the first app's
+
+    log = tmp_path / "events.jsonl"
+    log.write_text("".join(json.dumps(e) + "\n" for e in (
+        logged(1, "default", "alice"), logged(2, "acme", "alice"), logged(3, "acme", "bob"), logged(4, None, "alice"))))
+    env(EVENTS_LOG=str(log))
+
+    def shown(*flags: str) -> list[str]:
+        capsys.readouterr()
+        assert cli.main(["events", *flags]) == 0
+        return capsys.readouterr().out.splitlines()
+
+    everyone = shown()
+    assert [line.split()[1:3] for line in everyone] == [["alice", "#1"], ["alice@acme", "#2"], ["bob@acme", "#3"],
+                                                        ["alice", "#4"]]
+    assert [line.split()[2] for line in shown("--app", "acme")] == ["#2", "#3"]
+    assert [line.split()[2] for line in shown("--user", "alice")] == ["#1", "#4"]  # the first app's alice
+    assert [line.split()[2] for line in shown("--user", "alice", "--app", "acme")] == ["#2"]
+    assert [line.split()[2] for line in shown("--user", "alice", "--app", "default")] == ["#1", "#4"]
+    assert [json.loads(line)["seq"] for line in shown("--app", "acme", "--user", "bob", "--json")] == [3]
+    assert shown("--app", "globex") == []
+    assert cli.main(["events", "--app", "Not An App"]) == 2
+    assert capsys.readouterr().err.startswith("eros events: --app 'Not An App' is not an app id")
+
+
 @pytest.mark.integration
 def test_the_local_events_route_shows_the_signed_in_user_their_own_events_only(db, local_server, env, tmp_path):
     env(EVENTS_LOG=str(tmp_path / "events.jsonl"))  # this test's alone (the run's file has other tests' alice)

@@ -23,6 +23,41 @@ class BadInput(CliError):
     exit_code = 2
 
 
+def _app_id(app: str | None) -> str:
+    """``--app`` checked as an app id (eros.apps.APP_ID); none given: the first app, ``default``. Reads no database:
+    the commands that only make a local token (the API then refuses an app it does not serve) or read the events
+    log."""
+    from eros.apps import APP_ID, DEFAULT
+
+    if app is None:
+        return DEFAULT
+    if not APP_ID.fullmatch(app):
+        raise BadInput(f"--app {app!r} is not an app id: 2 to 40 of a-z 0-9 -, starting with a letter")
+    return app
+
+
+def _served_app(app: str | None) -> str:
+    """``--app`` as ``_app_id`` checks it, and an app this database serves (not one being deleted): for the
+    commands that read or write users' rows (call it after ``_database()``)."""
+    from eros.store import apps as app_store
+
+    app = _app_id(app)
+    if app_store.find(app) is None:
+        raise CliError(f"there is no app {app!r} (`eros apps list` lists them)")
+    return app
+
+
+def _user_key(app: str, user: str, option: str = "USER") -> str:
+    """The engine's key of the subject ``user`` in ``app`` (eros.apps.user_key), refusing a subject no token could
+    carry (it would name another app's user)."""
+    from eros.apps import unusable_subject, user_key
+
+    problem = unusable_subject(user)
+    if problem:
+        raise BadInput(f"{option} {user!r} {problem}")
+    return user_key(app, user)
+
+
 def _database() -> tuple[str, str, bool]:
     """(the database URL, what to call it, whether this call started it): DATABASE_URL if set, else the
     embedded Postgres in .data/pg, started on demand. The URL is then put in the environment, where the
@@ -96,14 +131,12 @@ def cmd_migrate(args) -> int:
 
 
 def cmd_token(args) -> int:
-    from eros.apps import APP_ID
     from eros.config import settings
 
     from .tokens import issue_token, local_jwt_key
 
-    if args.app is not None and not APP_ID.fullmatch(args.app):
-        print(f"--app {args.app!r} is not an app id: 2 to 40 of a-z 0-9 -, starting with a letter", file=sys.stderr)
-        return 2
+    if args.app is not None:
+        _app_id(args.app)
     print(issue_token(args.user, settings(), local_jwt_key(), ttl_secs=args.ttl, operator=args.operator,
                       app=args.app))
     return 0
@@ -251,8 +284,11 @@ def cmd_events(args) -> int:
     waits for more."""
     import json
 
+    from eros.apps import DEFAULT
+
     from . import events_log, logged_events
 
+    app = _app_id(args.app) if args.app or args.user else None  # a user is one of an app's (default: the first)
     path, offset = events_log(), 0
     shown: set[str] = set()
     if not path.exists() and not args.follow:
@@ -261,7 +297,7 @@ def cmd_events(args) -> int:
     while True:
         events, offset = logged_events(path, offset, shown)
         for event in events:
-            if not args.user or event["user_id"] == args.user:
+            if (app is None or event.get("app", DEFAULT) == app) and (not args.user or event["user_id"] == args.user):
                 print(json.dumps(event, ensure_ascii=False) if args.json else _event_line(event), flush=True)
         if not args.follow:
             return 0
@@ -271,8 +307,9 @@ def cmd_events(args) -> int:
 def _event_line(event: dict) -> str:
     about = event.get("memory_id") or event.get("session_id") or ""
     detail = " ".join(f"{k}={v}" for k, v in event["detail"].items())
-    return (f"{event['occurred_at'][11:19]} {event['user_id']} #{event['seq']} {event['type']} {about} {detail}"
-            .rstrip())
+    app = event.get("app", "default")
+    who = event["user_id"] if app == "default" else f"{event['user_id']}@{app}"  # a user of another app
+    return f"{event['occurred_at'][11:19]} {who} #{event['seq']} {event['type']} {about} {detail}".rstrip()
 
 
 def cmd_invoke(args) -> int:
@@ -300,9 +337,11 @@ def cmd_invoke(args) -> int:
         what, sample = _TAKES[args.function]
         raise BadInput(f"{path} is " + (f"{kind[1]}, not {what}" if kind and kind[0] != args.function else
                                         f"not {what}") + f": {problem} (events/{sample} is one)")
+    if args.function != "chat-stream" and (args.app or args.as_user):
+        raise BadInput("--as USER and --app are for chat-stream (a turn sent as a user)")
     _database()
     if args.function == "chat-stream":
-        return _invoke_streaming(event, getattr(args, "as_user", None))
+        return _invoke_streaming(event, args.as_user, _served_app(args.app) if args.app else None)
     with _answer_only():
         if args.function == "sweeper":  # its fan-out goes to local extract containers; the answer lists each job
             answer = sweep_locally(event=event)
@@ -312,11 +351,11 @@ def cmd_invoke(args) -> int:
     return 0
 
 
-def _invoke_streaming(event: dict, user: str | None) -> int:
+def _invoke_streaming(event: dict, user: str | None, app: str | None = None) -> int:
     """The stream function's handler (functions/chat/stream.py) on a function URL's event: its status and headers as
     one JSON line, then each chunk of its body as it comes (the turn's Server-Sent Events). The token is checked as
     the local stack's dev server checks it (its claims put where the server puts them); ``user``: a fresh local
-    token of that user replaces the event's."""
+    token of that user (of ``app``) replaces the event's."""
     import json
 
     from eros.config import settings
@@ -326,9 +365,12 @@ def _invoke_streaming(event: dict, user: str | None) -> int:
 
     config, out = settings(), sys.stdout
     headers = event["headers"] = dict(event.get("headers") or {})
+    if app and not user:
+        raise BadInput("--app names the app of the --as USER: give --as too")
     if user:
         headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
-        event["headers"] = headers | {"authorization": f"Bearer {issue_token(user, config, local_jwt_key())}"}
+        token = issue_token(user, config, local_jwt_key(), app=app)
+        event["headers"] = headers | {"authorization": f"Bearer {token}"}
     if "jwt_issuer" not in config.model_fields_set:  # the local stack: the dev server verifies, the function trusts
         authorization = next((v for k, v in event["headers"].items() if k.lower() == "authorization"), None)
         claims = verify_token(authorization, config, local_jwt_key())
@@ -496,15 +538,17 @@ def cmd_forget(args) -> int:
     """What ``DELETE /v1/me`` does, for an operator: erase every row of USER and their export files, once the
     person has seen what that is and typed the user id again (``--yes``: a script's choice, no question)."""
     from eros.account import erase, stored
-    from eros.apps import user_key
+    from eros.apps import DEFAULT
 
     _database()
-    key = user_key(args.app, args.user)
+    app = _served_app(args.app)
+    key = _user_key(app, args.user)
+    who = args.user if app == DEFAULT else f"{args.user} of app {app}"  # another app's user: said, as erased
     found = stored(key)
     if not any(found.values()):  # nothing to erase: say so rather than report zeros as an erasure
-        print(f"nothing was stored about {args.user}")
+        print(f"nothing was stored about {who}")
         return 0
-    print(f"stored about {args.user}: {_counted(found)}")
+    print(f"stored about {who}: {_counted(found)}")
     if not args.yes:
         if not sys.stdin.isatty():
             raise BadInput("an erasure cannot be undone: run it at a terminal to confirm it, or pass --yes")
@@ -514,7 +558,7 @@ def cmd_forget(args) -> int:
             typed = ""
         if typed.strip() != args.user:
             raise CliError(f"nothing was erased: the answer was not {args.user!r}")
-    print(f"erased {args.user}: {_counted(erase(key))}")
+    print(f"erased {who}: {_counted(erase(key))}")
     return 0
 
 
@@ -535,7 +579,9 @@ def cmd_backfill_episodes(args) -> int:
     from eros.dreaming.episodes import backfill
 
     _database()
-    done = backfill(settings(), args.user, args.limit)
+    app = _served_app(args.app) if args.app or args.user else None  # neither: every app's sessions
+    done = backfill(settings(), _user_key(app, args.user, "--user") if app and args.user else None, args.limit,
+                    app=app)
     print(f"episodes written: {done.written}; no episode in the answer: {done.no_episode}; refused: {done.refused};"
           f" over budget (skipped this run): {done.deferred}; transcript cut by retention (skipped):"
           f" {done.retention_skipped}; provider failures (taken again next run): {done.failed};"
@@ -549,11 +595,14 @@ def cmd_import(args) -> int:
     from eros.importing import describe, import_conversations
 
     _database()
+    app = _served_app(args.app)
+    if args.user:
+        _user_key(app, args.user, "--user")
     with _quiet():  # a log line per conversation would bury the progress line; the summary says what happened
-        return _import(args, import_conversations, describe)
+        return _import(args, app, import_conversations, describe)
 
 
-def _import(args, import_conversations, describe) -> int:
+def _import(args, app: str, import_conversations, describe) -> int:
     import json
 
     try:
@@ -576,7 +625,7 @@ def _import(args, import_conversations, describe) -> int:
 
     started = time.monotonic()
     with stream:
-        done = import_conversations(stream, user=args.user, progress=progress)
+        done = import_conversations(stream, user=args.user, app=app, progress=progress)
     if tty:
         print(file=sys.stderr)
     report = describe(done) | {"seconds": round(time.monotonic() - started, 1)}
@@ -603,6 +652,7 @@ def cmd_personas(args) -> int:
     from eros.store import personas as persona_store
 
     url, _, _ = _database()
+    args.app = _served_app(args.app)
     with db.connect(url) as conn:
         if args.action == "set":
             if not args.id or not args.name or not args.prompt_file:
@@ -801,8 +851,7 @@ def cmd_keys(args) -> int:
     from eros.store import apps as app_store
 
     _database()
-    if app_store.find(args.app) is None:
-        raise CliError(f"there is no app {args.app!r} (`eros apps list` lists them)")
+    args.app = _served_app(args.app)
     if args.action in ("create", "list") and args.key_id:
         raise BadInput(f"{args.action} takes no KEY_ID")
     if args.action == "list":
@@ -864,10 +913,9 @@ def cmd_usage(args) -> int:
         first, last = usage.days_of(args.first, args.last)
     except usage.BadRange as exc:
         raise CliError(f"--{exc.field}: {exc.problem}") from None
-    from eros import apps
-
-    report = (usage.report(apps.user_key(args.app, args.user), first, last) if args.user
-              else usage.by_user(args.app, first, last))
+    app = _served_app(args.app)
+    report = (usage.report(_user_key(app, args.user, "--user"), first, last) if args.user
+              else usage.by_user(app, first, last))
     if args.json:
         print(json.dumps(report, default=str, indent=2))
     else:
@@ -937,13 +985,15 @@ def cmd_chat(args) -> int:
     for option, given in (("--url", url), ("--stream-url", args.stream_url)):
         if given and not given.lower().startswith(("http://", "https://")):
             raise BadInput(f"{option} {given!r} needs its scheme: http:// or https:// (e.g. {option} http://{given})")
-    token = args.token or issue_token(args.user, settings(), local_jwt_key())
+    app = _local_app(args)
+    token = args.token or issue_token(args.user, settings(), local_jwt_key(), app=app)
     client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
     try:
         answer = client.get("/v1/personas")
     except httpx.HTTPError as exc:
         raise CliError(f"cannot reach the local stack at {url} ({type(exc).__name__}): start it with `make run`, "
                        f"or point at the one running (--url, or the PORT it runs on)") from None
+    _refused_token(answer, url)
     try:
         personas = answer.raise_for_status().json()["personas"]
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
@@ -961,6 +1011,28 @@ def cmd_chat(args) -> int:
             if line.strip():
                 _chat_turn(eros, session["id"], persona, line.strip(), args.stream)
     return 0
+
+
+def _local_app(args) -> str | None:
+    """The app of the local token ``eros chat`` and ``eros mcp`` make (``--app``; None: the first app's token, with
+    no app claim). A ``--token`` names its own app."""
+    if args.app is None:
+        return None
+    if getattr(args, "token", None):
+        raise BadInput("--app names the app of the local token made for USER: a --token names its own app")
+    return _app_id(args.app)
+
+
+def _refused_token(answer, url: str) -> None:
+    """A 401 from the API: the token was refused (an app it does not serve, another stack's signing key, an expired
+    --token), in the API's own words."""
+    if answer.status_code != 401:
+        return
+    try:
+        why = answer.json().get("message") or "Unauthorized"
+    except (ValueError, AttributeError):
+        why = "Unauthorized"
+    raise CliError(f"{url} refused the token: {why}")
 
 
 def cmd_mcp(args) -> int:
@@ -982,16 +1054,19 @@ def cmd_mcp(args) -> int:
     url = (args.url or f"http://127.0.0.1:{cfg.port}").rstrip("/")
     if not url.lower().startswith(("http://", "https://")):
         raise BadInput(f"--url {url!r} needs its scheme: http:// or https:// (e.g. --url http://{url})")
-    key = local_jwt_key()
-    try:
-        httpx.get(f"{url}/v1/health", timeout=3)
+    key, app = local_jwt_key(), _local_app(args)
+    whose = args.user if app is None else f"{args.user} (of app {app})"
+    try:  # the token is tried once: an app the stack does not serve is said now, not by every tool
+        answer = httpx.get(f"{url}/v1/personas", timeout=3,
+                           headers={"Authorization": f"Bearer {issue_token(args.user, cfg, key, 60, app=app)}"})
     except httpx.HTTPError as exc:  # not fatal: the assistant may start before `make run`
         print(f"eros mcp: nothing answers at {url} ({type(exc).__name__}): start the local stack with `make run`;"
               " until then every tool answers api_unreachable", file=sys.stderr, flush=True)
     else:  # the assistant's log of the server (its stderr) says whose memories, from where
-        print(f"eros mcp: {args.user}'s memories at {url}, as MCP tools over stdio", file=sys.stderr, flush=True)
+        _refused_token(answer, url)
+        print(f"eros mcp: {whose}'s memories at {url}, as MCP tools over stdio", file=sys.stderr, flush=True)
     # A token made for each call, short-lived: an assistant that runs for days never holds an expired one.
-    serve(url, lambda: issue_token(args.user, cfg, key, ttl_secs=300))
+    serve(url, lambda: issue_token(args.user, cfg, key, ttl_secs=300, app=app))
     return 0
 
 
@@ -1058,12 +1133,16 @@ def main(argv: list[str] | None = None) -> int:
                                         " URL)")
     p.add_argument("--no-stream", dest="stream", action="store_false",
                    help="ask for each reply whole (the JSON route) instead of word by word")
+    p.add_argument("--app", help="USER is a user of APP (the local token's app claim); default: the first app,"
+                                 " default")
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("mcp", help="serve USER's memories as MCP tools over stdio (search, list, add, edit, forget,"
                                    " history, context) for an assistant, against the running local stack")
     p.add_argument("user", nargs="?", default="local-user")
     p.add_argument("--url", help="the local stack's address; default http://127.0.0.1:PORT (3000)")
+    p.add_argument("--app", help="USER is a user of APP (the local token's app claim); default: the first app,"
+                                 " default")
     p.set_defaults(func=cmd_mcp)
 
     p = sub.add_parser("forget", help="erase everything stored about USER (what DELETE /v1/me does), after showing"
@@ -1076,7 +1155,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("backfill-episodes", help="write episodes for sessions extracted before episodes existed"
                                                  " (one LLM call and one embedding per session, within each user's"
                                                  " budget); run again until it writes none")
-    p.add_argument("--user", help="one user's sessions; default: everyone's, oldest first")
+    p.add_argument("--user", help="one user's sessions (a user of --app); default: everyone's, oldest first")
+    p.add_argument("--app", help="the app's users only; default: every app's (with --user: the first app's,"
+                                 " default)")
     p.add_argument("--limit", type=int, default=100, help="sessions in this run (default 100)")
     p.set_defaults(func=cmd_backfill_episodes)
 
@@ -1084,6 +1165,8 @@ def main(argv: list[str] | None = None) -> int:
                                       " persona_id, messages with role, content, created_at); safe to run again")
     p.add_argument("file")
     p.add_argument("--user", help="every conversation is this user's (lines may then leave user_id out)")
+    p.add_argument("--app", help="the lines' user_id (and --user) are users of APP; default: the first app,"
+                                 " default")
     p.add_argument("--json", action="store_true", help="the report as JSON")
     p.set_defaults(func=cmd_import)
 
@@ -1129,7 +1212,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("events", help="the memory events the local stack's sweeps published (docs/EVENTS.md)")
     p.add_argument("--follow", "-f", action="store_true", help="wait for more, as tail -f does")
-    p.add_argument("--user", help="only this user's events")
+    p.add_argument("--user", help="only this user's events (a user of --app: default, the first app, default)")
+    p.add_argument("--app", help="only this app's events; default: every app's (with --user: the first app's)")
     p.add_argument("--json", action="store_true", help="each event as its JSON document, a line each")
     p.set_defaults(func=cmd_events)
     p = sub.add_parser("stop", help="stop the running local stack and its embedded Postgres (`make stop`)")
@@ -1142,6 +1226,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("event", help="a JSON event file (events/ has one for each function)")
     p.add_argument("--as", dest="as_user", metavar="USER",
                    help="chat-stream: send the turn as USER (a fresh local token in the event's authorization)")
+    p.add_argument("--app", help="chat-stream: --as USER is a user of APP (the token's app claim); default: the"
+                                 " first app, default")
     p.set_defaults(func=cmd_invoke)
 
     p = sub.add_parser("calibrate", help="derive the similarity thresholds for the embedding model from this"

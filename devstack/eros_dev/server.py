@@ -27,6 +27,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
 from eros import json_body
+from eros.apps import APP_ID, DEFAULT
 from eros.config import Settings, settings
 
 from . import ROOT
@@ -52,6 +53,21 @@ def _bad_local_user(user: object) -> str | None:
     if len(user) > 128 or user != user.strip() or any(not c.isprintable() for c in user):
         return "at most 128 printable characters, no leading or trailing spaces"
     return None
+
+
+def _bad_local_app(app: object) -> str | None:
+    """Why ``app`` cannot be a local token's app (not an app id, or no app this stack serves), or None."""
+    if app is None or app == DEFAULT:
+        return None
+    if not isinstance(app, str) or not APP_ID.fullmatch(app):
+        return "an app id is 2 to 40 of a-z 0-9 -, starting with a letter (none, or \"\": the first app, default)"
+    from eros import db
+    from eros.credentials import database_dsn
+    from eros.store import apps as app_store
+
+    with db.connect(database_dsn(settings()), vector=False) as conn:  # a connection of its own: a request thread's
+        served = app_store.find(app, conn) is not None
+    return None if served else f"there is no app {app!r} on this stack (`eros apps create` makes one)"
 
 
 EVENTS_SHOWN = 200  # the console's events panel: the user's newest this many
@@ -278,7 +294,8 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
         return problem is not None
 
     def _local_token(self, body: bytes) -> None:
-        """``POST /local/token {"user"}``: a local token for any user (what the console signs in with)."""
+        """``POST /local/token {"user", "app"?}``: a local token for any user of any app this stack serves (what the
+        console signs in with); no app, or "": the first app's user (a token without the app claim)."""
         if self._unreadable(body):
             return
         options = json.loads(body or b"null")
@@ -286,9 +303,14 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
         problem = _bad_local_user(user)
         if problem or not isinstance(user, str):
             return self._json(422, {"statusCode": 422, "code": "invalid_request", "message": f"user: {problem}"})
+        app = options.get("app")
+        app = None if app == "" else app  # the console's empty field: the first app
+        problem = _bad_local_app(app)
+        if problem:
+            return self._json(422, {"statusCode": 422, "code": "invalid_request", "message": f"app: {problem}"})
         ttl = 86400
-        self._json(200, {"user": user, "token": issue_token(user, self.server.settings, self.server.key, ttl),
-                         "expires_in": ttl})
+        token = issue_token(user, self.server.settings, self.server.key, ttl, app=app)
+        self._json(200, {"user": user, "app": app or DEFAULT, "token": token, "expires_in": ttl})
 
     def _local_sweep(self, body: bytes) -> None:
         """``POST /local/sweep {"idle_now"?}``: one dreaming sweep now, answered when its jobs are done."""

@@ -3,7 +3,9 @@ MCP Python SDK (``pip install 'eros-client[mcp]'``).
 
 The server holds no memory and no secret of its own: every tool is one API call made with the user's bearer
 token, so the same server works against the local stack (``eros mcp USER``) and a deployed API (``eros-mcp`` with
-``EROS_URL`` and ``EROS_TOKEN``), and a token only ever reaches its own user's memories. Answers are the API's own
+``EROS_URL`` and ``EROS_TOKEN``), and a token only ever reaches its own user's memories. An app's server may run it
+with one of the app's API keys instead (``EROS_API_KEY`` and ``EROS_USER``): it then acts for that user of the key's
+app, through the API's ``/server`` routes. Answers are the API's own
 JSON (``structuredContent``, and the same JSON as text). A failure is a tool error (``isError``) whose JSON is
 ``{"code", "message", ...}``: the API's stable ``code`` when the API refused the call; ``invalid_request`` (the
 API's code for the same) when the arguments do not fit the tool's input schema; ``api_unreachable`` when the API
@@ -19,7 +21,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 from uuid import UUID
@@ -38,7 +40,7 @@ Layer = Literal["profile", "relationship"]
 MemoryId = Annotated[UUID, Field(description="a memory's id (from search_memories or list_memories)")]
 Text = Annotated[str, Field(min_length=1, max_length=4000)]
 
-INSTRUCTIONS = """Long-term memory of one user (whose token this server holds), as the eros memory engine keeps it.
+INSTRUCTIONS = """Long-term memory of one user (the user this server acts for), as the eros memory engine keeps it.
 Two layers: 'profile' (facts, preferences, events, emotions, relations about the user, across every companion) and
 'relationship' (what was said to one persona, and episodes of each session). Search before you answer from memory;
 add what the user states about themselves; edit a memory the user corrects (the old version stays in its history);
@@ -267,6 +269,17 @@ def _session_tools(server: MemoryServer, api: AsyncClient) -> None:
         return await api.get_context(session_id, message)
 
 
+def _file_reader(variable: str, path: str) -> Callable[[], str]:
+    def read() -> str:
+        with open(path, encoding="utf-8") as file:
+            return file.read().strip()
+    try:
+        read()
+    except OSError as exc:
+        raise SystemExit(f"eros-mcp: {variable} {path!r} cannot be read ({exc.strerror})") from None
+    return read
+
+
 def _token_from_env(environ: os._Environ[str] | dict[str, str]) -> Token:
     token, path = environ.get("EROS_TOKEN", "").strip(), environ.get("EROS_TOKEN_FILE", "").strip()
     if token and path:
@@ -274,33 +287,59 @@ def _token_from_env(environ: os._Environ[str] | dict[str, str]) -> Token:
     if token:
         return token
     if path:
-        def read() -> str:  # read on every call: a token refreshed in the file is used at once
-            with open(path, encoding="utf-8") as file:
-                return file.read().strip()
-        try:
-            read()
-        except OSError as exc:
-            raise SystemExit(f"eros-mcp: EROS_TOKEN_FILE {path!r} cannot be read ({exc.strerror})") from None
-        return read
+        return _file_reader("EROS_TOKEN_FILE", path)  # read on every call: a token refreshed in the file is used
     raise SystemExit("eros-mcp: no token: set EROS_TOKEN (the user's bearer token) or EROS_TOKEN_FILE")
 
 
-def serve(base_url: str, token: Token, *, timeout: float = 30.0) -> None:
-    """Serve the tools over stdio until the client closes stdin. A retryable refusal is tried again only when the
-    API asks for a short wait (at most 10 s): an agent waiting on a tool is better told ``retry_after``."""
-    build_server(AsyncClient(base_url, token, timeout=timeout, max_wait=10.0), base_url).run("stdio")
+def credentials_from_env(environ: os._Environ[str] | dict[str, str]) -> dict[str, Any]:
+    """The ``AsyncClient`` credentials the environment names: a user's token (``EROS_TOKEN`` or ``EROS_TOKEN_FILE``,
+    read on each call), or an app's API key (``EROS_API_KEY`` or ``EROS_API_KEY_FILE``, read once) with the user it
+    acts for (``EROS_USER``, the app's id for the user). Exactly one of the two; anything else is refused."""
+    def given(name: str) -> str:
+        return environ.get(name, "").strip()
+
+    tokened = bool(given("EROS_TOKEN") or given("EROS_TOKEN_FILE"))
+    key, key_path, user = given("EROS_API_KEY"), given("EROS_API_KEY_FILE"), given("EROS_USER")
+    if tokened and (key or key_path):
+        raise SystemExit("eros-mcp: set a user's token (EROS_TOKEN or EROS_TOKEN_FILE) or an app's API key "
+                         "(EROS_API_KEY or EROS_API_KEY_FILE, with EROS_USER), not both")
+    if not key and not key_path:
+        if not tokened:
+            raise SystemExit("eros-mcp: no credential: set EROS_TOKEN (the user's bearer token) or EROS_TOKEN_FILE,"
+                             " or an app's EROS_API_KEY (or EROS_API_KEY_FILE) with EROS_USER")
+        if user:
+            raise SystemExit("eros-mcp: EROS_USER goes with an app's EROS_API_KEY: a token names its own user "
+                             "(unset EROS_USER)")
+        return {"token": _token_from_env(environ)}
+    if key and key_path:
+        raise SystemExit("eros-mcp: set EROS_API_KEY or EROS_API_KEY_FILE, not both")
+    if not user:
+        raise SystemExit("eros-mcp: an app's API key acts for a user of the app: set EROS_USER (the app's id for "
+                         "the user, its tokens' subject)")
+    return {"api_key": key or _file_reader("EROS_API_KEY_FILE", key_path)(), "user": user}
+
+
+def serve(base_url: str, token: Token | None = None, *, api_key: str | None = None, user: str | None = None,
+          timeout: float = 30.0) -> None:
+    """Serve the tools over stdio until the client closes stdin, with the user's ``token``, or an app's
+    ``api_key`` acting for ``user``. A retryable refusal is tried again only when the API asks for a short wait (at
+    most 10 s): an agent waiting on a tool is better told ``retry_after``."""
+    api = AsyncClient(base_url, token, api_key=api_key, user=user, timeout=timeout, max_wait=10.0)
+    build_server(api, base_url).run("stdio")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="eros-mcp", description="The eros memory API as MCP tools over stdio, for one user: the token's. "
-                                     "EROS_TOKEN (or EROS_TOKEN_FILE, read on each call) is that user's token.")
+                                     "EROS_TOKEN (or EROS_TOKEN_FILE, read on each call) is that user's token; "
+                                     "or, for an app's server, EROS_API_KEY (or EROS_API_KEY_FILE) is one of the "
+                                     "app's API keys and EROS_USER the user of the app it acts for.")
     parser.add_argument("--url", default=os.environ.get("EROS_URL", ""),
                         help="the API's base URL (EROS_URL): a stack's ApiUrl, or http://127.0.0.1:3000")
     args = parser.parse_args(argv)
     if not args.url.lower().startswith(("http://", "https://")):
         parser.error(f"--url (or EROS_URL) must be the API's http:// or https:// address (got {args.url!r})")
-    serve(args.url.rstrip("/"), _token_from_env(os.environ))
+    serve(args.url.rstrip("/"), **credentials_from_env(os.environ))
     return 0
 
 

@@ -26,7 +26,7 @@ from uuid import UUID
 
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, ValidationError
 
-from . import ingest
+from . import apps, ingest
 from .config import settings
 from .errors import ClientError
 from .json_body import storable
@@ -76,7 +76,9 @@ def _problem(error: ValidationError) -> str:
     return f"{where}: {first.get('msg', 'invalid')}{more}"
 
 
-def _conversation(line: str, user: str | None) -> tuple[Conversation, str]:
+def _conversation(line: str, user: str | None, app: str = apps.DEFAULT) -> tuple[Conversation, str]:
+    """The line's conversation, and the engine's key of its user: ``user`` (or the line's user_id), a subject of
+    ``app``."""
     try:
         data = json.loads(line)
     except ValueError as exc:
@@ -92,13 +94,17 @@ def _conversation(line: str, user: str | None) -> tuple[Conversation, str]:
         raise LineRefused("no user_id (name one on the line, or give --user)")
     if user and conversation.user_id and conversation.user_id != user:
         raise LineRefused(f"user_id {conversation.user_id!r} is not {user!r}, the user this import is for")
-    return conversation, owner
+    problem = apps.unusable_subject(owner)  # such a subject would name another app's user
+    if problem:
+        raise LineRefused(f"user_id {problem}")
+    return conversation, apps.user_key(app, owner)
 
 
-def import_conversations(lines: Iterable[bytes], *, user: str | None = None,
+def import_conversations(lines: Iterable[bytes], *, user: str | None = None, app: str = apps.DEFAULT,
                          progress: Callable[[Imported], None] = lambda done: None) -> Imported:
     """Import each line of ``lines`` (the module's docstring says how); ``user``: every conversation is this
-    user's (a line naming another is refused). ``progress`` is called after each line."""
+    user's (a line naming another is refused); the lines' user_id and ``user`` are subjects of ``app`` (eros.apps).
+    ``progress`` is called after each line."""
     done = Imported()
     limit = settings().max_content_chars
     for number, raw in enumerate(lines, start=1):
@@ -107,7 +113,7 @@ def import_conversations(lines: Iterable[bytes], *, user: str | None = None,
         if not text:
             continue
         try:
-            _import_line(text, user, limit, done)
+            _import_line(text, user, app, limit, done)
         except LineRefused as refused:
             done.refused.append((number, str(refused)))
         progress(done)
@@ -116,8 +122,8 @@ def import_conversations(lines: Iterable[bytes], *, user: str | None = None,
     return done
 
 
-def _import_line(text: str, user: str | None, limit: int, done: Imported) -> None:
-    conversation, owner = _conversation(text, user)
+def _import_line(text: str, user: str | None, app: str, limit: int, done: Imported) -> None:
+    conversation, owner = _conversation(text, user, app)
     made = import_conversation(owner, conversation, limit=limit, limited=False)
     done.conversations += 1
     done.sessions_created += int(made.created)

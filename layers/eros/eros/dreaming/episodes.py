@@ -51,11 +51,13 @@ class Backfilled:
 
 
 def backfill(cfg: Settings, user_id: str | None = None, limit: int = 100, now: datetime | None = None,
-             time_budget_secs: float = 60.0) -> Backfilled:
-    """Write the episodes of up to ``limit`` extracted sessions that have none (of ``user_id``, or everyone's)."""
-    done = Backfilled(retention_skipped=len(dreaming_store.sessions_without_episode(user_id, limit, whole=False)))
+             time_budget_secs: float = 60.0, *, app: str | None = None) -> Backfilled:
+    """Write the episodes of up to ``limit`` extracted sessions that have none (of ``user_id``, or everyone's:
+    of ``app`` when one is named)."""
+    done = Backfilled(retention_skipped=len(dreaming_store.sessions_without_episode(user_id, limit, whole=False,
+                                                                                    app=app)))
     base = cfg
-    for session in dreaming_store.sessions_without_episode(user_id, limit):
+    for session in dreaming_store.sessions_without_episode(user_id, limit, app=app):
         user = session["user_id"]
         cfg = apps.settings_for(user, base)  # the user's app's budget and extraction model
         if user in done.deferred_users or usage_store.held_until(user, now or clock.now(), cfg.daily_token_budget):

@@ -235,6 +235,7 @@ _WITHOUT_EPISODE = """
 SELECT s.id, s.user_id, s.instance_id, s.extraction_watermark FROM engine.chat_sessions s
 WHERE s.extraction_watermark IS NOT NULL AND s.extraction_claimed_at IS NULL
   AND (%(user)s::text IS NULL OR s.user_id = %(user)s)
+  AND (%(app)s::text IS NULL OR engine.app_of(s.user_id) = %(app)s)
   AND NOT EXISTS (SELECT 1 FROM engine.companion_memories e
                   WHERE e.session_id = s.id AND e.user_id = s.user_id AND e.source = 'episode')
   AND (EXISTS (SELECT 1 FROM engine.chat_messages m
@@ -249,10 +250,12 @@ LIMIT %(limit)s
 """
 
 
-def sessions_without_episode(user_id: str | None, limit: int, whole: bool = True) -> list[dict]:
-    """Up to ``limit`` extracted sessions without an episode (of one user, or everyone's), oldest first: those
-    with their transcript whole, or (``whole`` False) those retention cut."""
-    return connection().execute(_WITHOUT_EPISODE, {"user": user_id, "limit": limit, "whole": whole}).fetchall()
+def sessions_without_episode(user_id: str | None, limit: int, whole: bool = True, *,
+                             app: str | None = None) -> list[dict]:
+    """Up to ``limit`` extracted sessions without an episode (of one user, or everyone's: of ``app`` when one is
+    named), oldest first: those with their transcript whole, or (``whole`` False) those retention cut."""
+    return connection().execute(_WITHOUT_EPISODE, {"user": user_id, "app": app, "limit": limit,
+                                                   "whole": whole}).fetchall()
 
 
 @retried
