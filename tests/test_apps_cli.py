@@ -4,6 +4,7 @@ nothing. (`eros apps delete` is in tests/test_app_deletion.py.)"""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -155,3 +156,37 @@ def test_a_deleted_apps_keys_are_not_kept(db, capsys):
         1, "", "eros keys: there is no app 'acme' (`eros apps list` lists them)\n")
     code, out, _ = run(capsys, "apps", "list")
     assert code == 0 and re.search(r"^acme .* \(being deleted since \d{4}-\d\d-\d\d \d\d:\d\d\)$", out, re.M)
+
+
+def test_eros_apps_export_writes_the_apps_record_to_a_new_file_or_standard_output(db, capsys, tmp_path):
+    from apiclient import Api
+
+    from eros.store import personas
+
+    assert run(capsys, "apps", "create", "acme", "--name", "Acme")[0] == 0
+    personas.keep_app("acme", "acme-guide", "Guide", "", "You guide acme's users.")
+    api = Api()
+    for app in ("acme", None):
+        assert api.call("POST", "/v1/memories", {"content": f"Stated in {app or 'default'}", "category": "fact"},
+                        app=app)[0] == 201
+    capsys.readouterr()  # the API's own output
+    out = tmp_path / "acme.jsonl"
+    code, printed, err = run(capsys, "apps", "export", "acme", "--out", str(out))
+    assert code == 0 and printed == "" and err.strip() == f"exported app acme: 1 users, {out.stat().st_size:,} bytes" \
+        f" to {out}"
+    header, alice = (json.loads(line) for line in out.read_text().splitlines())
+    assert header["app"] == "acme" and [p["id"] for p in header["personas"]] == ["acme-guide"]
+    assert (alice["app"], alice["user_id"]) == ("acme", "alice")
+    assert [m["content"] for m in alice["memories"]] == ["Stated in acme"]
+    code, printed, _ = run(capsys, "apps", "export", "acme")  # the same record, to standard output
+
+    def timeless(line: str) -> dict:
+        return {k: v for k, v in json.loads(line).items() if k != "exported_at"}
+
+    assert code == 0 and [timeless(line) for line in printed.splitlines()] == \
+        [timeless(line) for line in out.read_text().splitlines()]
+    # Refused: an existing file (never overwritten), an unknown app (no file made), settings given to it.
+    assert run(capsys, "apps", "export", "acme", "--out", str(out))[0] == 2
+    assert run(capsys, "apps", "export", "initech", "--out", str(tmp_path / "x.jsonl"))[0] == 1
+    assert not (tmp_path / "x.jsonl").exists()
+    assert run(capsys, "apps", "export", "acme", "colour=blue")[0] == 2

@@ -694,8 +694,8 @@ def _persona_problem(persona_id: str, name: str, prompt: str) -> str | None:
 
 def cmd_apps(args) -> int:
     """The deployment's apps (tenants, eros.apps), for operators with the migration credentials: list them, create
-    one, change its settings, or delete one whole (its users erased as ``eros forget`` erases one, then its
-    personas, keys and row) once the person has seen what that is and typed the app id again."""
+    one, change its settings, export one's whole record, or delete one whole (its users erased as ``eros forget``
+    erases one, then its personas, keys and row) once the person has seen what that is and typed the app id again."""
     from eros.store import apps as app_store
 
     _database()
@@ -709,20 +709,49 @@ def cmd_apps(args) -> int:
     if args.action == "create":
         return _apps_create(args, app_store)
     if args.action == "set":
-        row = app_store.find(args.id)
-        if row is None:
-            raise CliError(f"there is no app {args.id!r} (`eros apps list` lists them)")
-        if not args.pairs:
-            raise BadInput("set needs at least one KEY=VALUE (KEY=none clears one)")
-        kept = app_store.set_settings(args.id, _app_settings(args.pairs, row["settings"]))
-        if kept is None:
-            raise CliError(f"the app {args.id!r} is being deleted")
-        print(f"{args.id}: settings {_shown_settings(kept['settings'])} (running functions take them within"
-              " 30 s)")
-        return 0
+        return _apps_set(args, app_store)
     if args.pairs:
-        raise BadInput("delete takes no settings")
-    return _apps_delete(args)
+        raise BadInput(f"{args.action} takes no settings")
+    return _apps_export(args) if args.action == "export" else _apps_delete(args)
+
+
+def _apps_set(args, app_store) -> int:
+    row = app_store.find(args.id)
+    if row is None:
+        raise CliError(f"there is no app {args.id!r} (`eros apps list` lists them)")
+    if not args.pairs:
+        raise BadInput("set needs at least one KEY=VALUE (KEY=none clears one)")
+    kept = app_store.set_settings(args.id, _app_settings(args.pairs, row["settings"]))
+    if kept is None:
+        raise CliError(f"the app {args.id!r} is being deleted")
+    print(f"{args.id}: settings {_shown_settings(kept['settings'])} (running functions take them within 30 s)")
+    return 0
+
+
+def _apps_export(args) -> int:
+    """The app's whole record (eros.account.export_app), to --out or standard output; what was written, on stderr."""
+    from eros.account import NoSuchApp, export_app
+    from eros.store import apps as app_store
+
+    if app_store.find(args.id) is None:  # before a file is made for it
+        raise CliError(f"there is no app {args.id!r} (`eros apps list` lists them)")
+    try:
+        if args.out:
+            try:
+                with open(args.out, "xb") as out:
+                    done = export_app(args.id, out)
+            except FileExistsError:
+                raise BadInput(f"--out {args.out} exists: an export never overwrites a file") from None
+            except OSError as exc:
+                raise CliError(f"cannot write {args.out}: {exc.strerror}") from None
+        else:
+            done = export_app(args.id, sys.stdout.buffer)
+            sys.stdout.flush()
+    except NoSuchApp as exc:
+        raise CliError(str(exc)) from None
+    print(f"exported app {args.id}: {done.users} users, {done.bytes:,} bytes"
+          + (f" to {args.out}" if args.out else ""), file=sys.stderr)
+    return 0
 
 
 def _apps_list(app_store) -> int:
@@ -1179,13 +1208,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--app", default="default", help="whose personas (default: the first app, default)")
     p.set_defaults(func=cmd_personas)
 
-    p = sub.add_parser("apps", help="the deployment's apps (tenants): list, create, set (settings) or delete one")
-    p.add_argument("action", nargs="?", choices=["list", "create", "set", "delete"], default="list")
+    p = sub.add_parser("apps", help="the deployment's apps (tenants): list, create, set (settings), export or delete"
+                                    " one")
+    p.add_argument("action", nargs="?", choices=["list", "create", "set", "export", "delete"], default="list")
     p.add_argument("id", nargs="?")
     p.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help="set: the app's settings (KEY=none clears one)")
     p.add_argument("--name", help="create: the app's name")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="create: one of the app's settings (again for more)")
+    p.add_argument("--out", help="export: the file to write (JSON lines: the app, then each of its users' record);"
+                                 " default: standard output")
     p.add_argument("--yes", action="store_true", help="delete without asking (a script; needed without a terminal)")
     p.set_defaults(func=cmd_apps)
 
