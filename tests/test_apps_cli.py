@@ -190,3 +190,22 @@ def test_eros_apps_export_writes_the_apps_record_to_a_new_file_or_standard_outpu
     assert run(capsys, "apps", "export", "initech", "--out", str(tmp_path / "x.jsonl"))[0] == 1
     assert not (tmp_path / "x.jsonl").exists()
     assert run(capsys, "apps", "export", "acme", "colour=blue")[0] == 2
+
+
+def test_a_user_of_another_app_is_shown_as_subject_at_app_in_what_people_read(capsys):
+    """A user key holds U+001F, which a terminal does not show: the sweep's report and the text logs name the user
+    alice@acme (the first app's users as before)."""
+    import logging
+
+    from eros.observability import logger
+
+    key = apps.user_key("acme", "alice")
+    assert apps.shown(key) == "alice@acme" and apps.shown("alice") == "alice"
+    lines = cli.swept({"claimed": 1, "users_claimed": 1, "jobs": [
+        {"kind": "session", "session_id": "s1", "user_id": key, "outcome": "extracted", "memories": 1},
+        {"kind": "deep_pass", "user_id": "bob", "outcome": "done"}]}, 1800, True)
+    assert "  session s1 of alice@acme: extracted (1 memories)" in lines and "  deep pass of bob: done" in lines
+    formatter = logger.registered_formatter
+    record = logging.LogRecord("eros", logging.INFO, __file__, 1, "turn done", None, None)
+    record.user_id = key
+    assert "user=alice@acme" in formatter.text(record)

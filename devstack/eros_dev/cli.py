@@ -257,6 +257,8 @@ def cmd_sweep(args) -> int:
 
 def swept(result: dict, idle_secs: int, now: bool) -> list[str]:
     """A sweep's answer for a person: a line for the sweep, one per job, and a hint when nothing was idle."""
+    from eros.apps import shown
+
     lines = [f"claimed {result['claimed']} session(s) and {result['users_claimed']} user(s) for a deep pass"]
     for job in result["jobs"]:
         if job["kind"] == "session":
@@ -264,10 +266,10 @@ def swept(result: dict, idle_secs: int, now: bool) -> list[str]:
                              + ([f"episode {job['episode']}"] if job.get("episode") else [])
                              + ([f"then {job['followed']} more imported session(s) of the user"]
                                 if job.get("followed") else []))
-            what = f"session {job['session_id']} of {job['user_id']}"
+            what = f"session {job['session_id']} of {shown(job['user_id'])}"
         else:
             done = ", ".join(f"{job[k]} {k}" for k in ("merged", "superseded") if job.get(k))
-            what = f"deep pass of {job['user_id']}"
+            what = f"deep pass of {shown(job['user_id'])}"
         why = job.get("error") or (f"fault: {job['fault']}" if job.get("fault") else "")
         lines.append(f"  {what}: {job['outcome']}" + (f" ({done})" if done else "") + (f" - {why}" if why else ""))
     if result.get("blocked"):
@@ -307,8 +309,9 @@ def cmd_events(args) -> int:
 def _event_line(event: dict) -> str:
     about = event.get("memory_id") or event.get("session_id") or ""
     detail = " ".join(f"{k}={v}" for k, v in event["detail"].items())
-    app = event.get("app", "default")
-    who = event["user_id"] if app == "default" else f"{event['user_id']}@{app}"  # a user of another app
+    from eros.apps import shown, user_key
+
+    who = shown(user_key(event.get("app", "default"), event["user_id"]))  # a user of another app: alice@acme
     return f"{event['occurred_at'][11:19]} {who} #{event['seq']} {event['type']} {about} {detail}".rstrip()
 
 

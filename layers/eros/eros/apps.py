@@ -83,6 +83,12 @@ def split(key: str) -> tuple[str, str]:
     return (app, subject) if sep else (DEFAULT, key)
 
 
+def shown(key: str) -> str:
+    """A user key for people: the subject, and ``@app`` for a user of another app than the first (``alice@acme``)."""
+    app, subject = split(key)
+    return subject if app == DEFAULT else f"{subject}@{app}"
+
+
 def app_of(key: str) -> str:
     return split(key)[0]
 

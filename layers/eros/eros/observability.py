@@ -81,7 +81,11 @@ class ThreadKeysFormatter(LambdaPowertoolsFormatter):
         the record's keys that say something (not the invocation's context; no empty or zero value), each
         value cut at 120 characters; an exception's type and message after them (its traceback with
         EROS_DEBUG=1)."""
+        from .apps import shown as user_shown  # eros.apps logs through this module: imported when a line is made
+
         keys = self._extract_log_keys(log_record=record)
+        if isinstance(keys.get("user_id"), str):
+            keys["user_id"] = user_shown(keys["user_id"])  # a user of another app: alice@acme
         shown = " ".join(f"{_SHORT.get(k, k)}={_short(v)}" for k, v in keys.items()
                          if k not in _NOT_SHOWN and v not in (None, "", 0, False, [], {}))
         line = f"{time.strftime('%H:%M:%S', time.localtime(record.created))} {record.levelname:<7} " \
