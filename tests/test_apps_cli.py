@@ -77,9 +77,6 @@ def test_eros_apps_create_set_and_list(db, capsys):
     (["create", "acme", "--name", "x", "--set", "history_messages=500"], "history_messages: Input should be less"),
     (["create", "acme", "--name", "x", "--set", "chat_model=two words"], "chat_model: String should match pattern"),
     (["create", "acme", "--name", "x", "--set", "budget"], "'budget' is not KEY=VALUE"),
-    (["set", "default"], "set needs at least one KEY=VALUE"),
-    (["list", "acme"], "list takes no ID or settings"),
-    (["delete"], "delete needs the app's ID"),
 ])
 def test_bad_input_to_eros_apps_is_refused_with_what_is_wrong_and_changes_nothing(db, capsys, argv, problem):
     code, out, err = run(capsys, "apps", *argv)
@@ -135,8 +132,6 @@ def test_eros_keys_create_list_rotate_revoke(db, capsys):
 @pytest.mark.parametrize("argv, code, problem", [
     (["create", "--app", "nope"], 1, "there is no app 'nope' (`eros apps list` lists them)"),
     (["revoke", "not-a-uuid", "--app", "acme"], 2, "'not-a-uuid' is not a key id (`eros keys list --app acme`)"),
-    (["rotate", "--app", "acme"], 2, "rotate needs the KEY_ID (`eros keys list --app acme`)"),
-    (["list", "123", "--app", "acme"], 2, "list takes no KEY_ID"),
     (["create", "--app", "acme", "--name", " "], 2, "--name must be 1 to 100 characters"),
     (["revoke", "00000000-0000-0000-0000-000000000000", "--app", "acme"], 1,
      "00000000-0000-0000-0000-000000000000 is not a live key of the app 'acme'"),
@@ -145,6 +140,37 @@ def test_bad_input_to_eros_keys_is_refused_and_makes_no_key(db, capsys, argv, co
     assert run(capsys, "apps", "create", "acme", "--name", "Acme")[0] == 0
     assert run(capsys, "keys", *argv) == (code, "", f"eros keys: {problem}\n")
     assert app_store.keys("acme") == []
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["apps", "set", "default"], "the following arguments are required: KEY=VALUE"),
+    (["apps", "list", "acme"], "unrecognized arguments: acme"),
+    (["apps", "delete"], "the following arguments are required: id"),
+    (["apps", "rename", "acme"], "invalid choice: 'rename'"),
+    (["keys", "rotate", "--app", "acme"], "the following arguments are required: key_id"),
+    (["keys", "list", "123", "--app", "acme"], "unrecognized arguments: 123"),
+    (["keys", "list"], "the following arguments are required: --app"),
+])
+def test_a_command_line_missing_an_id_or_with_one_too_many_is_refused_with_its_usage(db, capsys, argv, problem):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2 and problem in capsys.readouterr().err
+    assert [a["id"] for a in app_store.every()] == ["default"] and app_store.keys("default") == []
+
+
+def test_options_may_come_before_or_after_the_ids(db, capsys):
+    """`eros keys rotate --app acme KEY_ID` and `eros apps create --name Acme acme`, as people type them."""
+    assert run(capsys, "apps", "create", "--name", "Acme", "acme")[0] == 0
+    assert run(capsys, "apps", "set", "acme", "turns_per_minute=3")[0] == 0
+    assert run(capsys, "keys", "create", "--name", "backend", "--app", "acme")[0] == 0
+    [key] = app_store.keys("acme")
+    code, out, err = run(capsys, "keys", "rotate", "--app", "acme", str(key["id"]))
+    assert code == 0, err
+    [new, old] = app_store.keys("acme")
+    assert old["replaced_by"] == new["id"] and new["name"] == "backend"
+    assert run(capsys, "keys", "revoke", "--app", "acme", str(new["id"]))[0] == 0
+    assert all(k["revoked_at"] for k in app_store.keys("acme"))
+    assert run(capsys, "apps", "delete", "--yes", "acme")[0] == 0
 
 
 def test_a_deleted_apps_keys_are_not_kept(db, capsys):
@@ -189,7 +215,8 @@ def test_eros_apps_export_writes_the_apps_record_to_a_new_file_or_standard_outpu
     assert run(capsys, "apps", "export", "acme", "--out", str(out))[0] == 2
     assert run(capsys, "apps", "export", "initech", "--out", str(tmp_path / "x.jsonl"))[0] == 1
     assert not (tmp_path / "x.jsonl").exists()
-    assert run(capsys, "apps", "export", "acme", "colour=blue")[0] == 2
+    with pytest.raises(SystemExit):
+        cli.main(["apps", "export", "acme", "colour=blue"])
 
 
 def test_a_user_of_another_app_is_shown_as_subject_at_app_in_what_people_read(capsys):

@@ -703,19 +703,9 @@ def cmd_apps(args) -> int:
 
     _database()
     args.pairs = args.pairs + args.sets  # create's --set, set's KEY=VALUE: either way
-    if args.action == "list":
-        if args.id or args.pairs:
-            raise BadInput("list takes no ID or settings")
-        return _apps_list(app_store)
-    if not args.id:
-        raise BadInput(f"{args.action} needs the app's ID")
-    if args.action == "create":
-        return _apps_create(args, app_store)
-    if args.action == "set":
-        return _apps_set(args, app_store)
-    if args.pairs:
-        raise BadInput(f"{args.action} takes no settings")
-    return _apps_export(args) if args.action == "export" else _apps_delete(args)
+    actions = {"create": _apps_create, "set": _apps_set, "export": lambda args, _: _apps_export(args),
+               "delete": lambda args, _: _apps_delete(args)}
+    return actions[args.action](args, app_store) if args.action in actions else _apps_list(app_store)  # the default
 
 
 def _apps_set(args, app_store) -> int:
@@ -878,36 +868,34 @@ def _setting_value(key: str, value: str, annotation) -> object:
 
 def cmd_keys(args) -> int:
     """An app's API keys, for its servers (the /server routes, X-Api-Key): make one, list them, rotate one (a new
-    key in its place, the old one refused from then on) or revoke one. A key is shown once, when it is made."""
-    from eros.apps import KEY_SHOWN, key_hash, new_key
+    key in its place, the old one refused from then on) or revoke one, as its operator does through the API
+    (eros.apps). A key is shown once, when it is made."""
+    from eros import apps
     from eros.store import apps as app_store
 
     _database()
     args.app = _served_app(args.app)
-    if args.action in ("create", "list") and args.key_id:
-        raise BadInput(f"{args.action} takes no KEY_ID")
     if args.action == "list":
         return _keys_list(app_store.keys(args.app))
-    secret = new_key()
     if args.action == "create":
         name = (args.name or "default").strip()
         if not 1 <= len(name) <= 100:
             raise BadInput("--name must be 1 to 100 characters")
-        made = app_store.add_key(args.app, name, secret[:KEY_SHOWN], key_hash(secret))
+        made = apps.create_key(args.app, name)
     elif args.action == "revoke":
         key_id = _key_id(args)
-        if app_store.revoke(args.app, key_id) is None:
+        if apps.revoke_key(args.app, key_id) is None:
             raise CliError(f"{key_id} is not a live key of the app {args.app!r}")
         print(f"key {key_id} of app {args.app}: revoked (refused from now on)")
         return 0
     else:
         key_id = _key_id(args)
-        rotated = app_store.rotate(args.app, key_id, secret[:KEY_SHOWN], key_hash(secret))
+        rotated = apps.rotate_key(args.app, key_id)
         if rotated is None:
             raise CliError(f"{key_id} is not a live key of the app {args.app!r}")
         print(f"key {key_id} of app {args.app}: revoked, replaced by the key below")
         made = rotated
-    print(f"key {made['id']} ({made['name']}) of app {args.app}:\n{secret}\n"
+    print(f"key {made['id']} ({made['name']}) of app {args.app}:\n{made['secret']}\n"
           "This key is shown once and not again (only its hash is kept): store it now.")
     return 0
 
@@ -925,8 +913,6 @@ def _keys_list(keys: list[dict]) -> int:
 def _key_id(args):
     from uuid import UUID
 
-    if not args.key_id:
-        raise BadInput(f"{args.action} needs the KEY_ID (`eros keys list --app {args.app}`)")
     try:
         return UUID(args.key_id)
     except ValueError:
@@ -1211,25 +1197,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--app", default="default", help="whose personas (default: the first app, default)")
     p.set_defaults(func=cmd_personas)
 
+    # Each action its own parser, so that options may come before or after the ids (`eros keys rotate --app acme
+    # KEY_ID`): an optional positional would take nothing at the first option and refuse the id after it.
     p = sub.add_parser("apps", help="the deployment's apps (tenants): list, create, set (settings), export or delete"
                                     " one")
-    p.add_argument("action", nargs="?", choices=["list", "create", "set", "export", "delete"], default="list")
-    p.add_argument("id", nargs="?")
-    p.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help="set: the app's settings (KEY=none clears one)")
-    p.add_argument("--name", help="create: the app's name")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="create: one of the app's settings (again for more)")
-    p.add_argument("--out", help="export: the file to write (JSON lines: the app, then each of its users' record);"
-                                 " default: standard output")
-    p.add_argument("--yes", action="store_true", help="delete without asking (a script; needed without a terminal)")
-    p.set_defaults(func=cmd_apps)
+    p.set_defaults(func=cmd_apps, action="list", id=None, pairs=[], sets=[], name=None, out=None, yes=False)
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    actions.add_parser("list", help="every app: users, live keys, settings (the default)")
+    a = actions.add_parser("create", help="a new app")
+    a.add_argument("id", help="2 to 40 of a-z 0-9 -, starting with a letter")
+    a.add_argument("--name", help="the app's name (1 to 200 characters)")
+    a.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="one of the app's settings (again for more)")
+    a = actions.add_parser("set", help="change an app's settings")
+    a.add_argument("id")
+    a.add_argument("pairs", nargs="+", metavar="KEY=VALUE", help="the app's settings (KEY=none clears one)")
+    a = actions.add_parser("export", help="an app's whole record, as JSON lines")
+    a.add_argument("id")
+    a.add_argument("--out", help="the file to write (never overwritten); default: standard output")
+    a = actions.add_parser("delete", help="delete an app whole, after showing what that is and asking for its id")
+    a.add_argument("id")
+    a.add_argument("--yes", action="store_true", help="without asking (a script; needed without a terminal)")
 
     p = sub.add_parser("keys", help="an app's API keys for its servers: create, list, rotate or revoke one")
-    p.add_argument("action", choices=["create", "list", "rotate", "revoke"])
-    p.add_argument("key_id", nargs="?", help="rotate, revoke: the key's id (`eros keys list`)")
-    p.add_argument("--app", required=True, help="whose keys")
-    p.add_argument("--name", help="create: what the key is for (default: default)")
-    p.set_defaults(func=cmd_keys)
+    p.set_defaults(func=cmd_keys, key_id=None, name=None)
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for action, what in (("create", "a new key, printed once"), ("list", "the app's keys, revoked ones too"),
+                         ("rotate", "a new key in place of KEY_ID, which is revoked"),
+                         ("revoke", "refuse KEY_ID from now on")):
+        a = actions.add_parser(action, help=what)
+        if action in ("rotate", "revoke"):
+            a.add_argument("key_id", help="the key's id (`eros keys list --app APP`)")
+        a.add_argument("--app", required=True, help="whose keys")
+        if action == "create":
+            a.add_argument("--name", help="what the key is for (default: default)")
 
     p = sub.add_parser("usage", help="tokens, provider calls and estimated cost per user (or one user's per day)")
     p.add_argument("--from", dest="first", type=_day, help="first UTC day (YYYY-MM-DD); default 30 days ago")
