@@ -158,7 +158,7 @@ def test_a_command_line_missing_an_id_or_with_one_too_many_is_refused_with_its_u
     assert [a["id"] for a in app_store.every()] == ["default"] and app_store.keys("default") == []
 
 
-def test_options_may_come_before_or_after_the_ids(db, capsys):
+def test_options_may_come_before_or_after_the_ids(db, capsys, tmp_path):
     """`eros keys rotate --app acme KEY_ID` and `eros apps create --name Acme acme`, as people type them."""
     assert run(capsys, "apps", "create", "--name", "Acme", "acme")[0] == 0
     assert run(capsys, "apps", "set", "acme", "turns_per_minute=3")[0] == 0
@@ -170,6 +170,14 @@ def test_options_may_come_before_or_after_the_ids(db, capsys):
     assert old["replaced_by"] == new["id"] and new["name"] == "backend"
     assert run(capsys, "keys", "revoke", "--app", "acme", str(new["id"]))[0] == 0
     assert all(k["revoked_at"] for k in app_store.keys("acme"))
+    prompt = tmp_path / "guide.txt"
+    prompt.write_text("You guide acme's users.")
+    assert run(capsys, "personas", "set", "--app", "acme", "acme-guide", "--name", "Guide", "--prompt-file",
+               str(prompt))[0] == 0
+    assert run(capsys, "personas", "--app", "acme", "retire", "acme-guide")[0] == 0
+    code, out, _ = run(capsys, "personas", "list", "--app", "acme")
+    assert code == 0 and re.search(r"^acme-guide +v1 +retired", out, re.M)
+    assert "luna" not in run(capsys, "personas", "--app", "acme")[1]
     assert run(capsys, "apps", "delete", "--yes", "acme")[0] == 0
 
 

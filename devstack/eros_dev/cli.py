@@ -1188,14 +1188,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="the report as JSON")
     p.set_defaults(func=cmd_import)
 
-    p = sub.add_parser("personas", help="the app's personas: list, set (a new version) or retire one")
-    p.add_argument("action", nargs="?", choices=["list", "set", "retire"], default="list")
-    p.add_argument("id", nargs="?")
-    p.add_argument("--name")
-    p.add_argument("--description")
-    p.add_argument("--prompt-file", help="set: a text file with the persona's system prompt")
-    p.add_argument("--app", default="default", help="whose personas (default: the first app, default)")
-    p.set_defaults(func=cmd_personas)
+    # Each action its own parser, so that options may come before or after the ids (`eros personas set --app acme
+    # guide ...`): an optional positional would take nothing at the first option and refuse the id after it.
+    p = sub.add_parser("personas", help="an app's personas: list, set (a new version) or retire one")
+    app_help = "whose personas (default: the first app, default)"
+    p.add_argument("--app", default="default", help=app_help)
+    p.set_defaults(func=cmd_personas, action="list", id=None, name=None, description=None, prompt_file=None)
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    a = actions.add_parser("list", help="the app's personas, retired ones too (the default)")
+    a.add_argument("--app", default=argparse.SUPPRESS, help=app_help)  # SUPPRESS: the one given before it stays
+    a = actions.add_parser("set", help="make one, or give it a new version when its text changed")
+    a.add_argument("id")
+    a.add_argument("--name")
+    a.add_argument("--description")
+    a.add_argument("--prompt-file", help="a text file with the persona's system prompt")
+    a.add_argument("--app", default=argparse.SUPPRESS, help=app_help)
+    a = actions.add_parser("retire", help="list it no more and start no session with it (its sessions go on)")
+    a.add_argument("id")
+    a.add_argument("--app", default=argparse.SUPPRESS, help=app_help)
 
     # Each action its own parser, so that options may come before or after the ids (`eros keys rotate --app acme
     # KEY_ID`): an optional positional would take nothing at the first option and refuse the id after it.
