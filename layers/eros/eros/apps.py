@@ -5,8 +5,8 @@ usage and API keys, and no app sees another's.
 user of the first app, ``default``, is the bare subject of their token (as before apps existed); a user of any
 other app is ``<app>\\x1f<subject>`` (U+001F, which a subject may not hold: ``unusable_subject``). So every
 statement scoped by its user is scoped by its app, and the few that span users say which app they read
-(tests/test_shard_ready.py). ``user_key`` writes keys and ``split`` reads them (``engine.app_of`` in SQL); nothing
-else builds one.
+(tests/test_shard_ready.py). ``eros.userkey.user_key`` writes keys and ``split`` reads them (``engine.app_of`` in
+SQL); nothing else builds one.
 
 **Who the caller is.** An end user's JWT names the app in a claim (``APP_CLAIM``, default ``eros_app``; absent:
 the first app); an app's server sends one of the app's API keys (``X-Api-Key``) to the ``/server`` routes, and
@@ -35,8 +35,12 @@ from .json_body import unstorable
 from .observability import logger
 from .store import apps as app_store
 
-DEFAULT = "default"
-SEPARATOR = "\x1f"
+# The user key's functions, where the rest of the engine finds them (eros.userkey defines them, import-free).
+from .userkey import DEFAULT, SEPARATOR, app_of, user_key
+from .userkey import shown as shown
+from .userkey import split as split
+from .userkey import subject_of as subject_of
+
 APP_ID = re.compile(r"^[a-z][a-z0-9-]{1,39}$")  # engine.apps' CHECK
 KEY_PREFIX = "ek_"  # an API key: ek_ and 43 characters of base64url (256 random bits)
 KEY_SHOWN = 10  # the characters of a key a listing shows (its prefix)
@@ -72,29 +76,9 @@ class Caller(NamedTuple):
     operator: bool
 
 
-def user_key(app: str, subject: str) -> str:
-    """The engine's key of ``subject`` in ``app``."""
-    return subject if app == DEFAULT else f"{app}{SEPARATOR}{subject}"
 
 
-def split(key: str) -> tuple[str, str]:
-    """(app, subject) of a user key."""
-    app, sep, subject = key.partition(SEPARATOR)
-    return (app, subject) if sep else (DEFAULT, key)
 
-
-def shown(key: str) -> str:
-    """A user key for people: the subject, and ``@app`` for a user of another app than the first (``alice@acme``)."""
-    app, subject = split(key)
-    return subject if app == DEFAULT else f"{subject}@{app}"
-
-
-def app_of(key: str) -> str:
-    return split(key)[0]
-
-
-def subject_of(key: str) -> str:
-    return split(key)[1]
 
 
 def unusable_subject(subject: str) -> str | None:

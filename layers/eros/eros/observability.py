@@ -25,6 +25,8 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.logging.formatter import LambdaPowertoolsFormatter
 from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
 
+from .userkey import shown as user_shown
+
 SERVICE = "eros"
 
 
@@ -81,8 +83,6 @@ class ThreadKeysFormatter(LambdaPowertoolsFormatter):
         the record's keys that say something (not the invocation's context; no empty or zero value), each
         value cut at 120 characters; an exception's type and message after them (its traceback with
         EROS_DEBUG=1)."""
-        from .apps import shown as user_shown  # eros.apps logs through this module: imported when a line is made
-
         keys = self._extract_log_keys(log_record=record)
         if isinstance(keys.get("user_id"), str):
             keys["user_id"] = user_shown(keys["user_id"])  # a user of another app: alice@acme
