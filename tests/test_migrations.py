@@ -167,6 +167,8 @@ APP_TABLE_PRIVILEGES = {
     "user_usage": READ_WRITE, "user_model_usage": READ_WRITE, "provider_blocks": READ_WRITE,
     "apps": {"SELECT"},  # operators make, set and delete apps at the command line (migration 0036)
     "app_keys": {"SELECT", "INSERT", "UPDATE"},  # an app's operator keeps its keys; a row goes with its app only
+    "app_webhooks": READ_WRITE,  # the operator API sets and deletes an app's endpoint (migration 0037)
+    "webhook_deliveries": READ_WRITE,  # the sweeper's attempts; erasure and redrive (migration 0037)
     "user_consolidation": READ_WRITE,  # a view: user_deep_pass by the previous release's name (migration 0022)
 }
 # create_session's INSERT .. ON CONFLICT DO UPDATE SET user_id = EXCLUDED.user_id returns the existing instance.

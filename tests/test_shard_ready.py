@@ -18,12 +18,14 @@ STORES = ROOT / "layers" / "eros" / "eros" / "store"
 FUNCTIONS = ROOT / "layers" / "eros" / "eros" / "sql" / "functions"
 USER_TABLES = {"chat_sessions", "chat_messages", "companion_memories", "persona_instances", "user_deep_pass",
                "user_usage", "user_model_usage", "relationship_terms", "user_reembedding",
-               "memory_events", "user_event_sequence"}  # the events' outbox and each user's event counter (0035)
+               "memory_events", "user_event_sequence",  # the events' outbox and each user's event counter (0035)
+               "webhook_deliveries"}  # each event's delivery to its app's webhook (0037): the user's data
 # Reference data: on every shard. A user's own characters (migration 0030) are persona rows too: few and small,
 # replicated with the app's, written through the database's functions only.
 SHARED_TABLES = {"personas", "persona_versions", "provider_blocks", "schema_migrations", "schema_objects",
                  "embedding_space", "embedding_calibrations",  # the deployment's embedding model (migration 0032)
-                 "apps", "app_keys"}  # the apps and their keys (migration 0036): few, keyed by the app
+                 "apps", "app_keys",  # the apps and their keys (migration 0036): few, keyed by the app
+                 "app_webhooks"}  # an app's webhook endpoint (migration 0037): one per app at most
 # Cross-user by design, each with why. On a sharded database these run on every shard (a fan-out) or per shard.
 CROSS_USER = {
     "dreaming._CLAIM_TEMPLATE": "the sweeper claims idle sessions of everyone: run per shard (the follow-on claim "
@@ -57,6 +59,11 @@ CROSS_USER = {
                           "personas, keys and row",
     "embedding.keep_embedding_space": "the same question, asked by the trigger only when a vector of another "
                                       "model than the recorded one is written: every shard",
+    "webhooks._FIND": "an app's webhook with the counts of its users' deliveries waiting and dead: summed over shards",
+    "webhooks._DROP_DELIVERIES": "a deleted webhook drops its app's users' deliveries not made yet: every shard",
+    "webhooks._REDRIVE": "an app's operator redrives the dead deliveries of every user of the app: every shard",
+    "webhooks._CLAIM": "the sweeper claims the due deliveries of everyone: run per shard",
+    "webhooks._PRUNE": "the sweeper forgets everyone's deliveries made a day ago: run per shard",
 }
 # Not scoped by the user yet: each finds its rows by an id (a session, a memory, a claim) that its caller got
 # from a user-scoped statement, so it is correct on one database, but a sharded one would have to ask every
@@ -188,8 +195,11 @@ ACROSS_APPS = {
     "events.published": "by the ids the drain just read",
     "apps.users_by_app": "the deployment's operator's list of apps, with each app's users",
     "events.record_memory_event": "a trigger on one memory row: that row's own user's event",
+    "webhooks._CLAIM": "the deployment's sweeper delivers every app's due events, each to its own app's endpoint "
+                       "(joined by the delivery's app_id)",
+    "webhooks._PRUNE": "the deployment's sweeper forgets delivered rows of every app alike",
 }
-APP_TABLES = {"personas", "persona_versions", "app_keys", "apps"}
+APP_TABLES = {"personas", "persona_versions", "app_keys", "apps", "app_webhooks"}
 # ... and the few that read every app's rows on purpose.
 EVERY_APP = {
     "apps.every": "the deployment's operator lists the apps (eros apps list), and retention reads each app's days",

@@ -23,7 +23,7 @@ PAYLOAD_KEYS = {"session_id", "user_id", "claim_token"}
 SAMPLE_INSTANCE = "0b9e8d7c-6a5f-4e3d-9c2b-1a0f9e8d7c6b"  # the persona instance of the sample event's session
 NO_USERS = {"users_claimed": 0, "deep_pass_invoked": 0, "deep_pass_invoke_failures": 0,  # no deep pass due
             "reembedding_claimed": 0, "reembedding_invoked": 0, "reembedding": None,  # nor a change of embedder
-            "events_published": 0}  # nor a memory event to publish
+            "events_published": 0, "webhooks_delivered": 0}  # nor a memory event to publish or deliver
 NO_USER_METRICS = {"UsersClaimed": 0, "DeepPassInvoked": 0, "DeepPassInvokeFailures": 0,
                    "DreamingInFlight": 0, "ProvidersBlocked": 0}  # and nothing in flight before the tick
 

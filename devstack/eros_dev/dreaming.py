@@ -84,10 +84,11 @@ def sweep_locally(workers: int = 4, *, idle_now: bool = False, event: dict | Non
         invoker.wait()
     # The memory events its jobs wrote, now (in AWS the next sweep publishes them: eros.events), so that a person
     # who pressed "sweep now" sees them at once.
-    from eros import events
+    from eros import events, webhooks
 
     published = result.get("events_published", 0) + events.publish_pending(settings())
-    return result | {"jobs": invoker.outcomes(), "events_published": published}
+    delivered = result.get("webhooks_delivered", 0) + webhooks.deliver(settings())
+    return result | {"jobs": invoker.outcomes(), "events_published": published, "webhooks_delivered": delivered}
 
 
 def run_local_sweeper(cfg: Settings, workers: int = 4) -> threading.Thread:

@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from eros import apps, context, curation, importing, ingest, recall
+from eros import apps, context, curation, importing, ingest, recall, webhooks
 from eros.config import settings
 from eros.json_body import storable, unstorable  # noqa: F401 (unstorable: routes/__init__.py)
 from eros.memory import (
@@ -416,6 +416,7 @@ class Erased(ApiModel):
     reembedding: int = Field(0, description="the user's re-embedding job, while a change of embedder is under way")
     events: int = Field(0, description="memory events about the user not yet published (one `user.erased` event "
                         "is published in their place)")
+    webhook_deliveries: int = Field(0, description="the app's webhook deliveries of the user's events, made or not")
     usage_days: int = Field(description="days of token usage and turn counts")
     usage_by_model: int = Field(description="rows of usage per day, purpose and model")
     exports: int = Field(description="export files not yet expired")
@@ -570,6 +571,44 @@ class IssuedKey(ApiKey):
 
 class ApiKeyList(ApiModel):
     keys: list[ApiKey] = Field(description="newest first, revoked ones too")
+
+
+def _endpoint(url: str) -> str:
+    why = webhooks.refused_url(url, settings())
+    if why:
+        raise ValueError(why)
+    return url
+
+
+class NewWebhook(Strict):
+    url: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=webhooks.MAX_URL),
+                   AfterValidator(_endpoint),
+                   Field(description="where the app's memory events are posted: an https URL, without credentials "
+                                     "or fragment, not a private IP address")]
+    rotate_secret: StrictBool = Field(False, description="a new signing secret in place of the current one (the old "
+                                                        "one signs nothing from this answer on)")
+
+
+class Webhook(ApiModel):
+    """The app's webhook (docs/EVENTS.md "Webhooks"): never its secret."""
+    url: str
+    created_at: datetime
+    secret_rotated_at: datetime | None = Field(description="when the secret was last rotated (null: never)")
+    pending: int = Field(0, description="deliveries waiting (a first attempt or a retry)")
+    dead: int = Field(0, description="deliveries given up on after every attempt: POST /v1/operator/webhook/redrive "
+                                     "sends them again")
+
+
+class WebhookSet(ApiModel):
+    url: str
+    created_at: datetime
+    secret_rotated_at: datetime | None
+    secret: str | None = Field(None, description="the signing secret (whsec_ and base64 of 32 bytes), only when the "
+                                                 "webhook was made or its secret rotated: shown this once")
+
+
+class Redriven(ApiModel):
+    redriven: int = Field(description="dead deliveries due again, with fresh attempts")
 
 
 class UserUsage(ApiModel):

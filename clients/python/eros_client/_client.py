@@ -365,6 +365,22 @@ class Client(_Base):
     def get_app_usage(self, *, first: date | None = None, last: date | None = None) -> models.AppUsageReport:
         return self._send(op.get_app_usage(first, last))
 
+    # --- the app's webhook (docs/EVENTS.md "Webhooks")
+    def set_webhook(self, url: str, *, rotate_secret: bool = False) -> models.WebhookSet:
+        """Where the app's memory events are posted, signed; ``secret`` is in the answer only when the webhook is
+        made or its secret rotated (keep it: it is never shown again)."""
+        return self._send(op.set_webhook(url, rotate_secret))
+
+    def get_webhook(self) -> models.Webhook:
+        return self._send(op.get_webhook())
+
+    def delete_webhook(self) -> None:
+        self._send(op.delete_webhook())
+
+    def redrive_webhook(self) -> models.Redriven:
+        """The dead deliveries due again (the next sweep posts them)."""
+        return self._send(op.redrive_webhook())
+
 
 class AsyncClient(_Base):
     """The API, with asyncio: the same methods as ``Client``, awaited."""
@@ -558,3 +574,16 @@ class AsyncClient(_Base):
     async def get_app_usage(self, *, first: date | None = None,
                             last: date | None = None) -> models.AppUsageReport:
         return await self._send(op.get_app_usage(first, last))
+
+    # --- the app's webhook
+    async def set_webhook(self, url: str, *, rotate_secret: bool = False) -> models.WebhookSet:
+        return await self._send(op.set_webhook(url, rotate_secret))
+
+    async def get_webhook(self) -> models.Webhook:
+        return await self._send(op.get_webhook())
+
+    async def delete_webhook(self) -> None:
+        await self._send(op.delete_webhook())
+
+    async def redrive_webhook(self) -> models.Redriven:
+        return await self._send(op.redrive_webhook())

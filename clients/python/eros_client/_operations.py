@@ -229,3 +229,21 @@ def revoke_key(key_id: UUID | str) -> Call[None]:
 
 def get_app_usage(first: date | None, last: date | None) -> Call[models.AppUsageReport]:
     return Call("GET", "/v1/operator/usage", models.AppUsageReport, params=_query(**{"from": first, "to": last}))
+
+
+def set_webhook(url: str, rotate_secret: bool) -> Call[models.WebhookSet]:
+    # Sent again, a rotation would rotate twice (the first answer's secret lost): only a plain set is resent.
+    return Call("PUT", "/v1/operator/webhook", models.WebhookSet, body={"url": url, "rotate_secret": rotate_secret},
+                resend=not rotate_secret)
+
+
+def get_webhook() -> Call[models.Webhook]:
+    return Call("GET", "/v1/operator/webhook", models.Webhook)
+
+
+def delete_webhook() -> Call[None]:
+    return Call("DELETE", "/v1/operator/webhook", None)
+
+
+def redrive_webhook() -> Call[models.Redriven]:
+    return Call("POST", "/v1/operator/webhook/redrive", models.Redriven)

@@ -315,6 +315,10 @@ class Erased(BaseModel):
     """
     memory events about the user not yet published (one `user.erased` event is published in their place)
     """
+    webhook_deliveries: Annotated[int | None, Field(title="Webhook Deliveries")] = 0
+    """
+    the app's webhook deliveries of the user's events, made or not
+    """
     usage_days: Annotated[int, Field(title="Usage Days")]
     """
     days of token usage and turn counts
@@ -624,6 +628,20 @@ class NewTurn(BaseModel):
     client_turn_id: Annotated[ClientTurnId | None, Field(title="Client Turn Id")] = None
 
 
+class NewWebhook(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    url: Annotated[str, Field(max_length=2000, min_length=1, title="Url")]
+    """
+    where the app's memory events are posted: an https URL, without credentials or fragment, not a private IP address
+    """
+    rotate_secret: Annotated[bool | None, Field(title="Rotate Secret")] = False
+    """
+    a new signing secret in place of the current one (the old one signs nothing from this answer on)
+    """
+
+
 class Name(RootModel[str]):
     root: Annotated[str, Field(max_length=64, min_length=1, title="Name")]
 
@@ -672,6 +690,13 @@ class PurposeUsage(BaseModel):
     input_tokens: Annotated[int, Field(title="Input Tokens")]
     output_tokens: Annotated[int, Field(title="Output Tokens")]
     estimated_cost: Annotated[float, Field(title="Estimated Cost")]
+
+
+class Redriven(BaseModel):
+    redriven: Annotated[int, Field(title="Redriven")]
+    """
+    dead deliveries due again, with fresh attempts
+    """
 
 
 class Reembedding(BaseModel):
@@ -842,6 +867,37 @@ class UserUsage(BaseModel):
     purposes: Annotated[dict[str, int], Field(title="Purposes")]
     """
     tokens (input and output) per purpose
+    """
+
+
+class Webhook(BaseModel):
+    """
+    The app's webhook (docs/EVENTS.md "Webhooks"): never its secret.
+    """
+
+    url: Annotated[str, Field(title="Url")]
+    created_at: Annotated[AwareDatetime, Field(title="Created At")]
+    secret_rotated_at: Annotated[AwareDatetime | None, Field(title="Secret Rotated At")]
+    """
+    when the secret was last rotated (null: never)
+    """
+    pending: Annotated[int | None, Field(title="Pending")] = 0
+    """
+    deliveries waiting (a first attempt or a retry)
+    """
+    dead: Annotated[int | None, Field(title="Dead")] = 0
+    """
+    deliveries given up on after every attempt: POST /v1/operator/webhook/redrive sends them again
+    """
+
+
+class WebhookSet(BaseModel):
+    url: Annotated[str, Field(title="Url")]
+    created_at: Annotated[AwareDatetime, Field(title="Created At")]
+    secret_rotated_at: Annotated[AwareDatetime | None, Field(title="Secret Rotated At")]
+    secret: Annotated[str | None, Field(title="Secret")] = None
+    """
+    the signing secret (whsec_ and base64 of 32 bytes), only when the webhook was made or its secret rotated: shown this once
     """
 
 

@@ -1,4 +1,5 @@
-"""The app's operator's routes (migration 0036, eros.apps): the app itself, its API keys, its users' usage. Each
+"""The app's operator's routes (migration 0036, eros.apps): the app itself, its API keys, its users' usage, its webhook
+(migration 0037, eros.webhooks). Each
 acts on the caller's app alone (``current_operator``): another app's key ids answer 404, as unknown ones do."""
 
 # No `from __future__ import annotations` here (routes/sessions.py says why).
@@ -10,10 +11,11 @@ from aws_lambda_powertools.event_handler import Response, content_types
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Query
 
-from eros import apps, errors, usage
+from eros import apps, errors, usage, webhooks
+from eros.config import settings
 from eros.store import apps as app_store
 
-from models import ApiKeyList, AppUsageReport, AppView, IssuedKey, NewKey
+from models import ApiKeyList, AppUsageReport, AppView, IssuedKey, NewKey, NewWebhook, Redriven, Webhook, WebhookSet
 from routes import OPERATORS, current_operator, documented
 
 router = Router()
@@ -88,3 +90,51 @@ def app_usage(first: Annotated[date | None, Query(alias="from", description="fir
     caller_app = current_operator(router)
     first, last = usage.days_of(first, last)
     return AppUsageReport.model_validate(usage.by_user(caller_app, first, last))
+
+
+_NO_WEBHOOK = (404, "the app has no webhook")
+
+
+@router.put("/v1/operator/webhook", operation_id="setWebhook", tags=["operator"],
+            summary="set where the app's memory events are posted, signed",
+            description="Each memory event of the app's users is posted to `url` (docs/EVENTS.md, \"Webhooks\"), "
+                        "signed with the webhook's secret. The answer has the `secret` (201) when the webhook is made "
+                        "or `rotate_secret` is true, shown this once: keep it to verify the signatures. Changing the "
+                        "url alone keeps the secret (200, without it).",
+            responses=documented((200, "the url changed, the secret kept"), (201, "made or rotated: with its secret"),
+                                 OPERATORS))
+def set_webhook(body: NewWebhook) -> Response[WebhookSet]:
+    made = webhooks.set_webhook(current_operator(router), body.url, body.rotate_secret, settings())
+    return Response(201 if "secret" in made else 200, content_types.APPLICATION_JSON, WebhookSet.model_validate(made))
+
+
+@router.get("/v1/operator/webhook", operation_id="getWebhook", tags=["operator"], summary="the app's webhook",
+            description="Its url and the deliveries waiting and dead; never its secret.",
+            responses=documented((200, "the webhook"), OPERATORS, _NO_WEBHOOK))
+def get_webhook() -> Webhook:
+    found = webhooks.show(current_operator(router))
+    if found is None:
+        raise errors.NotFound("the app has no webhook")
+    return Webhook.model_validate(found)
+
+
+@router.delete("/v1/operator/webhook", operation_id="deleteWebhook", tags=["operator"],
+               summary="stop posting the app's events",
+               description="The deliveries not made yet (dead ones too) are dropped with it.",
+               responses=documented((204, "deleted"), OPERATORS, _NO_WEBHOOK))
+def delete_webhook():
+    if not webhooks.delete(current_operator(router)):
+        raise errors.NotFound("the app has no webhook")
+    return Response(204, None, "")
+
+
+@router.post("/v1/operator/webhook/redrive", operation_id="redriveWebhook", tags=["operator"],
+             summary="send the dead deliveries again",
+             description="Every delivery given up on after WEBHOOK_MAX_ATTEMPTS is due again now, with fresh "
+                         "attempts: the next sweep posts them.",
+             responses=documented((200, "how many are due again"), OPERATORS, _NO_WEBHOOK))
+def redrive_webhook() -> Redriven:
+    caller_app = current_operator(router)
+    if webhooks.show(caller_app) is None:
+        raise errors.NotFound("the app has no webhook")
+    return Redriven(redriven=webhooks.redrive(caller_app))

@@ -173,6 +173,18 @@ class Settings(BaseModel):
     events_log: str | None = None
     events_include_text: bool = False
     events_per_tick: int = Field(2000, ge=1)
+    # --- signed webhooks (eros.webhooks): each sweep posts the due deliveries of apps with an endpoint, at most
+    # WEBHOOKS_PER_TICK; a failed one is tried again after an exponential backoff with jitter (from
+    # WEBHOOK_RETRY_BASE_SECS, at most WEBHOOK_RETRY_MAX_DELAY_SECS), and is dead (a dead letter) after
+    # WEBHOOK_MAX_ATTEMPTS. A taken delivery is held for WEBHOOK_LEASE_SECS (longer than a post can take). Endpoints
+    # are https only, and never an IP literal of a private range, unless WEBHOOK_ALLOW_HTTP (the local stack, tests).
+    webhook_allow_http: bool = False
+    webhook_retry_base_secs: float = Field(30.0, gt=0)
+    webhook_retry_max_delay_secs: float = Field(6 * 3600.0, gt=0)
+    webhook_max_attempts: int = Field(8, ge=1, le=100)
+    webhooks_per_tick: int = Field(500, ge=1)
+    webhook_timeout_secs: float = Field(5.0, gt=0, le=30)
+    webhook_lease_secs: int = Field(120, ge=1)
 
     # --- recall (eros.recall): one nested model, each knob read from the variable its alias names -----
     recall: RecallKnobs = RecallKnobs()

@@ -6,6 +6,7 @@ between publishing and its commit publishes those again: a subscriber tells a re
 
 Where they go (``Settings``): an EventBridge bus (EVENT_BUS_NAME; AWS, the template's EventBus), a JSON-lines file
 (EVENTS_LOG; the local stack, which `eros events --follow` reads), or nowhere (neither set: drained and dropped).
+And, for an app with a webhook, a delivery to its endpoint, written as the event is drained (eros.webhooks).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from . import apps
+from . import apps, clock
 from .config import Settings
 from .observability import logger, metrics
 from .store import events as events_store
+from .store import webhooks as webhooks_store
 
 SCHEMA = "eros.memory-event/1"
 SOURCE = "eros.memory"  # the EventBridge source; DetailType is the event's type
@@ -108,6 +110,11 @@ def publish_pending(cfg: Settings, to: Publisher | None = None) -> int:
         except Exception:  # noqa: BLE001 - a publisher's failure waits for the next sweep; the events stay
             logger.exception("publishing memory events failed: they stay for the next sweep")
             accepted = 0
-        events_store.published(conn, [r["id"] for r in rows[:accepted]])
+        done = rows[:accepted]
+        # The deliveries to the apps' webhooks (eros.webhooks), in this transaction: each event's once.
+        webhooks_store.enqueue(conn, [{"app": r["webhook_app"], "user_id": r["user_id"], "event_id": r["id"],
+                                       "seq": r["seq"], "payload": envelope(r)} for r in done if r["webhook_app"]],
+                               clock.now())
+        events_store.published(conn, [r["id"] for r in done])
     metrics.add_metric(name="MemoryEventsPublished", unit="Count", value=accepted)
     return accepted

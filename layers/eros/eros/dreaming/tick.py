@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from .. import apps, clock, events
+from .. import apps, clock, events, webhooks
 from ..config import Settings
 from ..observability import logger, metrics
 from ..store import apps as app_store
@@ -43,6 +43,7 @@ class SweepResult:
     blocked: list[str] | None = None  # providers that refused our credentials (only a probe is claimed)
     messages_expired: int = 0  # retention (TRANSCRIPT_RETENTION_DAYS): extracted messages deleted this tick
     events_published: int = 0  # memory events (eros.events) published this tick
+    webhooks_delivered: int = 0  # deliveries to the apps' webhooks (eros.webhooks) made this tick
 
 
 RETENTION_PER_TICK = 10000  # messages a sweep deletes at most (a backlog goes over the next ticks)
@@ -147,6 +148,7 @@ def sweep(cfg: Settings, invoke: jobs.Invoker, *, now: Callable[[], datetime] | 
         _reembed(cfg, invoke, now, out_of_time, budget - result.claimed - result.users_claimed, result)
     result.messages_expired = expire_transcripts(cfg, moment)
     result.events_published = events.publish_pending(cfg)
+    result.webhooks_delivered = webhooks.deliver(cfg)
     _metrics(result, len(blocks), backlog_age)
     logger.info("sweep done", extra=asdict(result))
     return result

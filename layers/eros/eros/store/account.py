@@ -80,6 +80,10 @@ _ERASE = (
     ("events", "DELETE FROM engine.memory_events WHERE user_id = %(user)s AND type <> 'user.erased'"),
     ("erased_event", "SELECT engine.record_event(%(user)s, 'user.erased', NULL, NULL, '{}')"),
     ("event_sequence", "DELETE FROM engine.user_event_sequence WHERE user_id = %(user)s"),
+    # The deliveries of the user's events to their app's webhook (migration 0037), made or not: their payloads are
+    # the user's data (a memory's text, when the app opted in). The user.erased event's own is written when it is
+    # published.
+    ("webhook_deliveries", "DELETE FROM engine.webhook_deliveries WHERE user_id = %(user)s"),
 )
 # Usage goes in a statement of its own, after the transaction: a chat turn locks its user's usage rows and
 # then the session (store.chat.open_turn, record_turn), so an erasure holding the sessions must not wait
@@ -170,6 +174,7 @@ _STORED = ("SELECT (SELECT count(*) FROM engine.companion_memories WHERE user_id
            " (SELECT count(*) FROM engine.personas WHERE owner_id = %(user)s) AS personas,"
            " (SELECT count(*) FROM engine.user_deep_pass WHERE user_id = %(user)s) AS deep_pass,"
            " (SELECT count(*) FROM engine.user_reembedding WHERE user_id = %(user)s) AS reembedding,"
+           " (SELECT count(*) FROM engine.webhook_deliveries WHERE user_id = %(user)s) AS webhook_deliveries,"
            " (SELECT count(*) FROM engine.user_usage WHERE user_id = %(user)s) AS usage_days,"
            " (SELECT count(*) FROM engine.user_model_usage WHERE user_id = %(user)s) AS usage_by_model")
 
@@ -267,9 +272,12 @@ def begin_app_deletion(app: str) -> bool:
 
 # What is left of an app once each of its users is erased, in one transaction, children before parents: the
 # user.erased event each erasure wrote (the app that would read it is going) and any event counter, the app's
+# webhook with its deliveries (migration 0037),
 # personas with their versions (the migrating user's: the app role may not delete persona rows), its keys, its row.
 _ERASE_APP = (
     ("events", "DELETE FROM engine.memory_events WHERE engine.app_of(user_id) = %(app)s"),
+    ("webhook_deliveries", "DELETE FROM engine.webhook_deliveries WHERE app_id = %(app)s"),
+    ("webhook", "DELETE FROM engine.app_webhooks WHERE app_id = %(app)s"),
     ("event_sequences", "DELETE FROM engine.user_event_sequence WHERE engine.app_of(user_id) = %(app)s"),
     ("persona_versions", "DELETE FROM engine.persona_versions WHERE persona_id IN"
                          " (SELECT id FROM engine.personas WHERE app_id = %(app)s)"),

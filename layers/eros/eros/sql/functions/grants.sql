@@ -19,6 +19,9 @@
 --   app_keys                            SELECT, INSERT, UPDATE: an app's operator makes, rotates and revokes its
 --                                       keys through the API (a revoked key is kept, refused); a row is deleted
 --                                       only with its app
+--   app_webhooks, webhook_deliveries    SELECT, INSERT, UPDATE, DELETE (the default below): an app's operator
+--                                       sets and deletes its endpoint through the API; the sweeper writes each
+--                                       delivery's attempts, erasure deletes a user's (migration 0037)
 --   every other table                   SELECT, INSERT, UPDATE, DELETE (sessions, memories, dreaming and usage
 --                                       state are updated in place); a later migration's table gets the same by
 --                                       0006's default privileges until a line here narrows it
