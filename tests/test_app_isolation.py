@@ -226,6 +226,7 @@ def test_every_route_answers_each_app_with_its_own_rows_and_every_table_keeps_th
         assert shown and {(e["app"], e["user_id"]) for e in shown} == {(app, "alice")}
     _every_table_keeps_the_apps_apart(db)
     _keys_stay_in_their_app(s)
+    _webhooks_stay_in_their_app(s, db)
     # What is left of the routes: deletions, each app's own.
     for app in APPS:
         mine = ids[app]
@@ -273,6 +274,26 @@ def _keys_stay_in_their_app(s: Stack) -> None:
                 for k in ok(s.call(app, "GET", "/v1/operator/keys", operator=True))["keys"]}
         assert len(kept) == 3 and kept[spares[app]] and kept[rotated]  # and the server's key, live
         assert not set(kept) & {spares[o] for o in APPS if o != app}
+
+
+def _webhooks_stay_in_their_app(s: Stack, db) -> None:
+    """Each app sets its own webhook (migration 0037); its operator, by token or key, sees that one alone, and its
+    deletion leaves the others'."""
+    secrets = {app: ok(s.call(app, "PUT", "/v1/operator/webhook", {"url": f"https://hooks.{app}.example/eros"},
+                              operator=True), 201)["secret"] for app in APPS}
+    assert len(set(secrets.values())) == len(APPS)
+    for app in APPS:
+        assert ok(s.call(app, "GET", "/v1/operator/webhook", operator=True))["url"] == f"https://hooks.{app}.example/eros"
+        shown = ok(s.keyed(s.keys[app], "GET", "/v1/operator/webhook", user=None))
+        assert shown["url"] == f"https://hooks.{app}.example/eros" and "secret" not in shown
+        assert ok(s.call(app, "POST", "/v1/operator/webhook/redrive", operator=True)) == {"redriven": 0}
+    ok(s.call("acme", "DELETE", "/v1/operator/webhook", operator=True), 204)
+    assert s.call("acme", "GET", "/v1/operator/webhook", operator=True)[0] == 404
+    kept = {r["app_id"]: r["url"] for r in db.execute("SELECT app_id, url FROM engine.app_webhooks").fetchall()}
+    assert kept == {app: f"https://hooks.{app}.example/eros" for app in APPS if app != "acme"}
+    for app in APPS:
+        if app != "acme":
+            ok(s.call(app, "DELETE", "/v1/operator/webhook", operator=True), 204)
 
 
 def _user_tables(db) -> dict[str, str]:

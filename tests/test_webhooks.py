@@ -31,7 +31,8 @@ class Receiver:
     last one from then on); a status of None sleeps past the client's timeout instead."""
 
     def __init__(self, *script: int | None):
-        self.script, self.received = list(script or (200,)), []
+        self.script: list[int | None] = list(script or (200,))
+        self.received: list[dict] = []
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -381,4 +382,38 @@ def test_a_users_token_without_the_operator_scope_is_refused(hooks, db, method, 
     api, _ = hooks
     status, answer = api.call(method, path, body, user="alice", scope="chat", app="acme")
     assert status == 403, answer
+    assert db.execute("SELECT count(*) AS n FROM engine.app_webhooks").fetchone()["n"] == 0
+
+
+def test_eros_webhooks_set_show_redrive_delete(hooks, receivers, db, env, capsys):
+    from eros_dev import cli
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        code = cli.main(list(argv))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    api, now = hooks
+    endpoint = receivers(500)
+    code, out, err = run("webhooks", "set", "--app", "acme", endpoint.url)
+    assert code == 0, err
+    secret = out.split("signing secret:\n")[1].split("\n")[0]
+    assert secret == db.execute("SELECT secret FROM engine.app_webhooks").fetchone()["secret"]
+    code, out, _ = run("webhooks", "set", endpoint.url, "--app", "acme")
+    assert code == 0 and "whsec_" not in out  # the url again: the secret kept, not shown
+    code, out, _ = run("webhooks", "set", endpoint.url, "--app", "acme", "--rotate-secret")
+    assert code == 0 and "whsec_" in out and secret not in out
+    remember(api)
+    for _ in range(3):
+        sweep()
+        now.move(60)
+    code, out, _ = run("webhooks", "show", "--app", "acme")
+    assert code == 0 and endpoint.url in out and "waiting: 0, dead: 1" in out
+    assert run("webhooks", "redrive", "--app", "acme")[1].startswith("1 dead deliveries of app acme due again")
+    assert run("webhooks", "delete", "--app", "acme")[0] == 0
+    code, _, err = run("webhooks", "show", "--app", "acme")
+    assert code == 1 and "has no webhook" in err
+    env(WEBHOOK_ALLOW_HTTP="false")
+    code, _, err = run("webhooks", "set", "--app", "acme", endpoint.url)
+    assert code != 0 and "https" in err
     assert db.execute("SELECT count(*) AS n FROM engine.app_webhooks").fetchone()["n"] == 0

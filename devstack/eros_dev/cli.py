@@ -1,5 +1,5 @@
 """The ``eros`` command: serve (the local stack) and stop it, migrate, token, chat, mcp, sweep, invoke, doctor,
-calibrate, forget, usage, events, backfill-episodes, personas, apps, keys. Every failure is one line on stderr
+calibrate, forget, usage, events, backfill-episodes, personas, apps, keys, webhooks. Every failure is one line on stderr
 (EROS_DEBUG=1 shows the traceback)."""
 
 from __future__ import annotations
@@ -159,6 +159,8 @@ def cmd_serve(args) -> int:
     os.environ.setdefault("EXPORT_DIR", str(data_dir() / "exports"))
     os.environ.setdefault("EXPORT_BASE_URL", f"{base}/local")
     events_log()  # each sweep publishes the memory events there (`eros events --follow`)
+    # An app's webhook may be a receiver on this machine (http, loopback): eros.webhooks refuses both in AWS.
+    os.environ.setdefault("WEBHOOK_ALLOW_HTTP", "true")
     settings.cache_clear()
     cfg = settings()
     try:
@@ -919,6 +921,45 @@ def _key_id(args):
         raise BadInput(f"{args.key_id!r} is not a key id (`eros keys list --app {args.app}`)") from None
 
 
+def cmd_webhooks(args) -> int:
+    """An app's webhook (docs/EVENTS.md "Webhooks"), as its operator keeps it through the API (eros.webhooks): set
+    its URL (its signing secret printed when it is made or rotated, once), show it with its deliveries waiting and
+    dead, delete it (its waiting deliveries dropped), or redrive its dead deliveries."""
+    from eros import webhooks
+    from eros.config import settings
+
+    _database()
+    args.app = _served_app(args.app)
+    if args.action == "set":
+        try:
+            made = webhooks.set_webhook(args.app, args.url, args.rotate_secret, settings())
+        except ValueError as exc:
+            raise BadInput(f"{exc} (WEBHOOK_ALLOW_HTTP=true allows http and private addresses, as `eros serve`"
+                           " does)") from None
+        print(f"webhook of app {args.app}: {made['url']}")
+        if "secret" in made:
+            print(f"signing secret:\n{made['secret']}\nThis secret is shown once (`--rotate-secret` makes a new"
+                  " one): store it where the endpoint verifies signatures.")
+        return 0
+    if args.action == "redrive":
+        if webhooks.show(args.app) is None:
+            raise CliError(f"the app {args.app!r} has no webhook (`eros webhooks set --app {args.app} URL`)")
+        print(f"{webhooks.redrive(args.app)} dead deliveries of app {args.app} due again (the next sweep posts them)")
+        return 0
+    if args.action == "delete":
+        if not webhooks.delete(args.app):
+            raise CliError(f"the app {args.app!r} has no webhook")
+        print(f"webhook of app {args.app}: deleted, with its deliveries not made yet")
+        return 0
+    found = webhooks.show(args.app)
+    if found is None:
+        raise CliError(f"the app {args.app!r} has no webhook (`eros webhooks set --app {args.app} URL`)")
+    rotated = f"{found['secret_rotated_at']:%Y-%m-%d %H:%M}" if found["secret_rotated_at"] else "never"
+    print(f"{found['url']}\ncreated {found['created_at']:%Y-%m-%d %H:%M}, secret rotated {rotated}\n"
+          f"deliveries waiting: {found['pending']}, dead: {found['dead']}")
+    return 0
+
+
 def cmd_usage(args) -> int:
     """An operator's usage report: every user's tokens, calls and estimated cost in a range of UTC days
     (costliest first), or one user's per day, purpose and model (what ``GET /v1/usage`` answers)."""
@@ -1117,6 +1158,22 @@ def _chat_turn(eros, session_id: str, persona: str, content: str, stream: bool) 
     print(f"   (recalled: {recalled})")
 
 
+def _webhooks_parser(sub) -> None:
+    """`eros webhooks ACTION --app APP`: each action its own parser, as `eros keys`."""
+    p = sub.add_parser("webhooks", help="an app's signed webhook for its memory events: set, show, delete, redrive")
+    p.set_defaults(func=cmd_webhooks, url=None, rotate_secret=False)
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for action, what in (("set", "where the app's events are posted (its secret printed when made or rotated)"),
+                         ("show", "the app's webhook and its deliveries waiting and dead"),
+                         ("delete", "stop posting (the deliveries not made yet are dropped)"),
+                         ("redrive", "the dead deliveries due again")):
+        a = actions.add_parser(action, help=what)
+        if action == "set":
+            a.add_argument("url", help="an https URL (http, and private addresses, with WEBHOOK_ALLOW_HTTP)")
+            a.add_argument("--rotate-secret", action="store_true", help="a new signing secret in place of the old")
+        a.add_argument("--app", required=True, help="whose webhook")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="eros", description="Dreaming memory for companion chat")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1241,6 +1298,8 @@ def main(argv: list[str] | None = None) -> int:
         a.add_argument("--app", required=True, help="whose keys")
         if action == "create":
             a.add_argument("--name", help="what the key is for (default: default)")
+
+    _webhooks_parser(sub)
 
     p = sub.add_parser("usage", help="tokens, provider calls and estimated cost per user (or one user's per day)")
     p.add_argument("--from", dest="first", type=_day, help="first UTC day (YYYY-MM-DD); default 30 days ago")
