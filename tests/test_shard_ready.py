@@ -60,7 +60,6 @@ CROSS_USER = {
     "embedding.keep_embedding_space": "the same question, asked by the trigger only when a vector of another "
                                       "model than the recorded one is written: every shard",
     "webhooks._FIND": "an app's webhook with the counts of its users' deliveries waiting and dead: summed over shards",
-    "webhooks._DROP_DELIVERIES": "a deleted webhook drops its app's users' deliveries not made yet: every shard",
     "webhooks._REDRIVE": "an app's operator redrives the dead deliveries of every user of the app: every shard",
     "webhooks._CLAIM": "the sweeper claims the due deliveries of everyone: run per shard",
     "webhooks._PRUNE": "the sweeper forgets everyone's deliveries made a day ago: run per shard",

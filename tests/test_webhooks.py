@@ -357,6 +357,11 @@ def test_an_apps_deletion_leaves_no_webhook_nor_delivery(hooks, receivers, db):
     ({"url": "https://10.1.2.3/eros"}, False),
     ({"url": "https://127.0.0.1:8443/eros"}, False),
     ({"url": "https://[::1]/eros"}, False),
+    ({"url": "https://[::ffff:169.254.169.254]/eros"}, False),
+    ({"url": "https://2130706433/eros"}, False),  # 127.0.0.1, as a resolver reads it
+    ({"url": "https://0x7f.1/eros"}, False),
+    ({"url": "https://localhost:8443/eros"}, False),
+    ({"url": "https://hooks.acme.example:99999/eros"}, False),
     ({"url": "https://hooks.acme.example/" + "a" * 2000}, False),
     ({"url": "not a url"}, False),
     ({"url": ""}, False),
@@ -372,6 +377,32 @@ def test_a_bad_webhook_is_refused_naming_the_field(hooks, env, db, body, allow_h
     named = {e["field"].split(".")[-1] for e in answer["errors"]}
     assert named & {"url", "rotate_secret", "secret"}, answer
     assert db.execute("SELECT count(*) AS n FROM engine.app_webhooks").fetchone()["n"] == 0
+
+
+@pytest.mark.parametrize("url", ["https://hooks.acme.example/eros?tenant=7", "https://8.8.8.8/eros",
+                                 "https://[2001:4860:4860::8888]:8443/eros"])
+def test_a_public_https_endpoint_is_taken(hooks, env, url):
+    api, _ = hooks
+    env(WEBHOOK_ALLOW_HTTP="false")
+    status, answer = operator(api, "PUT", "/v1/operator/webhook", {"url": url})
+    assert status == 201 and answer["url"] == url, answer
+
+
+def test_an_endpoint_that_does_not_answer_holds_up_no_other_apps_deliveries(hooks, receivers, db):
+    api, now = hooks
+    slow, globex = receivers(None), receivers(200)
+    set_hook(api, slow.url)
+    set_hook(api, globex.url, app="globex")
+    for n in range(3):
+        remember(api, f"Fact number {n}")
+    remember(api, "Grows tomatoes", app="globex")
+    started = time.monotonic()
+    assert sweep() == 1 and len(globex.received) == 1
+    assert time.monotonic() - started < 2  # one timeout (0.3 s), not three
+    assert [r["attempts"] for r in deliveries(db)] == [1, 0, 0]  # the others wait, no attempt spent
+    slow.script = [200]
+    now.move(121)  # past the lease and the first one's backoff
+    assert webhooks.deliver(settings()) == 3
 
 
 @pytest.mark.parametrize("method, path, body", [("PUT", "/v1/operator/webhook", {"url": "https://a.example/h"}),

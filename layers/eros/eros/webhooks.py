@@ -20,6 +20,7 @@ import ipaddress
 import json
 import random
 import secrets
+import socket
 import time
 from datetime import timedelta
 from urllib.parse import urlsplit
@@ -57,10 +58,9 @@ def refused_url(url: str, cfg: Settings) -> str | None:
         return f"at most {MAX_URL} characters"
     try:
         parts = urlsplit(url)
-        port = parts.port
+        parts.port  # noqa: B018 - raises on a port that is not one
     except ValueError as exc:
         return f"not a URL ({exc})"
-    del port
     allowed = ("https", "http") if cfg.webhook_allow_http else ("https",)
     if parts.scheme not in allowed:
         return "must be an https URL"
@@ -72,13 +72,29 @@ def refused_url(url: str, cfg: Settings) -> str | None:
         return "must not have a fragment"
     if any(c.isspace() for c in url):
         return "must not contain spaces"
-    try:
-        address = ipaddress.ip_address(parts.hostname)
-    except ValueError:
-        return None  # a DNS name
-    if not cfg.webhook_allow_http and not address.is_global:
+    if cfg.webhook_allow_http:
+        return None
+    address = _ip_literal(parts.hostname)
+    if (address is not None and not address.is_global) or parts.hostname.rstrip(".") == "localhost" \
+            or parts.hostname.rstrip(".").endswith(".localhost"):
         return "must not be a private, loopback or link-local address"
     return None
+
+
+def _ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``host`` as the address it names when it is an IP literal, in any form a resolver takes for one (IPv4 in
+    decimal, octal or hex parts, "2130706433" or "0x7f.1", as inet_aton reads them; an IPv4-mapped IPv6 address as
+    its IPv4 one); None for a DNS name."""
+    try:
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            address = ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
 
 
 def set_webhook(app: str, url: str, rotate_secret: bool, cfg: Settings) -> dict:
@@ -127,13 +143,18 @@ def deliver(cfg: Settings, client: httpx.Client | None = None) -> int:
         return 0
     delivered = failed = dead = 0
     started = time.monotonic()
+    unreachable: set[str] = set()  # apps whose endpoint did not answer in this pass: the rest of theirs wait
     own = client is None
     client = client or httpx.Client(timeout=cfg.webhook_timeout_secs, follow_redirects=False)
     try:
         for delivery in taken:
             if time.monotonic() - started > cfg.webhook_lease_secs / 2:  # the rest is taken again after the lease
                 break
+            if delivery["app_id"] in unreachable:  # taken again after the lease, no attempt spent on it
+                continue
             status, error = post(client, delivery)
+            if status is None:  # a timeout or a refused connection: one app's endpoint holds up no other's
+                unreachable.add(delivery["app_id"])
             ok = error is None
             now = clock.now()
             retry_at = now + timedelta(seconds=retry_delay(delivery["attempts"] + 1, cfg))

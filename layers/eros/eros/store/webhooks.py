@@ -27,12 +27,13 @@ SELECT w.url, w.created_at, w.secret_rotated_at,
        (SELECT count(*) FROM engine.webhook_deliveries d WHERE d.app_id = w.app_id AND d.dead_at IS NOT NULL) AS dead
 FROM engine.app_webhooks w WHERE w.app_id = %(app)s
 """
-_DROP_DELIVERIES = "DELETE FROM engine.webhook_deliveries WHERE app_id = %(app)s AND delivered_at IS NULL"
 _DELETE = "DELETE FROM engine.app_webhooks WHERE app_id = %(app)s"
 _REDRIVE = ("UPDATE engine.webhook_deliveries SET dead_at = NULL, attempts = 0, next_attempt_at = %(now)s"
             " WHERE app_id = %(app)s AND dead_at IS NOT NULL")
+# Only while the app still has its webhook (one deleted since the drain read it writes nothing).
 _ENQUEUE = ("INSERT INTO engine.webhook_deliveries (app_id, user_id, event_id, seq, payload, next_attempt_at)"
-            " VALUES (%(app)s, %(user_id)s, %(event_id)s, %(seq)s, %(payload)s, %(now)s)"
+            " SELECT w.app_id, %(user_id)s, %(event_id)s, %(seq)s, %(payload)s, %(now)s"
+            " FROM engine.app_webhooks w WHERE w.app_id = %(app)s"
             " ON CONFLICT (app_id, event_id) DO NOTHING")
 # The due deliveries of every app, oldest first; each taken is held by pushing ``next_attempt_at`` to the lease's
 # end in the same statement (its value is the claim's token: ``outcome`` writes only while it holds), so a
@@ -75,10 +76,9 @@ def find(app: str) -> dict | None:
 
 
 def delete(app: str) -> bool:
-    """Remove the app's endpoint and the deliveries not made yet (dead ones too). False: it had none."""
-    with transaction() as conn:
-        conn.execute(_DROP_DELIVERIES, {"app": app})
-        return conn.execute(_DELETE, {"app": app}).rowcount > 0
+    """Remove the app's endpoint, and with it (ON DELETE CASCADE) its deliveries, dead ones too. False: it had
+    none."""
+    return connection().execute(_DELETE, {"app": app}).rowcount > 0
 
 
 def redrive(app: str, now: datetime) -> int:
