@@ -1,5 +1,5 @@
 """Deleting an app whole (``eros apps delete``, eros.account.erase_app): every user of the app erased as one user is,
-then the app's events, personas, keys and row; a catalog-driven scan of every table finds nothing of the app
+then the app's events, webhook, personas, keys and row; a catalog-driven scan of every table finds nothing of the app
 afterwards; the other apps' users of the same subject keep every row; the app's tokens and keys are refused from
 the moment its deletion begins."""
 
@@ -13,7 +13,8 @@ import pytest
 from apiclient import Api
 from helpers import go_idle
 
-from eros import account, apps
+from eros import account, apps, webhooks
+from eros.config import settings
 from eros.store import account as account_store
 from eros.store import apps as app_store
 from eros.store import personas as persona_store
@@ -56,6 +57,9 @@ def an_app(app: str) -> str:
         assert persona_store.keep_app(app, guide(app), "Guide", "", PROMPT.format(app=app)) == 1
     secret = apps.new_key()
     app_store.add_key(app, "backend", secret[:apps.KEY_SHOWN], apps.key_hash(secret))
+    # A webhook nothing answers at: the sweeps leave its deliveries waiting (migration 0037).
+    webhooks.set_webhook(app, "http://127.0.0.1:9/eros", False, settings().model_copy(update={
+        "webhook_allow_http": True}))
     return secret
 
 
@@ -101,6 +105,8 @@ def rows_of(db, app: str) -> dict[str, int]:
         " WHERE p.app_id = %s OR p.owner_id = %s", (app, user)).fetchone()["n"]
     found["app_keys"] = db.execute("SELECT count(*) AS n FROM engine.app_keys WHERE app_id = %s",
                                    (app,)).fetchone()["n"]
+    found["app_webhooks"] = db.execute("SELECT count(*) AS n FROM engine.app_webhooks WHERE app_id = %s",
+                                       (app,)).fetchone()["n"]
     return found
 
 
@@ -142,7 +148,7 @@ def test_deleting_an_app_leaves_nothing_of_it_and_keeps_the_other_apps_same_subj
     acme = rows_of(db, "acme")
     for table in ("chat_sessions", "chat_messages", "companion_memories", "persona_instances", "user_deep_pass",
                   "user_usage", "user_model_usage", "relationship_terms", "memory_events", "user_event_sequence",
-                  "personas", "persona_versions", "app_keys"):
+                  "personas", "persona_versions", "app_keys", "app_webhooks", "webhook_deliveries"):
         assert acme[table] > 0, (table, acme)  # every kind of row there is, for the deletion to delete
     others = {app: rows_of(db, app) for app in ("globex", apps.DEFAULT)}
     their_rows = {app: contents_of(db, app) for app in ("globex", apps.DEFAULT)}
@@ -161,6 +167,7 @@ def test_deleting_an_app_leaves_nothing_of_it_and_keeps_the_other_apps_same_subj
     assert done.erased["sessions"] == 2 and done.erased["messages"] == 8 and done.erased["personas"] == 1
     assert done.leftovers["personas"] == 1 and done.leftovers["persona_versions"] == 1  # the app's own guide
     assert done.leftovers["keys"] == 1 and done.leftovers["app"] == 1 and done.leftovers["events"] >= 1
+    assert done.erased["webhook_deliveries"] >= 1 and done.leftovers["webhook"] == 1
     assert set(done.scan.values()) == {0} and "apps" in done.scan and "app_keys" in done.scan
     assert account_store.scan("acme") == done.scan
     assert set(rows_of(db, "acme").values()) == {0}
