@@ -166,7 +166,8 @@ def clean_schema() -> str:
         "UPDATE engine.personas p SET name = v.name, description = v.description, system_prompt = v.system_prompt,"
         " version = 1, retired_at = NULL FROM engine.persona_versions v WHERE v.persona_id = p.id AND v.version = 1"
         " AND (p.version, p.retired_at) IS DISTINCT FROM (1, NULL)",
-        # Apps (migration 0036): the first app alone, as migrated.
+        # Apps (migration 0036): the first app alone, as migrated; no webhook nor delivery (migration 0037).
+        "DELETE FROM engine.webhook_deliveries", "DELETE FROM engine.app_webhooks",
         "DELETE FROM engine.app_keys", "DELETE FROM engine.apps WHERE id <> 'default'",
         "UPDATE engine.apps SET settings = '{}', deleted_at = NULL WHERE id = 'default'"
         " AND (settings, deleted_at) IS DISTINCT FROM ('{}'::jsonb, NULL)"])

@@ -106,7 +106,7 @@ def set_webhook(app: str, url: str, rotate_secret: bool, cfg: Settings) -> dict:
     shown = row["made"] or rotate_secret
     logger.info("webhook set", extra={"app": app, "made": row["made"], "rotated": rotate_secret})
     answer = {k: row[k] for k in ("url", "created_at", "secret_rotated_at")}
-    return answer | ({"secret": row["secret"], "made": row["made"]} if shown else {"made": False})
+    return answer | ({"secret": row["secret"]} if shown else {})
 
 
 def retry_delay(attempts: int, cfg: Settings) -> float:
@@ -127,8 +127,8 @@ def post(client: httpx.Client, delivery: dict) -> tuple[int | None, str | None]:
         answer = client.post(delivery["url"], content=body, headers=headers)
     except httpx.TimeoutException:
         return None, "timed out"
-    except httpx.HTTPError as exc:
-        return None, f"{type(exc).__name__}: {str(exc)[:MAX_ERROR]}"
+    except httpx.HTTPError as exc:  # its text without the URL (a query may carry the receiver's token)
+        return None, f"{type(exc).__name__}: {str(exc).replace(delivery['url'], '<url>')[:MAX_ERROR]}"
     return answer.status_code, None if answer.is_success else f"answered {answer.status_code}"
 
 

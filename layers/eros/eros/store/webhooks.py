@@ -37,7 +37,8 @@ _ENQUEUE = ("INSERT INTO engine.webhook_deliveries (app_id, user_id, event_id, s
             " ON CONFLICT (app_id, event_id) DO NOTHING")
 # The due deliveries of every app, oldest first; each taken is held by pushing ``next_attempt_at`` to the lease's
 # end in the same statement (its value is the claim's token: ``outcome`` writes only while it holds), so a
-# concurrent sweep skips them while this one's locks are held and leaves them once they are committed.
+# concurrent sweep skips them while this one's locks are held and leaves them once they are committed. Not for an
+# app being deleted (its deletion removes them).
 _CLAIM = """
 WITH due AS (
     SELECT d.id FROM engine.webhook_deliveries d
@@ -47,8 +48,8 @@ WITH due AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE engine.webhook_deliveries d SET next_attempt_at = %(lease)s
-FROM due, engine.app_webhooks w
-WHERE d.id = due.id AND w.app_id = d.app_id
+FROM due, engine.app_webhooks w, engine.apps a
+WHERE d.id = due.id AND w.app_id = d.app_id AND a.id = w.app_id AND a.deleted_at IS NULL
 RETURNING d.id, d.app_id, d.user_id, d.event_id, d.seq, d.payload, d.attempts, d.next_attempt_at AS lease,
           w.url, w.secret
 """
