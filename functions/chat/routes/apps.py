@@ -98,14 +98,13 @@ _NO_WEBHOOK = (404, "the app has no webhook")
 @router.put("/v1/operator/webhook", operation_id="setWebhook", tags=["operator"],
             summary="set where the app's memory events are posted, signed",
             description="Each memory event of the app's users is posted to `url` (docs/EVENTS.md, \"Webhooks\"), "
-                        "signed with the webhook's secret. The answer has the `secret` (201) when the webhook is made "
-                        "or `rotate_secret` is true, shown this once: keep it to verify the signatures. Changing the "
-                        "url alone keeps the secret (200, without it).",
-            responses=documented((200, "the url changed, the secret kept"), (201, "made or rotated: with its secret"),
-                                 OPERATORS))
-def set_webhook(body: NewWebhook) -> Response[WebhookSet]:
-    made = webhooks.set_webhook(current_operator(router), body.url, body.rotate_secret, settings())
-    return Response(201 if "secret" in made else 200, content_types.APPLICATION_JSON, WebhookSet.model_validate(made))
+                        "signed with the webhook's secret. The answer has the `secret` when the webhook is made or "
+                        "`rotate_secret` is true, shown this once: keep it to verify the signatures. Changing the url "
+                        "alone keeps the secret (the answer has none).",
+            responses=documented((200, "the webhook; its secret when it was made or rotated"), OPERATORS))
+def set_webhook(body: NewWebhook) -> WebhookSet:
+    return WebhookSet.model_validate(webhooks.set_webhook(current_operator(router), body.url, body.rotate_secret,
+                                                          settings()))
 
 
 @router.get("/v1/operator/webhook", operation_id="getWebhook", tags=["operator"], summary="the app's webhook",
