@@ -21,9 +21,7 @@ CREATE TABLE IF NOT EXISTS engine.app_webhooks (
 -- operator redrives them or the app or user is erased.
 CREATE TABLE IF NOT EXISTS engine.webhook_deliveries (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    -- The app's webhook's: deleting it deletes its deliveries (a drain writes one only while the webhook is
-    -- there: eros.store.webhooks).
-    app_id          text NOT NULL REFERENCES engine.app_webhooks (app_id) ON DELETE CASCADE,
+    app_id          text NOT NULL REFERENCES engine.apps (id) ON DELETE CASCADE,
     user_id         text NOT NULL,
     event_id        bigint NOT NULL,
     seq             bigint NOT NULL,
@@ -41,6 +39,3 @@ CREATE TABLE IF NOT EXISTS engine.webhook_deliveries (
 CREATE INDEX IF NOT EXISTS webhook_deliveries_due_idx ON engine.webhook_deliveries (next_attempt_at, id)
     WHERE delivered_at IS NULL AND dead_at IS NULL;
 CREATE INDEX IF NOT EXISTS webhook_deliveries_user_idx ON engine.webhook_deliveries (user_id);
--- The sweep's pruning of what was delivered a day ago.
-CREATE INDEX IF NOT EXISTS webhook_deliveries_delivered_idx ON engine.webhook_deliveries (delivered_at)
-    WHERE delivered_at IS NOT NULL;
