@@ -63,9 +63,8 @@ def test_an_apps_models_answer_and_dream_for_its_users(db, providers):
     assert extract_models == {"acme/extract-model", settings().extract_model}
 
 
-def test_each_app_keeps_its_transcripts_as_long_as_it_says(db):
-    an_app(db, "acme", transcript_retention_days=30)
-    an_app(db, "globex", transcript_retention_days=0)  # for ever, whatever the deployment says
+def old_transcripts(db) -> None:
+    """A session of acme's, globex's and the first app's alice, each with a message 40 days old, extracted."""
     api = Api()
     old = datetime.now(UTC) - timedelta(days=40)
     for app in ("acme", "globex", None):
@@ -75,6 +74,12 @@ def test_each_app_keeps_its_transcripts_as_long_as_it_says(db):
                    (old, sid))
     db.execute("UPDATE engine.chat_sessions SET extraction_watermark = (SELECT max(id) FROM engine.chat_messages"
                " m WHERE m.session_id = chat_sessions.id), extracted_at = now()")
+
+
+def test_each_app_keeps_its_transcripts_as_long_as_it_says(db):
+    an_app(db, "acme", transcript_retention_days=30)
+    an_app(db, "globex", transcript_retention_days=0)  # for ever, whatever the deployment says
+    old_transcripts(db)
 
     def left() -> set[str]:
         return {apps.app_of(r["user_id"]) for r in db.execute("SELECT user_id FROM engine.chat_messages")}
@@ -89,15 +94,7 @@ def test_the_deployments_retention_applies_to_an_app_that_sets_none(db, env):
     env(TRANSCRIPT_RETENTION_DAYS=30)
     an_app(db, "acme")
     an_app(db, "globex", transcript_retention_days=0)
-    api = Api()
-    old = datetime.now(UTC) - timedelta(days=40)
-    for app in ("acme", "globex", None):
-        sid = session(api, app)
-        db.execute("INSERT INTO engine.chat_messages (session_id, user_id, role, content, client_turn_id, sent_at)"
-                   " SELECT id, user_id, 'user', 'long ago', 't1', %s FROM engine.chat_sessions WHERE id = %s",
-                   (old, sid))
-    db.execute("UPDATE engine.chat_sessions SET extraction_watermark = (SELECT max(id) FROM engine.chat_messages"
-               " m WHERE m.session_id = chat_sessions.id), extracted_at = now()")
+    old_transcripts(db)
     assert dreaming.sweep(settings(), lambda job: None).messages_expired == 2
     assert {apps.app_of(r["user_id"]) for r in db.execute("SELECT user_id FROM engine.chat_messages")} == {"globex"}
 

@@ -105,15 +105,17 @@ def publish_pending(cfg: Settings, to: Publisher | None = None) -> int:
         conn, rows = batch
         if not rows:
             return 0
+        envelopes = [envelope(r) for r in rows]
         try:
-            accepted = to.publish([envelope(r) for r in rows])
+            accepted = to.publish(envelopes)
         except Exception:  # noqa: BLE001 - a publisher's failure waits for the next sweep; the events stay
             logger.exception("publishing memory events failed: they stay for the next sweep")
             accepted = 0
         done = rows[:accepted]
         # The deliveries to the apps' webhooks (eros.webhooks), in this transaction: each event's once.
+        sent = zip(done, envelopes[:accepted], strict=True)
         webhooks_store.enqueue(conn, [{"app": r["webhook_app"], "user_id": r["user_id"], "event_id": r["id"],
-                                       "seq": r["seq"], "payload": envelope(r)} for r in done if r["webhook_app"]],
+                                       "seq": r["seq"], "payload": e} for r, e in sent if r["webhook_app"]],
                                clock.now())
         events_store.published(conn, [r["id"] for r in done])
     metrics.add_metric(name="MemoryEventsPublished", unit="Count", value=accepted)
